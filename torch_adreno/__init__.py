@@ -1,0 +1,41 @@
+"""torch_adreno: a torch.compile backend that trains PyTorch models on OpenCL GPUs.
+
+    cmodel = torch.compile(model, backend="adreno")
+
+The pipeline, one module per stage: backend -> lowering -> ir -> fusion -> memory -> kernels ->
+runtime -> profiler.
+"""
+
+from __future__ import annotations
+
+from torch_adreno.backend import adreno_backend
+from torch_adreno.config import OPTIONS, Config
+from torch_adreno.errors import AdrenoError, DeviceNotFoundError, LoweringError, OptionError, UnsupportedOpError
+from torch_adreno.profiler import profile
+from torch_adreno.runtime import DeviceTensor, list_devices
+
+__all__ = [
+    "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "LoweringError", "OptionError",
+    "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
+]
+__version__ = "0.1.0"
+
+BACKEND_NAME = "adreno"
+
+
+def _register() -> None:
+    """Register ``backend="adreno"`` with Dynamo unless the installed entry point already does.
+
+    When the package is installed, Dynamo finds the backend through the ``torch_dynamo_backends``
+    entry point and registers it itself on first lookup; registering here as well would make
+    that lookup fail as a duplicate. Without an install (a source checkout on PYTHONPATH), this
+    registration is what makes the name work.
+    """
+    from torch._dynamo.backends import registry
+
+    registry._lazy_import()  # discovers entry points, filling registry._BACKENDS
+    if BACKEND_NAME not in registry._BACKENDS:
+        registry.register_backend(adreno_backend, name=BACKEND_NAME)
+
+
+_register()

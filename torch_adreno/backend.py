@@ -1,0 +1,112 @@
+"""The ``adreno`` torch.compile backend: Dynamo graph -> AOTAutograd -> our pipeline.
+
+AOTAutograd traces the forward and backward of each compiled region, decomposes them to the op
+set in :func:`decomposition_table`, and partitions the joint graph. Each graph then goes through
+the stages lowering -> fusion -> memory -> kernels -> runtime, and AOTAutograd calls the
+resulting :class:`Executable` s. Forward outputs past the user's outputs are tensors saved for
+the backward: they stay on the device as DeviceTensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch.fx import GraphModule
+
+from torch_adreno.config import Config
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import render_program
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import plan_memory
+from torch_adreno.runtime import Executable, get_residency, get_runtime
+
+aten = torch.ops.aten
+
+#: Composite ops that are decomposed into primitives we lower (beyond PyTorch's core ATen set).
+EXTRA_DECOMPOSITIONS = [
+    aten._log_softmax.default,
+    aten._softmax.default,
+]
+
+#: Entries of the core ATen table we must not use, with the reason.
+DROPPED_DECOMPOSITIONS = {
+    # Its second output (attention weights) does not match what the undecomposed backward expects
+    # (logsumexp): gradients come out wrong. Attention is lowered from its matmul/softmax parts.
+    aten._scaled_dot_product_flash_attention_for_cpu.default:
+        "second output does not match the backward's expectation (wrong gradients)",
+}
+
+_graph_ids = itertools.count()
+
+
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
+    for op in DROPPED_DECOMPOSITIONS:
+        table.pop(op, None)
+    return table
+
+
+def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
+                  static_inputs: Sequence[int] = ()) -> Executable:
+    """Run one FX graph through every stage of the pipeline."""
+    runtime = get_runtime(config.device)
+    graph = lower_graph(gm, config, name, num_host_outputs)
+    fused = fuse(graph, config)
+    plan = plan_memory(fused, runtime.profile)
+    program = render_program(fused, plan, runtime.profile)
+    return Executable(program, runtime, get_residency(runtime), static_inputs)
+
+
+def _static_input_indices() -> list[int]:
+    """Positions of parameters and buffers among the forward's inputs (resident on the device)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    return list(getattr(meta, "static_input_indices", None) or [])
+
+
+def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
+    region = next(_graph_ids)
+
+    def partition(joint: GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[GraphModule, GraphModule]:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+        # Outputs of the forward beyond these are saved for the backward and stay on the device.
+        fw.meta["adreno_num_host_outputs"] = kwargs["num_fwd_outputs"]
+        return fw, bw
+
+    def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
+        return compile_graph(gm, config, f"forward_{region}", gm.meta.get("adreno_num_host_outputs"),
+                             _static_input_indices())
+
+    def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
+        return compile_graph(gm, config, f"backward_{region}", None)
+
+    def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
+        return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices())
+
+    return aot_autograd(
+        fw_compiler=forward_compiler,
+        bw_compiler=backward_compiler,
+        inference_compiler=inference_compiler,
+        decompositions=decomposition_table(),
+        partition_fn=partition,
+    )
+
+
+def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
+                   **kwargs: Any) -> Any:
+    """The ``torch.compile`` backend entry point (``backend="adreno"``)."""
+    if kwargs:
+        raise ValueError(
+            f"the adreno backend takes no {', '.join(map(repr, kwargs))} argument; pass settings as "
+            "torch.compile(model, backend='adreno', options={...})"
+        )
+    config = Config.from_options(options)
+    return make_backend(config)(gm, example_inputs)

@@ -1,0 +1,95 @@
+"""Backend options: one table of what a user may pass, validated into a frozen :class:`Config`.
+
+Precedence for each option: ``torch.compile(..., options={...})``, then its ``TORCH_ADRENO_*``
+environment variable, then the default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from torch_adreno.errors import OptionError
+
+
+def _device_value(value: Any) -> str | int | None:
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return int(value) if value.strip().isdigit() else value
+    raise ValueError(f"option 'device' must be an int index or a name substring, got {value!r}")
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return str(value)
+
+    check.choices = choices  # type: ignore[attr-defined]
+    return check
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    env: str | None
+    doc: str
+
+
+OPTIONS: dict[str, OptionSpec] = {
+    spec.name: spec
+    for spec in (
+        OptionSpec(
+            "device", _device_value, None, "TORCH_ADRENO_DEVICE",
+            "OpenCL device: index into `python -m torch_adreno devices`, or a substring of its name "
+            "or platform; default: the first GPU, else the first device",
+        ),
+        OptionSpec(
+            "fallback", _choice("error", "host"), "error", "TORCH_ADRENO_FALLBACK",
+            "what to do with an op the backend cannot lower: 'error' (default) raises naming the op; "
+            "'host' runs it with PyTorch on the host, warns once and counts it in the profile",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated backend options. Construct with :meth:`from_options`."""
+
+    device: str | int | None = None
+    fallback: str = "error"
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None,
+                     environ: Mapping[str, str] | None = None) -> Config:
+        options = dict(options or {})
+        environ = os.environ if environ is None else environ
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise OptionError(
+                f"unknown adreno backend option(s) {', '.join(map(repr, unknown))}; valid options: "
+                + "; ".join(f"{s.name!r} ({s.doc})" for s in OPTIONS.values())
+            )
+        values: dict[str, Any] = {}
+        for spec in OPTIONS.values():
+            if spec.name in options:
+                raw, source = options[spec.name], f"option {spec.name!r}"
+            elif spec.env and environ.get(spec.env, "") != "":
+                raw, source = environ[spec.env], f"environment variable {spec.env}"
+            else:
+                values[spec.name] = spec.default
+                continue
+            try:
+                values[spec.name] = spec.parse(raw)
+            except ValueError as err:
+                raise OptionError(f"{source}: {err}") from None
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,71 @@
+"""Data types of the kernels stage: rendered kernels and the program of launches for one graph."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torch_adreno import ir
+from torch_adreno.memory import MemoryPlan
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One OpenCL kernel, ready to build and launch.
+
+    ``params`` names the IR buffer bound to each kernel argument, in order. ``local_size`` is
+    always set: the launch geometry is chosen here, never left to the driver.
+    ``bytes_read``/``bytes_written`` are the global-memory bytes one launch must move (each
+    buffer it touches counted once), the measure fusion is judged by.
+    """
+
+    name: str
+    kind: str
+    source: str
+    build_options: tuple[str, ...]
+    params: tuple[str, ...]
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+    origins: tuple[ir.Origin, ...]
+    bytes_read: int
+    bytes_written: int
+
+    @property
+    def fx_nodes(self) -> tuple[str, ...]:
+        return tuple(o.node for o in self.origins)
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """An op run on the host by request (``fallback="host"``)."""
+
+    node: ir.HostOp
+
+
+Step = KernelSource | HostStep
+
+
+@dataclass
+class KernelProgram:
+    """Everything the runtime needs to run one graph: its steps in order, buffers and plan."""
+
+    graph: ir.Graph
+    plan: MemoryPlan
+    steps: list[Step]
+
+    @property
+    def kernels(self) -> list[KernelSource]:
+        return [s for s in self.steps if isinstance(s, KernelSource)]
+
+
+def c_identifier(text: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_]", "_", text)
+
+
+def header_comment(kernel_name: str, origins: tuple[ir.Origin, ...], description: str) -> str:
+    """The comment that opens every kernel: what it computes and which FX nodes it came from."""
+    lines = [f"// kernel {kernel_name}: {description}"]
+    for o in origins:
+        extra = f" [{o.module}]" if o.module else ""
+        lines.append(f"//   from FX node {o.node} ({o.op}){extra}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,145 @@
+"""The code writer: turns IR expressions into OpenCL C statements.
+
+One writer renders one kernel (or one helper function). It numbers temporaries, shares common
+sub-expressions (CSE), and places each temporary in the outermost loop scope where all of its
+variables exist, so loop-invariant work leaves the reduction loop. Sub-expressions that C only
+evaluates conditionally (the branches of ``where``, the right side of ``&&``/``||``) are written
+inline when they read memory: hoisting them would turn a guarded read into an unguarded one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from torch_adreno import ir
+from torch_adreno.kernels.expressions import GUARDED_ARGS, STORAGE_CTYPE, literal, render_op, value_ctype
+
+
+@dataclass
+class Param:
+    """A kernel parameter bound to an IR buffer."""
+
+    buffer: str
+    c_name: str
+    dtype: ir.DType
+    shape: tuple[int, ...]
+    written: bool
+
+    def declaration(self) -> str:
+        ctype = STORAGE_CTYPE[self.dtype]
+        if self.written:
+            return f"__global {ctype}* restrict {self.c_name}"
+        return f"__global const {ctype}* restrict {self.c_name}"
+
+
+@dataclass
+class Scope:
+    """A block of statements; ``defines`` are the loop variables that become known in it."""
+
+    defines: set[ir.Var] = field(default_factory=set)
+    lines: list[str] = field(default_factory=list)
+
+
+class CodeWriter:
+    """Writes expressions of one kernel into scoped C statements."""
+
+    def __init__(self, params: Mapping[str, Param], var_names: Mapping[ir.Var, str] | None = None,
+                 prefix: str = "t") -> None:
+        self.params = params
+        self.var_names: dict[ir.Var, str] = dict(var_names or {})
+        self.scopes: list[Scope] = [Scope(set(self.var_names))]
+        self._temps: dict[ir.Expr, str] = {}
+        self._prefix = prefix
+        self._count = 0
+        self._free_vars: dict[ir.Expr, frozenset[ir.Var]] = {}
+        self._has_load: dict[ir.Expr, bool] = {}
+
+    # -- scopes ------------------------------------------------------------------------------------
+
+    def open_scope(self, var_names: Mapping[ir.Var, str]) -> None:
+        self.var_names.update(var_names)
+        self.scopes.append(Scope(set(var_names)))
+
+    def close_scope(self) -> list[str]:
+        """Pop the innermost scope and return its statements; its temporaries are forgotten."""
+        scope = self.scopes.pop()
+        for var in scope.defines:
+            self.var_names.pop(var, None)
+        self._temps = {e: n for e, n in self._temps.items() if not (self.free_vars(e) & scope.defines)}
+        return scope.lines
+
+    def emit(self, line: str) -> None:
+        self.scopes[-1].lines.append(line)
+
+    # -- analysis ----------------------------------------------------------------------------------
+
+    def free_vars(self, expr: ir.Expr) -> frozenset[ir.Var]:
+        cached = self._free_vars.get(expr)
+        if cached is None:
+            if isinstance(expr, ir.Var):
+                cached = frozenset([expr])
+            else:
+                cached = frozenset().union(*(self.free_vars(c) for c in expr.children()))
+            self._free_vars[expr] = cached
+        return cached
+
+    def has_load(self, expr: ir.Expr) -> bool:
+        cached = self._has_load.get(expr)
+        if cached is None:
+            cached = isinstance(expr, ir.Load) or any(self.has_load(c) for c in expr.children())
+            self._has_load[expr] = cached
+        return cached
+
+    def _scope_for(self, expr: ir.Expr) -> Scope:
+        needed = self.free_vars(expr)
+        for scope in self.scopes:
+            needed = needed - scope.defines
+            if not needed:
+                return scope
+        missing = ", ".join(sorted(v.name for v in self.free_vars(expr)))
+        raise ValueError(f"expression {expr} uses variables not defined in any open scope ({missing})")
+
+    # -- rendering ---------------------------------------------------------------------------------
+
+    def flat_index(self, buffer: str, index: tuple[ir.Expr, ...]) -> ir.Expr:
+        shape = self.params[buffer].shape
+        flat: ir.Expr = ir.index(0)
+        for e, stride in zip(index, ir.contiguous_strides(shape), strict=True):
+            flat = ir.call("add", flat, ir.call("mul", e, ir.index(stride)))
+        return flat
+
+    def expr(self, expr: ir.Expr, guarded: bool = False) -> str:
+        """C text for ``expr``; emits the temporaries it needs (none for guarded reads)."""
+        if isinstance(expr, ir.Var):
+            return self.var_names[expr]
+        if isinstance(expr, ir.Const):
+            return literal(expr.value, expr.dtype) if expr.dtype is not ir.DType.INDEX else str(int(expr.value))
+        known = self._temps.get(expr)
+        if known is not None:
+            return known
+        if guarded and self.has_load(expr):
+            return self._render(expr, guarded=True)
+        text = self._render(expr, guarded=False)
+        if isinstance(expr, ir.Call) and expr.op == "cast" and isinstance(expr.args[0], ir.Var):
+            return text
+        name = f"{self._prefix}{self._count}"
+        self._count += 1
+        ctype = value_ctype(expr.dtype)
+        self._scope_for(expr).lines.append(f"const {ctype} {name} = {text};")
+        self._temps[expr] = name
+        return name
+
+    def _render(self, expr: ir.Expr, guarded: bool) -> str:
+        if isinstance(expr, ir.Load):
+            param = self.params[expr.buffer]
+            offset = self.expr(self.flat_index(expr.buffer, expr.index), guarded)
+            return f"{param.c_name}[{offset}]"
+        assert isinstance(expr, ir.Call)
+        guarded_args = GUARDED_ARGS.get(expr.op, ())
+        args = [self.expr(a, guarded or i in guarded_args) for i, a in enumerate(expr.args)]
+        return render_op(expr.op, args, [a.dtype for a in expr.args], expr.dtype)
+
+    def store(self, buffer: str, offset: str, value: str) -> None:
+        param = self.params[buffer]
+        self.emit(f"{param.c_name}[{offset}] = ({STORAGE_CTYPE[param.dtype]})({value});")

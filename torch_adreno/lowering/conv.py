@@ -1,0 +1,216 @@
+"""Convolution forward and backward as implicit GEMMs.
+
+Every convolution product is one GEMM node whose operands are index maps: the input operand is
+an im2col gather with padding written as a masked load, never a materialised column matrix.
+Groups become the GEMM batch. With ``N`` batch, ``G`` groups, ``Cg``/``OCg`` channels per group,
+``P`` output positions and ``R`` kernel taps:
+
+* forward:       out[n, g*OCg+m, p]  = sum_{k=(c,r)}     w[g*OCg+m, c, r]   * x[n, g*Cg+c, p*s + r*d - pad]
+* grad input:    gx[n, g*Cg+m, q]    = sum_{k=(oc,r)}    w[g*OCg+oc, m, r]  * gy[n, g*OCg+oc, (q + pad - r*d)/s]
+* grad weight:   gw[g*OCg+m, c, r]   = sum_{k=(n,p)}     gy[n, g*OCg+m, p]  * x[n, g*Cg+c, p*s + r*d - pad]
+* grad bias:     a sum over batch and positions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from torch_adreno import ir
+from torch_adreno.lowering.context import LoweringContext, UnsupportedOpError, Value, register
+from torch_adreno.lowering.reduction import reduce_dims
+
+aten = torch.ops.aten
+
+
+def unravel(linear: ir.Expr, shape: Sequence[int]) -> list[ir.Expr]:
+    """Row-major multi-index of ``linear`` over ``shape``."""
+    out = []
+    for size, stride in zip(shape, ir.contiguous_strides(shape), strict=True):
+        out.append(ir.call("mod", ir.call("floordiv", linear, ir.index(stride)), ir.index(size)))
+    return out
+
+
+def _all(conds: Sequence[ir.Expr]) -> ir.Expr:
+    out: ir.Expr = ir.const(True, ir.DType.BOOL)
+    for c in conds:
+        out = c if isinstance(out, ir.Const) else ir.call("logical_and", out, c)
+    return out
+
+
+class ConvGeometry:
+    """Shapes of one convolution; lists are per spatial dimension."""
+
+    def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], groups: int) -> None:
+        spatial = len(x_shape) - 2
+        self.n, self.c = x_shape[0], x_shape[1]
+        self.oc = w_shape[0]
+        self.groups = groups
+        self.cg, self.ocg = self.c // groups, self.oc // groups
+        self.size = list(x_shape[2:])
+        self.kernel = list(w_shape[2:])
+        self.stride = _per_dim(stride, spatial)
+        self.padding = _per_dim(padding, spatial)
+        self.dilation = _per_dim(dilation, spatial)
+        self.out = [
+            (s + 2 * p - d * (k - 1) - 1) // st + 1
+            for s, p, d, k, st in zip(self.size, self.padding, self.dilation, self.kernel, self.stride, strict=True)
+        ]
+        self.taps = math.prod(self.kernel)
+        self.positions = math.prod(self.out)
+
+    def input_position(self, out_pos: Sequence[ir.Expr], tap: Sequence[ir.Expr]) -> tuple[list[ir.Expr], ir.Expr]:
+        """Input coordinates read by output ``out_pos`` through kernel tap ``tap``, and whether in bounds."""
+        coords, conds = [], []
+        for o, r, s, d, p, size in zip(out_pos, tap, self.stride, self.dilation, self.padding, self.size, strict=True):
+            pos = ir.call("sub", ir.call("add", ir.call("mul", o, ir.index(s)), ir.call("mul", r, ir.index(d))),
+                          ir.index(p))
+            coords.append(pos)
+            lo, hi = ir.bounds(pos) or (-1, size)
+            if lo < 0:
+                conds.append(ir.call("ge", pos, ir.index(0)))
+            if hi >= size:
+                conds.append(ir.call("lt", pos, ir.index(size)))
+        return coords, _all(conds)
+
+    def output_position(self, in_pos: Sequence[ir.Expr], tap: Sequence[ir.Expr]) -> tuple[list[ir.Expr], ir.Expr]:
+        """Output coordinates whose window reads input ``in_pos`` through ``tap``, and whether one exists."""
+        coords, conds = [], []
+        for q, r, s, d, p, size in zip(in_pos, tap, self.stride, self.dilation, self.padding, self.out, strict=True):
+            t = ir.call("sub", ir.call("add", q, ir.index(p)), ir.call("mul", r, ir.index(d)))
+            lo, hi = ir.bounds(t) or (-1, size * s)
+            if lo < 0:
+                conds.append(ir.call("ge", t, ir.index(0)))
+            if s > 1:
+                conds.append(ir.call("eq", ir.call("mod", t, ir.index(s)), ir.index(0)))
+            o = ir.call("floordiv", t, ir.index(s))
+            if hi // s >= size:
+                conds.append(ir.call("lt", o, ir.index(size)))
+            coords.append(o)
+        return coords, _all(conds)
+
+
+def _per_dim(values: Sequence[int] | int, n: int) -> list[int]:
+    if isinstance(values, int):
+        return [values] * n
+    values = list(values)
+    return values * n if len(values) == 1 else values
+
+
+def _group_split(b: ir.Expr, groups: int) -> tuple[ir.Expr, ir.Expr]:
+    return ir.call("floordiv", b, ir.index(groups)), ir.call("mod", b, ir.index(groups))
+
+
+def conv_forward(ctx: LoweringContext, x: ir.View, w: ir.View, geo: ConvGeometry, dtype: ir.DType) -> ir.View:
+    out_shape = [geo.n, geo.oc, *geo.out]
+
+    def lhs(b: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
+        _, g = _group_split(b, geo.groups)
+        oc = ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), m)
+        c = ir.call("floordiv", k, ir.index(geo.taps))
+        return w.load([oc, c, *unravel(ir.call("mod", k, ir.index(geo.taps)), geo.kernel)])
+
+    def rhs(b: ir.Expr, k: ir.Expr, n: ir.Expr) -> ir.Expr:
+        nb, g = _group_split(b, geo.groups)
+        c = ir.call("add", ir.call("mul", g, ir.index(geo.cg)), ir.call("floordiv", k, ir.index(geo.taps)))
+        tap = unravel(ir.call("mod", k, ir.index(geo.taps)), geo.kernel)
+        coords, valid = geo.input_position(unravel(n, geo.out), tap)
+        return ir.where(valid, x.load([nb, c, *coords]), ir.const(0, dtype))
+
+    def out_index(b: ir.Expr, m: ir.Expr, n: ir.Expr) -> list[ir.Expr]:
+        nb, g = _group_split(b, geo.groups)
+        return [nb, ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), m), *unravel(n, geo.out)]
+
+    return ctx.gemm(out_shape, dtype, geo.n * geo.groups, geo.ocg, geo.positions, geo.cg * geo.taps,
+                    lhs, rhs, out_index)
+
+
+def conv_grad_input(ctx: LoweringContext, gy: ir.View, w: ir.View, geo: ConvGeometry, dtype: ir.DType) -> ir.View:
+    def lhs(b: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
+        _, g = _group_split(b, geo.groups)
+        oc = ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), ir.call("floordiv", k, ir.index(geo.taps)))
+        return w.load([oc, m, *unravel(ir.call("mod", k, ir.index(geo.taps)), geo.kernel)])
+
+    def rhs(b: ir.Expr, k: ir.Expr, n: ir.Expr) -> ir.Expr:
+        nb, g = _group_split(b, geo.groups)
+        oc = ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), ir.call("floordiv", k, ir.index(geo.taps)))
+        tap = unravel(ir.call("mod", k, ir.index(geo.taps)), geo.kernel)
+        coords, valid = geo.output_position(unravel(n, geo.size), tap)
+        return ir.where(valid, gy.load([nb, oc, *coords]), ir.const(0, dtype))
+
+    def out_index(b: ir.Expr, m: ir.Expr, n: ir.Expr) -> list[ir.Expr]:
+        nb, g = _group_split(b, geo.groups)
+        return [nb, ir.call("add", ir.call("mul", g, ir.index(geo.cg)), m), *unravel(n, geo.size)]
+
+    return ctx.gemm([geo.n, geo.c, *geo.size], dtype, geo.n * geo.groups, geo.cg, math.prod(geo.size),
+                    geo.ocg * geo.taps, lhs, rhs, out_index)
+
+
+def conv_grad_weight(ctx: LoweringContext, gy: ir.View, x: ir.View, geo: ConvGeometry, dtype: ir.DType) -> ir.View:
+    def lhs(g: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
+        nb = ir.call("floordiv", k, ir.index(geo.positions))
+        pos = unravel(ir.call("mod", k, ir.index(geo.positions)), geo.out)
+        return gy.load([nb, ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), m), *pos])
+
+    def rhs(g: ir.Expr, k: ir.Expr, n: ir.Expr) -> ir.Expr:
+        nb = ir.call("floordiv", k, ir.index(geo.positions))
+        pos = unravel(ir.call("mod", k, ir.index(geo.positions)), geo.out)
+        c = ir.call("add", ir.call("mul", g, ir.index(geo.cg)), ir.call("floordiv", n, ir.index(geo.taps)))
+        coords, valid = geo.input_position(pos, unravel(ir.call("mod", n, ir.index(geo.taps)), geo.kernel))
+        return ir.where(valid, x.load([nb, c, *coords]), ir.const(0, dtype))
+
+    def out_index(g: ir.Expr, m: ir.Expr, n: ir.Expr) -> list[ir.Expr]:
+        return [ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), m),
+                ir.call("floordiv", n, ir.index(geo.taps)),
+                *unravel(ir.call("mod", n, ir.index(geo.taps)), geo.kernel)]
+
+    return ctx.gemm([geo.oc, geo.cg, *geo.kernel], dtype, geo.groups, geo.ocg, geo.cg * geo.taps,
+                    geo.n * geo.positions, lhs, rhs, out_index)
+
+
+def _check(node: Node, x: Value, w: Value, transposed: bool, output_padding: Sequence[int]) -> tuple[ir.View, ir.View]:
+    if not isinstance(x, ir.View) or not isinstance(w, ir.View) or len(x.shape) < 3:
+        raise UnsupportedOpError(f"{node.name}: convolution needs batched (N, C, ...) input and a weight tensor")
+    if transposed:
+        raise UnsupportedOpError(f"{node.name}: transposed convolution is not lowered yet")
+    return x, w
+
+
+@register(aten.convolution.default)
+def _convolution(ctx: LoweringContext, node: Node, x: Value, w: Value, bias: Value, stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                 output_padding: Sequence[int], groups: int) -> Value:
+    xv, wv = _check(node, x, w, transposed, output_padding)
+    out = ctx.meta()
+    geo = ConvGeometry(xv.shape, wv.shape, stride, padding, dilation, groups)
+    y = conv_forward(ctx, xv, wv, geo, out.dtype)
+    if bias is None:
+        return y
+    return ctx.pointwise(out.shape, out.dtype,
+                         lambda i: ir.call("add", y.load(i), ctx.load(bias, [i[1]], [geo.oc], out.dtype)))
+
+
+@register(aten.convolution_backward.default)
+def _convolution_backward(ctx: LoweringContext, node: Node, gy: Value, x: Value, w: Value, bias_sizes: Any,
+                          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                          transposed: bool, output_padding: Sequence[int], groups: int,
+                          output_mask: Sequence[bool]) -> Value:
+    xv, wv = _check(node, x, w, transposed, output_padding)
+    if not isinstance(gy, ir.View):
+        raise UnsupportedOpError(f"{node.name}: expected a gradient tensor")
+    geo = ConvGeometry(xv.shape, wv.shape, stride, padding, dilation, groups)
+    dtype = ctx.meta(index=0 if output_mask[0] else 1 if output_mask[1] else 2).dtype
+    grad_input = conv_grad_input(ctx, gy, wv, geo, dtype) if output_mask[0] else None
+    grad_weight = conv_grad_weight(ctx, gy, xv, geo, dtype) if output_mask[1] else None
+    grad_bias = None
+    if output_mask[2]:
+        dims = [0, *range(2, len(gy.shape))]
+        grad_bias = reduce_dims(ctx, gy, dims, "sum", dtype, [geo.oc])
+    return (grad_input, grad_weight, grad_bias)
+
+

@@ -1,0 +1,140 @@
+"""OpenCL device discovery, selection and the per-device runtime (context, queue, memory pool).
+
+Selection order: the backend's ``device`` option, then ``TORCH_ADRENO_DEVICE``, then the first
+GPU, then the first device. A device is named by its index in :func:`list_devices` or by a
+case-insensitive substring of "platform: device".
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import pyopencl as cl
+import pyopencl.tools as cl_tools
+
+from torch_adreno.errors import DeviceNotFoundError
+from torch_adreno.target import DeviceProfile
+
+ENV_DEVICE = "TORCH_ADRENO_DEVICE"
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+    index: int
+    platform: str
+    device: cl.Device
+
+    @property
+    def label(self) -> str:
+        return f"{self.platform}: {self.device.name.strip()}"
+
+
+def list_devices() -> list[DeviceEntry]:
+    """Every OpenCL device of every platform, in a stable order."""
+    entries: list[DeviceEntry] = []
+    try:
+        platforms = cl.get_platforms()
+    except cl.LogicError:
+        platforms = []
+    for platform in platforms:
+        try:
+            devices = platform.get_devices()
+        except cl.Error:
+            continue
+        for device in devices:
+            entries.append(DeviceEntry(len(entries), platform.name.strip(), device))
+    return entries
+
+
+def _no_device_help(entries: list[DeviceEntry], asked: str | int | None) -> str:
+    available = "\n".join(f"  [{e.index}] {e.label}" for e in entries) or "  (none)"
+    hint = (
+        "No OpenCL platform was found. Install a driver: `pip install pocl-binary-distribution` gives a "
+        "CPU device; GPU vendors ship their own OpenCL driver."
+        if not entries else
+        f"Pass options={{'device': <index or name substring>}} or set {ENV_DEVICE}."
+    )
+    what = f"no OpenCL device matches {asked!r}" if asked is not None else "no OpenCL device is available"
+    return f"{what}. Available devices:\n{available}\n{hint}"
+
+
+def select_device(spec: str | int | None = None) -> DeviceEntry:
+    """The device named by ``spec`` (or the environment, or the default rule)."""
+    entries = list_devices()
+    if spec is None:
+        env = os.environ.get(ENV_DEVICE, "").strip()
+        spec = (int(env) if env.isdigit() else env) if env else None
+    if not entries:
+        raise DeviceNotFoundError(_no_device_help(entries, spec))
+    if spec is None:
+        gpus = [e for e in entries if e.device.type & cl.device_type.GPU]
+        return (gpus or entries)[0]
+    if isinstance(spec, int):
+        if 0 <= spec < len(entries):
+            return entries[spec]
+        raise DeviceNotFoundError(_no_device_help(entries, spec))
+    matches = [e for e in entries if spec.lower() in e.label.lower()]
+    if not matches:
+        raise DeviceNotFoundError(_no_device_help(entries, spec))
+    return matches[0]
+
+
+def _preferred_multiple(device: cl.Device, context: cl.Context) -> int:
+    """The SIMD width work-group sizes should be a multiple of (queried on a trivial kernel)."""
+    program = cl.Program(context, "__kernel void probe(__global float* x) { x[get_global_id(0)] = 0.0f; }").build()
+    return int(program.probe.get_work_group_info(cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, device))
+
+
+def profile_of(entry: DeviceEntry, context: cl.Context) -> DeviceProfile:
+    d = entry.device
+    extensions = d.extensions.split()
+    return DeviceProfile(
+        name=d.name.strip(),
+        vendor=d.vendor.strip(),
+        driver=d.driver_version.strip(),
+        platform=entry.platform,
+        opencl_version=d.version.strip(),
+        is_gpu=bool(d.type & cl.device_type.GPU),
+        compute_units=int(d.max_compute_units),
+        max_work_group_size=int(d.max_work_group_size),
+        max_work_item_sizes=tuple(int(s) for s in d.max_work_item_sizes),
+        preferred_work_group_multiple=_preferred_multiple(d, context),
+        local_mem_bytes=int(d.local_mem_size),
+        global_mem_bytes=int(d.global_mem_size),
+        max_alloc_bytes=int(d.max_mem_alloc_size),
+        base_addr_align_bytes=max(int(d.mem_base_addr_align) // 8, 4),
+        unified_memory=bool(getattr(d, "host_unified_memory", False)),
+        fp16="cl_khr_fp16" in extensions,
+        images=bool(d.image_support),
+    )
+
+
+class DeviceRuntime:
+    """The context, in-order queue (with profiling) and pooled allocator of one device."""
+
+    def __init__(self, entry: DeviceEntry) -> None:
+        self.entry = entry
+        self.device = entry.device
+        self.context = cl.Context([entry.device])
+        self.queue = cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.profile = profile_of(entry, self.context)
+        self.pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(self.queue))
+
+    def __repr__(self) -> str:
+        return f"DeviceRuntime({self.entry.label})"
+
+
+_runtimes: dict[int, DeviceRuntime] = {}
+_lock = threading.Lock()
+
+
+def get_runtime(spec: str | int | None = None) -> DeviceRuntime:
+    """The (shared) runtime of the selected device."""
+    entry = select_device(spec)
+    with _lock:
+        rt = _runtimes.get(entry.index)
+        if rt is None:
+            rt = _runtimes[entry.index] = DeviceRuntime(entry)
+        return rt

@@ -1,0 +1,72 @@
+"""DeviceTensor: a host-side handle for a tensor whose data lives in an OpenCL buffer.
+
+Tensors saved for the backward are returned by the forward as DeviceTensors; AOTAutograd stores
+them and hands the same objects to the backward, which binds their buffers directly, so saved
+activations never cross to the host. Any other use of a DeviceTensor (a saved-tensor hook, a
+debugger printing it) materialises it on the host through ``__torch_dispatch__``: correct, and
+counted as a "saved_activation" transfer so that it shows in the profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import torch
+from torch.utils._pytree import tree_map
+
+from torch_adreno.runtime.device import DeviceRuntime
+from torch_adreno.runtime.events import BUS
+
+_NUMPY_STORAGE = {
+    torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.uint8,
+}
+
+
+def download(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype: torch.dtype,
+             wait: bool = True) -> tuple[torch.Tensor, cl.Event | None]:
+    """Copy a device buffer into a new host tensor (the copy completes once the event does)."""
+    array = np.empty(shape, dtype=_NUMPY_STORAGE[dtype])
+    event = None
+    if array.size:
+        event = cl.enqueue_copy(runtime.queue, array, buffer, is_blocking=wait)
+    tensor = torch.from_numpy(array)
+    if dtype == torch.bool:
+        tensor = tensor.view(torch.bool)
+    return tensor, event
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor of ``shape``/``dtype`` whose elements are in ``cl_buffer`` (contiguous)."""
+
+    cl_buffer: Any
+    runtime: DeviceRuntime
+    graph: str
+    buffer_name: str
+
+    @staticmethod
+    def __new__(cls, cl_buffer: Any, runtime: DeviceRuntime, shape: tuple[int, ...], dtype: torch.dtype,
+                graph: str, buffer_name: str) -> DeviceTensor:
+        self = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu", requires_grad=False)
+        self.cl_buffer = cl_buffer
+        self.runtime = runtime
+        self.graph = graph
+        self.buffer_name = buffer_name
+        return self
+
+    def to_host(self) -> torch.Tensor:
+        """The tensor's values as an ordinary host tensor (a counted device-to-host copy)."""
+        tensor, _ = download(self.runtime, self.cl_buffer, tuple(self.shape), self.dtype)
+        BUS.transfer(self.graph, "d2h", tensor.numel() * tensor.element_size(), self.buffer_name, "saved_activation")
+        return tensor
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"DeviceTensor(shape={tuple(self.shape)}, dtype={self.dtype}, buffer={self.buffer_name} of {self.graph})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def unwrap(x: Any) -> Any:
+            return x.to_host() if isinstance(x, DeviceTensor) else x
+
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))

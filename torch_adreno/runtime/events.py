@@ -1,0 +1,82 @@
+"""What the runtime reports while it runs: kernel launches and host<->device transfers.
+
+The runtime publishes records here; the profiler (a later stage) subscribes. With no subscriber,
+publishing costs one attribute check per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyopencl as cl
+
+from torch_adreno.kernels import KernelSource
+
+
+@dataclass
+class LaunchRecord:
+    """One kernel launch; ``event`` times it when the queue has profiling enabled."""
+
+    graph: str
+    kernel: KernelSource
+    event: cl.Event | None
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """A host<->device copy. ``direction`` is "h2d" or "d2h"; ``reason`` says what was moved:
+    "input", "parameter", "output", "saved_activation" or "host_fallback"."""
+
+    graph: str
+    direction: str
+    nbytes: int
+    buffer: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HostOpRecord:
+    graph: str
+    op: str
+    node: str
+
+
+class Subscriber(Protocol):
+    def on_launch(self, record: LaunchRecord) -> None: ...
+    def on_transfer(self, record: TransferRecord) -> None: ...
+    def on_host_op(self, record: HostOpRecord) -> None: ...
+
+
+class _Bus:
+    def __init__(self) -> None:
+        self.subscribers: list[Subscriber] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self.subscribers)
+
+    def launch(self, record: LaunchRecord) -> None:
+        for s in self.subscribers:
+            s.on_launch(record)
+
+    def transfer(self, graph: str, direction: str, nbytes: int, buffer: str, reason: str) -> None:
+        if self.subscribers:
+            record = TransferRecord(graph, direction, nbytes, buffer, reason)
+            for s in self.subscribers:
+                s.on_transfer(record)
+
+    def host_op(self, record: HostOpRecord) -> None:
+        for s in self.subscribers:
+            s.on_host_op(record)
+
+
+BUS = _Bus()
+
+
+def subscribe(subscriber: Any) -> None:
+    BUS.subscribers.append(subscriber)
+
+
+def unsubscribe(subscriber: Any) -> None:
+    BUS.subscribers.remove(subscriber)

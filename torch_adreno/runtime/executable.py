@@ -1,0 +1,168 @@
+"""The Executable: one compiled graph as a static list of kernel launches on one device.
+
+Built once per graph: kernels are built, arenas allocated from the memory plan and every kernel
+argument that does not change between calls is bound. A call then binds inputs (resident device
+copies, or the buffers of DeviceTensors from an earlier graph), allocates the outputs that escape
+the call, enqueues the launches in order, and copies back only the outputs the caller reads on
+the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyopencl as cl
+import torch
+
+from torch_adreno import ir
+from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
+from torch_adreno.lowering.context import IR_TO_TORCH
+from torch_adreno.memory import StorageKind
+from torch_adreno.runtime.build import build_kernel
+from torch_adreno.runtime.device import DeviceRuntime
+from torch_adreno.runtime.device_tensor import DeviceTensor, download
+from torch_adreno.runtime.events import BUS, HostOpRecord, LaunchRecord
+from torch_adreno.runtime.residency import Residency, host_array
+
+
+@dataclass
+class _Launch:
+    kernel: cl.Kernel
+    source: KernelSource
+    dynamic_args: list[tuple[int, str]]
+    empty: bool
+
+
+class Executable:
+    """Callable as ``exe(list_of_args)`` (AOTAutograd's boxed convention) or ``exe(*args)``
+    (what AOTAutograd uses once Dynamo has wrapped the backward); returns a list of outputs."""
+
+    _boxed_call = True
+
+    def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
+                 static_inputs: Sequence[int] = ()) -> None:
+        self.program = program
+        self.graph = program.graph
+        self.runtime = runtime
+        self.residency = residency
+        self.static_inputs = set(static_inputs)
+        plan = program.plan
+        self._arenas = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in plan.arena_bytes]
+        self._static: dict[str, Any] = {}
+        for name, alloc in plan.allocations.items():
+            if alloc.kind is StorageKind.ARENA:
+                self._static[name] = self._arenas[alloc.arena].get_sub_region(alloc.offset, alloc.nbytes)
+        self._steps: list[_Launch | HostStep] = []
+        for step in program.steps:
+            if isinstance(step, HostStep):
+                self._steps.append(step)
+                continue
+            kernel = build_kernel(runtime, step)
+            dynamic = []
+            for i, name in enumerate(step.params):
+                if name in self._static:
+                    kernel.set_arg(i, self._static[name])
+                else:
+                    dynamic.append((i, name))
+            self._steps.append(_Launch(kernel, step, dynamic, 0 in step.global_size))
+        self._input_positions = {name: pos for pos, name in enumerate(self.graph.inputs) if name is not None}
+
+    @property
+    def kernel_launches(self) -> int:
+        return sum(1 for s in self._steps if isinstance(s, _Launch) and not s.empty)
+
+    def _check_input(self, name: str, value: Any) -> None:
+        buf = self.graph.buffers[name]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{self.graph.name}: input {name} expected a tensor, got {type(value).__name__}")
+        if tuple(value.shape) != buf.shape or value.dtype != IR_TO_TORCH[buf.dtype]:
+            raise ValueError(
+                f"{self.graph.name}: input {name} was compiled for {IR_TO_TORCH[buf.dtype]}{list(buf.shape)}, "
+                f"got {value.dtype}{list(value.shape)}"
+            )
+
+    def _bind_inputs(self, args: Sequence[Any]) -> dict[str, Any]:
+        bound: dict[str, Any] = {}
+        for pos, name in enumerate(self.graph.inputs):
+            if name is None:
+                continue
+            value = args[pos]
+            self._check_input(name, value)
+            if isinstance(value, DeviceTensor):
+                if value.runtime is not self.runtime:
+                    raise ValueError(f"{self.graph.name}: input {name} lives on another device ({value.runtime})")
+                bound[name] = value.cl_buffer
+            else:
+                bound[name] = self.residency.buffer_for(value, pinned=pos in self.static_inputs,
+                                                        graph=self.graph.name, buffer=name)
+        return bound
+
+    def _run_host_step(self, step: HostStep, storage: dict[str, Any]) -> None:
+        node = step.node
+        self.runtime.queue.finish()
+        inputs = []
+        for view in node.inputs:
+            buf = self.graph.buffers[view.buffer]
+            tensor, _ = download(self.runtime, storage[view.buffer], buf.shape, IR_TO_TORCH[buf.dtype])
+            BUS.transfer(self.graph.name, "d2h", buf.nbytes, view.buffer, "host_fallback")
+            inputs.append(tensor)
+        results = node.run(*inputs)
+        tensors = [r for r in results if r is not None]
+        for name, tensor in zip(node.outputs, tensors, strict=True):
+            buf = self.graph.buffers[name]
+            if buf.nbytes:
+                cl.enqueue_copy(self.runtime.queue, storage[name], host_array(tensor.to(IR_TO_TORCH[buf.dtype])),
+                                is_blocking=True)
+            BUS.transfer(self.graph.name, "h2d", buf.nbytes, name, "host_fallback")
+        if BUS.active:
+            for o in node.origins:
+                BUS.host_op(HostOpRecord(self.graph.name, node.target, o.node))
+
+    def __call__(self, *call_args: Any) -> list[Any]:
+        args: Sequence[Any] = call_args[0] if len(call_args) == 1 and isinstance(call_args[0], list) else call_args
+        storage = dict(self._static)
+        storage.update(self._bind_inputs(args))
+        for name, alloc in self.program.plan.allocations.items():
+            if alloc.kind is StorageKind.PER_CALL:
+                storage[name] = self.runtime.pool.allocate(alloc.nbytes)
+        queue = self.runtime.queue
+        record = BUS.active
+        for step in self._steps:
+            if isinstance(step, HostStep):
+                self._run_host_step(step, storage)
+                continue
+            if step.empty:
+                continue
+            for i, name in step.dynamic_args:
+                step.kernel.set_arg(i, storage[name])
+            event = cl.enqueue_nd_range_kernel(queue, step.kernel, step.source.global_size, step.source.local_size)
+            if record:
+                BUS.launch(LaunchRecord(self.graph.name, step.source, event))
+        return self._collect_outputs(args, storage)
+
+    def _collect_outputs(self, args: Sequence[Any], storage: dict[str, Any]) -> list[Any]:
+        outputs: list[Any] = []
+        pending: list[cl.Event] = []
+        for out in self.graph.outputs:
+            if out.buffer is None:
+                outputs.append(None)
+                continue
+            if out.buffer in self._input_positions:
+                outputs.append(args[self._input_positions[out.buffer]])
+                continue
+            buf = self.graph.buffers[out.buffer]
+            dtype = IR_TO_TORCH[buf.dtype]
+            if out.role is ir.OutputRole.DEVICE:
+                outputs.append(DeviceTensor(storage[out.buffer], self.runtime, buf.shape, dtype, self.graph.name,
+                                            out.buffer))
+                continue
+            tensor, event = download(self.runtime, storage[out.buffer], buf.shape, dtype, wait=False)
+            BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output")
+            if event is not None:
+                pending.append(event)
+            outputs.append(tensor)
+        if pending:
+            cl.wait_for_events(pending)
+        return outputs

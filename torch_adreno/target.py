@@ -1,0 +1,46 @@
+"""What the compiler needs to know about an OpenCL device, as plain data.
+
+The runtime reads these values from the driver; fusion, memory planning and code generation take
+them as input so that none of those stages talks to OpenCL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Capabilities and limits of one OpenCL device (see ``python -m torch_adreno devices``)."""
+
+    name: str
+    vendor: str
+    driver: str
+    platform: str
+    opencl_version: str
+    is_gpu: bool
+    compute_units: int
+    max_work_group_size: int
+    max_work_item_sizes: tuple[int, ...]
+    preferred_work_group_multiple: int
+    local_mem_bytes: int
+    global_mem_bytes: int
+    max_alloc_bytes: int
+    base_addr_align_bytes: int
+    unified_memory: bool
+    fp16: bool
+    images: bool
+
+    @property
+    def key(self) -> str:
+        """Identifies device and driver, for caches of builds and tuning results."""
+        return f"{self.platform}|{self.name}|{self.driver}"
+
+
+#: A modest profile for stage tests that need no device (a small mobile-class GPU).
+REFERENCE_PROFILE = DeviceProfile(
+    name="reference", vendor="none", driver="0", platform="none", opencl_version="OpenCL 1.2",
+    is_gpu=True, compute_units=4, max_work_group_size=256, max_work_item_sizes=(256, 256, 256),
+    preferred_work_group_multiple=32, local_mem_bytes=32 * 1024, global_mem_bytes=1 << 30,
+    max_alloc_bytes=256 << 20, base_addr_align_bytes=128, unified_memory=True, fp16=True, images=True,
+)
