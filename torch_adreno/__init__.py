@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from torch_adreno.backend import adreno_backend
 from torch_adreno.config import OPTIONS, Config
-from torch_adreno.errors import AdrenoError, DeviceNotFoundError, LoweringError, OptionError, UnsupportedOpError
+from torch_adreno.errors import (
+    AdrenoError,
+    DeviceNotFoundError,
+    LoweringError,
+    OptionError,
+    UnsupportedOpError,
+)
 from torch_adreno.profiler import profile
 from torch_adreno.runtime import DeviceTensor, list_devices
 

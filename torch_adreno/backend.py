@@ -19,6 +19,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.fx import GraphModule
 
 from torch_adreno.config import Config
+from torch_adreno.errors import OptionError
 from torch_adreno.fusion import fuse
 from torch_adreno.kernels import render_program
 from torch_adreno.lowering import lower_graph
@@ -104,7 +105,7 @@ def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str
                    **kwargs: Any) -> Any:
     """The ``torch.compile`` backend entry point (``backend="adreno"``)."""
     if kwargs:
-        raise ValueError(
+        raise OptionError(
             f"the adreno backend takes no {', '.join(map(repr, kwargs))} argument; pass settings as "
             "torch.compile(model, backend='adreno', options={...})"
         )

@@ -15,7 +15,7 @@ from torch_adreno.errors import OptionError
 
 
 def _device_value(value: Any) -> str | int | None:
-    if value is None or isinstance(value, int) and not isinstance(value, bool):
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     if isinstance(value, str):
         return int(value) if value.strip().isdigit() else value

@@ -16,14 +16,14 @@ except ImportError:  # pragma: no cover - older torch
     _PASSTHROUGH = False
 
 
-class AdrenoError(_Passthrough):  # type: ignore[misc,valid-type]
+class AdrenoError(_Passthrough):
     """Base of torch_adreno's errors."""
 
     def __init__(self, message: str) -> None:
         if _PASSTHROUGH:
             super().__init__(message, first_useful_frame=None)
         else:
-            super().__init__(message)
+            super().__init__(message)  # type: ignore[call-arg]
 
 
 class OptionError(AdrenoError, ValueError):

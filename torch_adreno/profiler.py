@@ -40,7 +40,7 @@ class KernelRecord:
     _event: Any = field(default=None, repr=False)
 
 
-class profile:  # noqa: N801  (named like torch.profiler.profile)
+class profile:
     """Context manager recording kernel launches, transfers and host fallbacks (see module doc)."""
 
     def __init__(self) -> None:

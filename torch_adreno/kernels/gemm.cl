@@ -77,3 +77,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
         }
     }
 }
+
+#undef THREADS_M
+#undef THREADS_N
+#undef THREADS

@@ -37,6 +37,10 @@ class GemmTiling:
         return 4 * self.tile_k * (self.tile_m + self.tile_n)
 
 
+#: Macros a GEMM kernel's prelude defines (the templates undefine their own).
+GEMM_MACROS = ("INDEX_T", "KERNEL_NAME", "KERNEL_PARAMS", "LOAD_A", "LOAD_B", "STORE_C")
+
+
 def _tile_for(extent: int) -> int:
     return 64 if extent >= 64 else 32 if extent >= 32 else 16
 
@@ -75,13 +79,14 @@ def _unit_stride(expr: ir.Expr, var: ir.Expr, params: dict[str, Param], writer: 
     if not loaded:
         return False
     flat = writer.flat_index(loaded[0].buffer, loaded[0].index)
-    _, terms = ir._terms(flat)
+    _, terms = ir.linear_terms(flat)
     return terms.get(var) == 1
 
 
 def _operand_function(fn_name: str, expr: ir.Expr, names: tuple[str, str, str], vars_: tuple[ir.Expr, ...],
                       params: dict[str, Param]) -> str:
-    writer = CodeWriter(params, {v: n for v, n in zip(vars_, names, strict=True) if isinstance(v, ir.Var)},
+    var_names = {v: n for v, n in zip(vars_, names, strict=True) if isinstance(v, ir.Var)}
+    writer = CodeWriter(params, var_names,
                         prefix=f"{fn_name}_t")
     value = writer.expr(expr)
     body = writer.close_scope()
@@ -91,16 +96,20 @@ def _operand_function(fn_name: str, expr: ir.Expr, names: tuple[str, str, str], 
                       f"    return {value};", "}"])
 
 
-def _store_function(node: ir.Gemm, params: dict[str, Param]) -> str:
+def _store_function(fn_name: str, node: ir.Gemm, params: dict[str, Param]) -> str:
     v = node.vars()
-    names = {v[k]: k for k in ("b", "m", "n") if isinstance(v[k], ir.Var)}
+    names: dict[ir.Var, str] = {}
+    for key in ("b", "m", "n"):
+        var = v[key]
+        if isinstance(var, ir.Var):
+            names[var] = key
     writer = CodeWriter(params, names, prefix="store_t")
     flat = writer.flat_index(node.output, node.out_index)
     offset = writer.expr(flat)
     writer.store(node.output, offset, "value")
     body = writer.close_scope()
     decls = ", ".join(p.declaration() for p in params.values())
-    return "\n".join([f"inline void store_c(const INDEX_T b, const INDEX_T m, const INDEX_T n, const float value, "
+    return "\n".join([f"inline void {fn_name}(const INDEX_T b, const INDEX_T m, const INDEX_T n, const float value, "
                       f"{decls}) {{", *("    " + ln for ln in body), "}"])
 
 
@@ -117,12 +126,12 @@ def render_gemm(name: str, node: ir.Gemm, graph: ir.Graph, profile: DeviceProfil
         f"#define INDEX_T {index_ctype_for(params, node.batch * node.m * node.k, node.batch * node.k * node.n)}",
         f"#define KERNEL_NAME {name}",
         "#define KERNEL_PARAMS " + ", ".join(p.declaration() for p in params.values()),
-        _operand_function("load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params),
-        _operand_function("load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params),
-        _store_function(node, params),
-        f"#define LOAD_A(b, m, k) load_a(b, m, k, {arg_names})",
-        f"#define LOAD_B(b, k, n) load_b(b, k, n, {arg_names})",
-        f"#define STORE_C(b, m, n, v) store_c(b, m, n, v, {arg_names})",
+        _operand_function(f"{name}_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params),
+        _operand_function(f"{name}_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params),
+        _store_function(f"{name}_store_c", node, params),
+        f"#define LOAD_A(b, m, k) {name}_load_a(b, m, k, {arg_names})",
+        f"#define LOAD_B(b, k, n) {name}_load_b(b, k, n, {arg_names})",
+        f"#define STORE_C(b, m, n, v) {name}_store_c(b, m, n, v, {arg_names})",
         "",
     ])
     sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={node.k}")
@@ -132,10 +141,10 @@ def render_gemm(name: str, node: ir.Gemm, graph: ir.Graph, profile: DeviceProfil
         column_blocks = math.ceil(node.n / 8)
         global_size = (math.ceil(column_blocks / direct.local_n) * direct.local_n, math.ceil(node.m / direct.wpt_m),
                        node.batch)
-        options = (f"-DWPT_M={direct.wpt_m}", "-cl-mad-enable", *sizes)
-        return KernelSource(name, "gemm", prelude + template, options, tuple(params),
+        direct_options = (f"-DWPT_M={direct.wpt_m}", "-cl-mad-enable", *sizes)
+        return KernelSource(name, "gemm", prelude + template, direct_options, tuple(params),
                             global_size, (direct.local_n, 1, 1), node.origins, buffer_bytes(graph, reads),
-                            graph.buffers[node.output].nbytes)
+                            graph.buffers[node.output].nbytes, GEMM_MACROS)
     tiling = choose_tiling(node, profile)
     template = resources.files("torch_adreno.kernels").joinpath("gemm.cl").read_text()
     options = (
@@ -146,4 +155,4 @@ def render_gemm(name: str, node: ir.Gemm, graph: ir.Graph, profile: DeviceProfil
     tn, tm = tiling.threads
     global_size = (math.ceil(node.n / tiling.tile_n) * tn, math.ceil(node.m / tiling.tile_m) * tm, node.batch)
     return KernelSource(name, "gemm", prelude + template, options, tuple(params), global_size, (tn, tm, 1),
-                        node.origins, buffer_bytes(graph, reads), graph.buffers[node.output].nbytes)
+                        node.origins, buffer_bytes(graph, reads), graph.buffers[node.output].nbytes, GEMM_MACROS)

@@ -48,3 +48,5 @@ __kernel void KERNEL_NAME(KERNEL_PARAMS)
                 STORE_C(b, m0 + wm, n0 + l, lane[l]);
     }
 }
+
+#undef LANES

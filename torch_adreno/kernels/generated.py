@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 from torch_adreno import ir
-from torch_adreno.kernels.expressions import STORAGE_CTYPE, arg_better, reduction_combine, reduction_init, value_ctype
+from torch_adreno.kernels.expressions import (
+    STORAGE_CTYPE,
+    arg_better,
+    reduction_combine,
+    reduction_init,
+    value_ctype,
+)
 from torch_adreno.kernels.program import KernelSource, header_comment
 from torch_adreno.kernels.workgroup import linear_local_size, reduction_local_size, round_up
 from torch_adreno.kernels.writer import CodeWriter, Param

@@ -29,6 +29,8 @@ class KernelSource:
     origins: tuple[ir.Origin, ...]
     bytes_read: int
     bytes_written: int
+    #: Macros the source defines; undefined after it when several kernels share one program.
+    macros: tuple[str, ...] = ("INDEX_T",)
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:
@@ -56,6 +58,31 @@ class KernelProgram:
     @property
     def kernels(self) -> list[KernelSource]:
         return [s for s in self.steps if isinstance(s, KernelSource)]
+
+
+def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
+    """One program source for several kernels, and the program's build options.
+
+    A program per graph is built in one compiler invocation (on PoCL, one build of 20 kernels costs
+    about what one build of a single kernel does). Each kernel's ``-D`` options become ``#define``
+    lines around its source, and every macro it defines is undefined after it; options that are
+    not macro definitions apply to the whole program.
+    """
+    parts: list[str] = []
+    program_options: dict[str, None] = {}
+    for k in kernels:
+        defined: list[str] = []
+        for opt in k.build_options:
+            if opt.startswith("-D"):
+                name, _, value = opt[2:].partition("=")
+                parts.append(f"#define {name} {value or 1}")
+                defined.append(name)
+            else:
+                program_options[opt] = None
+        parts.append(k.source)
+        parts.extend(f"#undef {name}" for name in [*defined, *k.macros])
+        parts.append("")
+    return "\n".join(parts), tuple(program_options)
 
 
 def c_identifier(text: str) -> str:

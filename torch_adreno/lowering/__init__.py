@@ -19,12 +19,11 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torch_adreno import ir
 from torch_adreno.config import Config
+from torch_adreno.errors import LoweringError, UnsupportedOpError
 from torch_adreno.lowering import conv, linalg, pointwise, pool, reduction, views  # noqa: F401  (registers)
 from torch_adreno.lowering.context import (
     LOWERINGS,
     LoweringContext,
-    LoweringError,
-    UnsupportedOpError,
     Value,
     ir_dtype,
     supported_ops,

@@ -11,17 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch.fx import Node
 
 from torch_adreno import ir
 from torch_adreno.config import Config
-from torch_adreno.errors import LoweringError, UnsupportedOpError
+from torch_adreno.errors import LoweringError
 
 #: A lowered value: a tensor view, a tuple of values, or a plain Python value (int, float, None).
-Value = Union[ir.View, tuple[Any, ...], int, float, bool, None]
+Value = ir.View | tuple[Any, ...] | int | float | bool | None
 Lowering = Callable[..., Value]
 
 LOWERINGS: dict[Any, Lowering] = {}

@@ -21,7 +21,8 @@ import torch
 from torch.fx import Node
 
 from torch_adreno import ir
-from torch_adreno.lowering.context import LoweringContext, UnsupportedOpError, Value, register
+from torch_adreno.errors import UnsupportedOpError
+from torch_adreno.lowering.context import LoweringContext, Value, register
 from torch_adreno.lowering.reduction import reduce_dims
 
 aten = torch.ops.aten

@@ -55,7 +55,7 @@ def _addmm(ctx: LoweringContext, node: Node, bias: Value, a: Value, b: Value, *,
     product = matmul(ctx, _matrix(a, node, 2), _matrix(b, node, 2), out.dtype)
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        acc = product.load(i)
+        acc: ir.Expr = product.load(i)
         if alpha != 1:
             acc = ir.call("mul", acc, ir.const(alpha, out.dtype))
         if beta == 0:

@@ -9,7 +9,8 @@ import torch
 from torch.fx import Node
 
 from torch_adreno import ir
-from torch_adreno.lowering.context import LoweringContext, LoweringError, Value, register
+from torch_adreno.errors import LoweringError, UnsupportedOpError
+from torch_adreno.lowering.context import LoweringContext, Value, register
 
 aten = torch.ops.aten
 
@@ -139,6 +140,35 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
     return ctx.pointwise(out.shape, out.dtype, body)
 
 
+def _index_dim_hits(index_view: ir.View, out_shape: tuple[int, ...], dim: int, i: tuple[ir.Expr, ...],
+                    j: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
+    """Whether index element ``i`` with ``dim`` replaced by ``j`` targets output element ``i``."""
+    pos = list(i)
+    pos[dim] = j
+    cond: ir.Expr = ir.call("eq", _as_index(index_view.load(pos), out_shape[dim]), i[dim])
+    for d, (e, size) in enumerate(zip(i, index_view.shape, strict=True)):
+        if d != dim and size < out_shape[d]:
+            cond = ir.call("logical_and", ir.call("lt", e, ir.index(size)), cond)
+    return cond, pos
+
+
+@register(aten.scatter_add.default)
+def _scatter_add(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, src: Value) -> Value:
+    """``out = x``, then ``out[..., idx[..., j, ...], ...] += src[..., j, ...]``: a sum over ``j``."""
+    base, index_view, values = _view(x, node.name), _view(idx, node.name), _view(src, node.name)
+    out = ctx.meta()
+    if not out.shape:
+        raise UnsupportedOpError(f"{node.name}: scatter_add into a 0-dim tensor is not supported")
+    dim %= len(out.shape)
+
+    def contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+        hit, pos = _index_dim_hits(index_view, out.shape, dim, i, r[0])
+        return ir.where(hit, ir.cast(values.load(pos), out.dtype), ir.const(0, out.dtype))
+
+    added = ctx.reduction(out.shape, (index_view.shape[dim],), "sum", out.dtype, contributions)
+    return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("add", base.load(i), added.load(i)))
+
+
 @register(aten.scatter.value, aten.scatter.src)
 def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, src: Value) -> Value:
     """``out = x`` with ``out[..., idx[..., j, ...], ...] = src[..., j, ...]`` along ``dim``.
@@ -154,18 +184,6 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
     dim %= len(out.shape)
     n_targets = index_view.shape[dim]
 
-    def index_at(i: Sequence[ir.Expr], j: ir.Expr) -> list[ir.Expr]:
-        pos = list(i)
-        pos[dim] = j
-        return pos
-
-    def in_index_range(i: Sequence[ir.Expr]) -> ir.Expr:
-        cond: ir.Expr = ir.const(True, ir.DType.BOOL)
-        for d, (e, size) in enumerate(zip(i, index_view.shape, strict=True)):
-            if d != dim and size < out.shape[d]:
-                cond = ir.call("logical_and", cond, ir.call("lt", e, ir.index(size)))
-        return cond
-
     def src_at(pos: Sequence[ir.Expr]) -> ir.Expr:
         if isinstance(src, ir.View):
             return ir.cast(src.load(pos), out.dtype)
@@ -173,25 +191,65 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
 
     if n_targets == 1:
         def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-            pos = index_at(i, ir.index(0))
-            hit = ir.call("logical_and", in_index_range(i),
-                          ir.call("eq", _as_index(index_view.load(pos), out.shape[dim]), i[dim]))
+            hit, pos = _index_dim_hits(index_view, out.shape, dim, i, ir.index(0))
             return ir.where(hit, src_at(pos), base.load(i))
 
         return ctx.pointwise(out.shape, out.dtype, body)
 
     def last_hit(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-        pos = index_at(i, r[0])
-        hit = ir.call("logical_and", in_index_range(i),
-                      ir.call("eq", _as_index(index_view.load(pos), out.shape[dim]), i[dim]))
+        hit, _ = _index_dim_hits(index_view, out.shape, dim, i, r[0])
         return ir.where(hit, ir.cast(r[0], ir.DType.I64), ir.const(-1, ir.DType.I64))
 
     winner = ctx.reduction(out.shape, (n_targets,), "max", ir.DType.I64, last_hit)
 
     def body2(i: tuple[ir.Expr, ...]) -> ir.Expr:
         j = winner.load(i)
-        found = ir.call("ge", j, ir.const(0, ir.DType.I64))
-        return ir.where(found, src_at(index_at(i, ir.cast(j, ir.DType.INDEX))), base.load(i))
+        pos = list(i)
+        pos[dim] = ir.cast(j, ir.DType.INDEX)
+        return ir.where(ir.call("ge", j, ir.const(0, ir.DType.I64)), src_at(pos), base.load(i))
 
     return ctx.pointwise(out.shape, out.dtype, body2)
 
+
+@register(aten.slice_scatter.default)
+def _slice_scatter(ctx: LoweringContext, node: Node, x: Value, src: Value, dim: int = 0, start: int | None = None,
+                   end: int | None = None, step: int = 1) -> Value:
+    """``x`` with ``x[..., start:end:step, ...] = src`` (the backward of slicing)."""
+    base, values = _view(x, node.name), _view(src, node.name)
+    out = ctx.meta()
+    dim %= len(out.shape)
+    size = out.shape[dim]
+    lo = 0 if start is None else (start + size if start < 0 else start)
+    lo = max(0, min(size, lo))
+    count = values.shape[dim]
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        offset = ir.call("sub", i[dim], ir.index(lo))
+        conds = [ir.call("ge", offset, ir.index(0)), ir.call("lt", offset, ir.index(count * step))]
+        if step > 1:
+            conds.append(ir.call("eq", ir.call("mod", offset, ir.index(step)), ir.index(0)))
+        inside: ir.Expr = conds[0]
+        for c in conds[1:]:
+            inside = ir.call("logical_and", inside, c)
+        pos = list(i)
+        pos[dim] = ir.call("floordiv", offset, ir.index(step))
+        return ir.where(inside, ir.cast(values.load(pos), out.dtype), base.load(i))
+
+    return ctx.pointwise(out.shape, out.dtype, body)
+
+
+@register(aten.select_scatter.default)
+def _select_scatter(ctx: LoweringContext, node: Node, x: Value, src: Value, dim: int, index_: int) -> Value:
+    """``x`` with ``x.select(dim, index) = src`` (the backward of select)."""
+    base, values = _view(x, node.name), _view(src, node.name)
+    out = ctx.meta()
+    dim %= len(out.shape)
+    if index_ < 0:
+        index_ += out.shape[dim]
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        pos = list(i[:dim]) + list(i[dim + 1:])
+        hit = ir.call("eq", i[dim], ir.index(index_))
+        return ir.where(hit, ir.cast(values.load(pos), out.dtype), base.load(i))
+
+    return ctx.pointwise(out.shape, out.dtype, body)

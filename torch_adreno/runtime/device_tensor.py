@@ -48,7 +48,8 @@ class DeviceTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, cl_buffer: Any, runtime: DeviceRuntime, shape: tuple[int, ...], dtype: torch.dtype,
                 graph: str, buffer_name: str) -> DeviceTensor:
-        self = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu", requires_grad=False)
+        self = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=torch.device("cpu"),
+                                                 requires_grad=False)
         self.cl_buffer = cl_buffer
         self.runtime = runtime
         self.graph = graph
@@ -65,7 +66,7 @@ class DeviceTensor(torch.Tensor):
         return f"DeviceTensor(shape={tuple(self.shape)}, dtype={self.dtype}, buffer={self.buffer_name} of {self.graph})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         def unwrap(x: Any) -> Any:
             return x.to_host() if isinstance(x, DeviceTensor) else x
 

@@ -20,7 +20,7 @@ from torch_adreno import ir
 from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
 from torch_adreno.lowering.context import IR_TO_TORCH
 from torch_adreno.memory import StorageKind
-from torch_adreno.runtime.build import build_kernel
+from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download
 from torch_adreno.runtime.events import BUS, HostOpRecord, LaunchRecord
@@ -36,13 +36,13 @@ class _Launch:
 
 
 class Executable:
-    """Callable as ``exe(list_of_args)`` (AOTAutograd's boxed convention) or ``exe(*args)``
-    (what AOTAutograd uses once Dynamo has wrapped the backward); returns a list of outputs."""
-
-    _boxed_call = True
+    """Callable with AOTAutograd's boxed convention: ``exe(list_of_args) -> list_of_outputs``."""
 
     def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
                  static_inputs: Sequence[int] = ()) -> None:
+        # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
+        # around the backward) keep telling AOTAutograd that we take boxed arguments.
+        self._boxed_call = True
         self.program = program
         self.graph = program.graph
         self.runtime = runtime
@@ -55,11 +55,12 @@ class Executable:
             if alloc.kind is StorageKind.ARENA:
                 self._static[name] = self._arenas[alloc.arena].get_sub_region(alloc.offset, alloc.nbytes)
         self._steps: list[_Launch | HostStep] = []
+        built = build_kernels(runtime, program.kernels)
         for step in program.steps:
             if isinstance(step, HostStep):
                 self._steps.append(step)
                 continue
-            kernel = build_kernel(runtime, step)
+            kernel = built[step.name]
             dynamic = []
             for i, name in enumerate(step.params):
                 if name in self._static:
@@ -120,8 +121,7 @@ class Executable:
             for o in node.origins:
                 BUS.host_op(HostOpRecord(self.graph.name, node.target, o.node))
 
-    def __call__(self, *call_args: Any) -> list[Any]:
-        args: Sequence[Any] = call_args[0] if len(call_args) == 1 and isinstance(call_args[0], list) else call_args
+    def __call__(self, args: list[Any]) -> list[Any]:
         storage = dict(self._static)
         storage.update(self._bind_inputs(args))
         for name, alloc in self.program.plan.allocations.items():

@@ -1,0 +1,79 @@
+"""Test helpers: capture ATen graphs without a device, compare compiled runs with eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._functorch.aot_autograd import aot_function
+from torch.fx import GraphModule
+
+import torch_adreno
+from torch_adreno.backend import decomposition_table
+
+
+def capture_graphs(fn: Callable[..., Any], *inputs: torch.Tensor) -> list[GraphModule]:
+    """The ATen graphs (forward, then backward when inputs need grad) the backend would receive."""
+    graphs: list[GraphModule] = []
+
+    def keep(gm: GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm
+
+    compiled = aot_function(fn, fw_compiler=keep, bw_compiler=keep, decompositions=decomposition_table())
+    out = compiled(*inputs)
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+        out.sum().backward()
+    return graphs
+
+
+def run_compiled(fn: Callable[..., Any], inputs: Sequence[Any], options: dict[str, Any] | None = None,
+                 grad: bool = True) -> tuple[Any, list[torch.Tensor | None], torch_adreno.profile]:
+    """Forward (and backward of sum(out * weights)) through the adreno backend, with a profile."""
+    compiled = torch.compile(fn, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)
+    leaves = [x.detach().clone().requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+              for x in inputs]
+    with torch_adreno.profile() as prof:
+        out = compiled(*leaves)
+        grads = _backward(out, leaves) if grad else []
+    return out, grads, prof
+
+
+def run_eager(fn: Callable[..., Any], inputs: Sequence[Any], grad: bool = True) -> tuple[Any, list[torch.Tensor | None]]:
+    leaves = [x.detach().clone().requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+              for x in inputs]
+    out = fn(*leaves)
+    grads = _backward(out, leaves) if grad else []
+    return out, grads
+
+
+def _backward(out: Any, leaves: Sequence[Any]) -> list[torch.Tensor | None]:
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    total = None
+    for i, o in enumerate(outs):
+        if isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad:
+            # Weights make every output element's gradient distinct (catches transposed gradients).
+            w = torch.linspace(0.5, 1.5, o.numel()).reshape(o.shape) * (i + 1)
+            term = (o * w).sum()
+            total = term if total is None else total + term
+    if total is None:
+        return []
+    total.backward()
+    return [leaf.grad if isinstance(leaf, torch.Tensor) and leaf.requires_grad else None for leaf in leaves]
+
+
+def assert_matches_eager(fn: Callable[..., Any], *inputs: Any, grad: bool = True, rtol: float = 1e-4,
+                         atol: float = 1e-5, options: dict[str, Any] | None = None) -> torch_adreno.profile:
+    """Compiled forward and gradients equal eager's; the backend really ran (kernels launched)."""
+    out, grads, prof = run_compiled(fn, inputs, options, grad)
+    ref_out, ref_grads = run_eager(fn, inputs, grad)
+    torch.testing.assert_close(out, ref_out, rtol=rtol, atol=atol)
+    for g, r in zip(grads, ref_grads, strict=True):
+        if r is None:
+            assert g is None
+        else:
+            torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
+    assert prof.kernel_launches > 0, "the adreno backend launched no kernel"
+    assert prof.host_fallback_ops == []
+    return prof

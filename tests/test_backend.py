@@ -1,0 +1,121 @@
+"""The public surface: registration, options, device selection, errors and the host fallback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torch_adreno
+from torch_adreno.config import OPTIONS, Config
+from torch_adreno.runtime.device import ENV_DEVICE, list_devices, select_device
+
+
+def test_backend_is_registered():
+    assert "adreno" in torch._dynamo.list_backends()
+
+
+def test_backend_found_without_importing_the_package():
+    code = ("import torch, sys; m = torch.nn.Linear(3, 2); x = torch.randn(4, 3);"
+            "out = torch.compile(m, backend='adreno')(x);"
+            "assert 'torch_adreno' in sys.modules; torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-5)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_unknown_option_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown adreno backend option.*'colour'") as info:
+        Config.from_options({"colour": "blue"})
+    for name in OPTIONS:
+        assert repr(name) in str(info.value)
+
+
+def test_unknown_option_through_torch_compile_is_a_value_error():
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="adreno", options={"speed": "fast"})
+    with pytest.raises(ValueError, match="valid options"):
+        compiled(torch.randn(1, 2))
+
+
+def test_bad_option_value():
+    with pytest.raises(ValueError, match="'error', 'host'"):
+        Config.from_options({"fallback": "gpu"})
+    with pytest.raises(ValueError, match="device"):
+        Config.from_options({"device": 1.5})
+
+
+def test_environment_variables(monkeypatch):
+    assert Config.from_options({}, environ={ENV_DEVICE: "0"}).device == 0
+    assert Config.from_options({}, environ={"TORCH_ADRENO_FALLBACK": "host"}).fallback == "host"
+    assert Config.from_options({"device": "pocl"}, environ={ENV_DEVICE: "0"}).device == "pocl"
+    with pytest.raises(ValueError, match="TORCH_ADRENO_FALLBACK"):
+        Config.from_options({}, environ={"TORCH_ADRENO_FALLBACK": "maybe"})
+
+
+@pytest.mark.device
+def test_device_selection_by_index_and_name(monkeypatch):
+    entries = list_devices()
+    assert entries, "the test extra installs PoCL, a CPU OpenCL device"
+    assert select_device(0).index == 0
+    name = entries[-1].device.name.strip()
+    assert select_device(name[:10].lower()).device.name.strip() == name
+    monkeypatch.setenv(ENV_DEVICE, str(entries[-1].index))
+    assert select_device(None).index == entries[-1].index
+
+
+@pytest.mark.device
+def test_unknown_device_lists_available_ones():
+    with pytest.raises(torch_adreno.DeviceNotFoundError, match=r"Available devices:\n  \[0\]"):
+        select_device("no-such-device-anywhere")
+    with pytest.raises(torch_adreno.DeviceNotFoundError):
+        select_device(999)
+
+
+@pytest.mark.device
+def test_unknown_device_through_torch_compile():
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="adreno", options={"device": "no-such-device"})
+    with pytest.raises(torch_adreno.DeviceNotFoundError, match="no OpenCL device matches"):
+        compiled(torch.randn(1, 2))
+
+
+def _uses_unsupported_op(x):
+    return torch.cumsum(x, 0) * 2  # the line the error must point at
+
+
+@pytest.mark.device
+def test_unsupported_op_error_names_op_node_and_source_line():
+    compiled = torch.compile(_uses_unsupported_op, backend="adreno")
+    with pytest.raises(torch_adreno.UnsupportedOpError) as info:
+        compiled(torch.randn(5))
+    message = str(info.value)
+    assert "aten.cumsum.default" in message
+    assert "FX node 'cumsum'" in message
+    assert "test_backend.py" in message and "the line the error must point at" in message
+    assert "options={'fallback': 'host'}" in message
+
+
+@pytest.mark.device
+def test_host_fallback_runs_warns_once_and_is_counted():
+    from torch_adreno.lowering import _warned_host_ops
+
+    _warned_host_ops.discard("aten.cumsum.default")
+    x = torch.randn(6, 3, requires_grad=True)
+    compiled = torch.compile(_uses_unsupported_op, backend="adreno", options={"fallback": "host"})
+    with pytest.warns(UserWarning, match=r"aten\.cumsum\.default runs on the host"), torch_adreno.profile() as prof:
+        out = compiled(x)
+        out.sum().backward()
+    torch.testing.assert_close(out, _uses_unsupported_op(x.detach()))
+    torch.testing.assert_close(x.grad, torch.arange(6, 0, -1.0).unsqueeze(1).expand(6, 3) * 2)
+    assert "aten.cumsum.default" in prof.host_fallback_ops
+    assert prof.transfer_bytes("d2h", "host_fallback") > 0
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.compile(_uses_unsupported_op, backend="adreno", options={"fallback": "host"})(torch.randn(6, 3))
+
+
+def test_mode_argument_is_rejected():
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="adreno", mode="max-autotune")
+    with pytest.raises(ValueError, match="options="):
+        compiled(torch.randn(1, 2))

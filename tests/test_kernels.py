@@ -1,0 +1,115 @@
+"""Kernel and memory stages (no device): rendered source, launch geometry, memory plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+import torch.nn.functional as F
+from helpers import capture_graphs
+
+from torch_adreno import ir
+from torch_adreno.config import Config
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import render_program
+from torch_adreno.kernels.expressions import EXPRESSIONS
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import StorageKind, plan_memory
+from torch_adreno.models import MODELS
+from torch_adreno.target import REFERENCE_PROFILE
+
+CPU_PROFILE = dataclasses.replace(REFERENCE_PROFILE, is_gpu=False)
+
+
+def compile_stages(fn, *inputs, index=0, profile=REFERENCE_PROFILE, num_host_outputs=None):
+    gm = capture_graphs(fn, *inputs)[index]
+    graph = lower_graph(gm, Config(), "g", num_host_outputs)
+    fused = fuse(graph, Config())
+    plan = plan_memory(fused, profile)
+    return graph, fused, plan, render_program(fused, plan, profile)
+
+
+def lenet_program(index: int, profile=REFERENCE_PROFILE):
+    spec = MODELS["lenet"]
+    model = spec.make()
+    x, _ = spec.batch()
+    names = [n for n, _ in model.named_parameters()]
+
+    def forward(x, *params):
+        return torch.func.functional_call(model, dict(zip(names, params, strict=True)), (x,))
+
+    params = [p.detach().requires_grad_() for p in model.parameters()]
+    return compile_stages(forward, x, *params, index=index, profile=profile)
+
+
+def test_every_ir_op_has_a_rendering():
+    assert set(ir.OPS) <= set(EXPRESSIONS)
+
+
+def test_kernels_name_their_fx_nodes_and_have_explicit_geometry():
+    for index in (0, 1):
+        _, _, _, program = lenet_program(index)
+        for k in program.kernels:
+            assert k.source.startswith(f"// kernel {k.name}:")
+            for node in k.fx_nodes:
+                assert f"from FX node {node} (" in k.source
+            assert k.local_size and all(s > 0 for s in k.local_size)
+            assert all(g % loc == 0 for g, loc in zip(k.global_size, k.local_size, strict=True))
+            assert re.fullmatch(r"g_\d+_(pw|red|gemm)_[a-z0-9_]+", k.name)
+
+
+def test_rendering_is_deterministic():
+    a = [k.source for k in lenet_program(1)[3].kernels]
+    b = [k.source for k in lenet_program(1)[3].kernels]
+    assert a == b
+
+
+def test_padded_reads_stay_under_their_guard():
+    _, _, _, program = compile_stages(lambda x, w: F.conv2d(x, w, padding=1), torch.randn(1, 2, 5, 5),
+                                      torch.randn(3, 2, 3, 3))
+    (gemm,) = program.kernels
+    load_b = gemm.source.split("_load_b(")[1].split("}")[0]
+    # The input is read inside the conditional, never into an unconditional temporary.
+    assert re.search(r"\? in\d+\[", load_b)
+    assert not re.search(r"const float \w+ = in\d+\[", load_b)
+
+
+def test_gemm_template_choice_follows_the_device():
+    _, _, _, gpu = compile_stages(torch.mm, torch.randn(70, 40), torch.randn(40, 33))
+    _, _, _, cpu = compile_stages(torch.mm, torch.randn(70, 40), torch.randn(40, 33), profile=CPU_PROFILE)
+    assert "__local float a_tile" in gpu.kernels[0].source and "-DTILE_M=64" in gpu.kernels[0].build_options
+    assert "float8 acc[WPT_M]" in cpu.kernels[0].source and "__local" not in cpu.kernels[0].source
+
+
+def test_memory_plan_invariants():
+    for index in (0, 1):
+        graph, _, plan, _ = lenet_program(index)
+        arena = [a for a in plan.allocations.values() if a.kind is StorageKind.ARENA]
+        for a in arena:
+            assert a.offset % plan.alignment == 0
+            assert a.offset + a.nbytes <= plan.arena_bytes[a.arena]
+        for a in arena:
+            for b in arena:
+                if a is not b and a.arena == b.arena:
+                    overlap = a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+                    live_together = a.first_use <= b.last_use and b.first_use <= a.last_use
+                    assert not (overlap and live_together), (a, b)
+        for name in graph.input_buffers():
+            assert plan.allocations[name].kind is StorageKind.INPUT
+
+
+def test_saved_activations_get_per_call_storage():
+    x = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(2, 3, requires_grad=True)
+    gm = capture_graphs(lambda x, w: torch.tanh(x @ w.t()), x, w)[0]
+    graph = lower_graph(gm, Config(), "fw", num_host_outputs=1)
+    plan = plan_memory(fuse(graph, Config()), REFERENCE_PROFILE)
+    device = {o.buffer for o in graph.outputs if o.role is ir.OutputRole.DEVICE}
+    assert device - graph.input_buffers(), "the forward saves a computed tensor"
+    for out in graph.outputs:
+        if out.buffer and out.buffer not in graph.input_buffers():
+            # A buffer that escapes to a later graph needs fresh storage per call, also when the
+            # user reads it too (tanh's output is both returned and saved here).
+            expected = StorageKind.PER_CALL if out.buffer in device else StorageKind.ARENA
+            assert plan.allocations[out.buffer].kind is expected

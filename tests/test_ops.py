@@ -1,0 +1,167 @@
+"""Per-op forward and gradient tests on the OpenCL device (PoCL in CI) against eager PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_matches_eager
+
+pytestmark = pytest.mark.device
+
+
+def r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (129, 5), (64, 64)])
+def test_linear_shapes(shape):
+    m, k = shape
+    n = 7
+    assert_matches_eager(F.linear, r(m, k), r(n, k), r(n))
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_mm_transposes(ta, tb):
+    a = r(5, 33) if not ta else r(33, 5)
+    b = r(33, 19) if not tb else r(19, 33)
+
+    def fn(a, b):
+        return (a.t() if ta else a) @ (b.t() if tb else b)
+
+    assert_matches_eager(fn, a, b)
+
+
+def test_bmm():
+    assert_matches_eager(torch.bmm, r(3, 9, 17), r(3, 17, 11))
+
+
+def test_addmm_alpha_beta():
+    assert_matches_eager(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), r(4, 6), r(4, 3), r(3, 6))
+
+
+@pytest.mark.parametrize(
+    "stride,padding,dilation,groups,bias",
+    [(1, 0, 1, 1, True), (1, 2, 1, 1, True), (2, 1, 1, 1, False), (1, 1, 2, 1, True), (2, 0, 1, 3, True),
+     (1, 1, 1, 6, False)],
+)
+def test_conv2d(stride, padding, dilation, groups, bias):
+    x = r(2, 6, 11, 9)
+    w = r(12, 6 // groups, 3, 3)
+    b = r(12) if bias else None
+
+    def fn(x, w, b=None):
+        return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    if bias:
+        assert_matches_eager(fn, x, w, b, rtol=1e-4, atol=1e-4)
+    else:
+        assert_matches_eager(fn, x, w, rtol=1e-4, atol=1e-4)
+
+
+def test_conv1d():
+    assert_matches_eager(lambda x, w: F.conv1d(x, w, padding=1, stride=2), r(2, 3, 10), r(4, 3, 3), atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel,stride,padding,ceil", [(2, 2, 0, False), (3, 2, 1, False), (3, 1, 1, False),
+                                                       (3, 2, 0, True)])
+def test_max_pool2d(kernel, stride, padding, ceil):
+    def fn(x):
+        return F.max_pool2d(x, kernel, stride, padding, ceil_mode=ceil)
+
+    assert_matches_eager(fn, r(2, 3, 9, 8))
+
+
+def test_max_pool2d_indices():
+    def fn(x):
+        return F.max_pool2d(x, 2, return_indices=True)
+
+    assert_matches_eager(fn, r(2, 3, 8, 8))
+
+
+def test_relu_and_backward():
+    assert_matches_eager(lambda x: F.relu(x) * 2, r(4, 33))
+
+
+@pytest.mark.parametrize("op", [torch.exp, torch.log1p, torch.tanh, torch.sigmoid, torch.abs, torch.neg,
+                                torch.sqrt, torch.rsqrt, torch.sin, torch.cos])
+def test_unary(op):
+    x = r(5, 7).abs() + 0.1 if op in (torch.sqrt, torch.rsqrt, torch.log1p) else r(5, 7)
+    assert_matches_eager(op, x)
+
+
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum])
+def test_binary_broadcast(op):
+    assert_matches_eager(op, r(4, 1, 5), r(3, 1))
+
+
+def test_scalars_and_pow():
+    assert_matches_eager(lambda x: (x * 3 - 1.5) / 2 + x**2 + x.pow(3) + 1 / (x.abs() + 1), r(6, 5))
+
+
+def test_comparisons_and_where():
+    def fn(x, y):
+        return torch.where(x > y, x, y * 2) + (x <= 0).float() - (x == y).float() + (x != 0.5).float()
+
+    assert_matches_eager(fn, r(4, 6), r(4, 6))
+
+
+def test_clamp():
+    assert_matches_eager(lambda x: x.clamp(-0.5, 0.7) + x.clamp(min=0.1), r(5, 9))
+
+
+@pytest.mark.parametrize("dims,keepdim", [(None, False), ([0], True), ([1], False), ([0, 2], False), ([-1], True)])
+def test_sum_mean(dims, keepdim):
+    def fn(x):
+        if dims is None:
+            return x.sum() + x.mean()
+        return x.sum(dims, keepdim=keepdim) + x.mean(dims, keepdim=keepdim)
+
+    assert_matches_eager(fn, r(3, 300, 5))
+
+
+def test_amax_argmax():
+    x = r(7, 300)
+    assert_matches_eager(lambda x: x.amax(1) + x.amin(0).sum(), x)
+    assert_matches_eager(lambda x: (x.argmax(1), x.argmin(0), x.argmax()), x, grad=False)
+
+
+def test_max_dim():
+    assert_matches_eager(lambda x: torch.max(x, 1), r(6, 9))
+
+
+def test_views():
+    def fn(x):
+        y = x.permute(2, 0, 1).reshape(6, -1)
+        z = y[1:5:2, ::3].t().unsqueeze(0).expand(2, -1, -1)
+        return z * x.select(1, 2).sum() + x.view(-1)[3]
+
+    assert_matches_eager(fn, r(4, 5, 6))
+
+
+def test_log_softmax_and_cross_entropy():
+    x, y = r(16, 10), torch.randint(0, 10, (16,))
+    assert_matches_eager(lambda x: F.log_softmax(x, 1) * 1.5, x)
+    assert_matches_eager(lambda x: F.softmax(x, 0), x)
+    assert_matches_eager(lambda x, y: F.cross_entropy(x, y), x, y)
+    y_ignored = y.clone()
+    y_ignored[::3] = -100
+    assert_matches_eager(lambda x, y: F.cross_entropy(x, y), x, y_ignored)
+    assert_matches_eager(lambda x, y: F.nll_loss(F.log_softmax(x, 1), y, reduction="sum"), x, y)
+
+
+def test_gather_scatter():
+    x = r(5, 7)
+    idx = torch.randint(0, 7, (5, 3))
+    assert_matches_eager(lambda x, i: torch.gather(x, 1, i), x, idx)
+    assert_matches_eager(lambda x, i: x.scatter(1, i[:, :1], 2.5), x, idx)
+    unique = torch.stack([torch.randperm(7)[:3] for _ in range(5)])
+    assert_matches_eager(lambda x, i, s: x.scatter(1, i, s), x, unique, r(5, 3))
+
+
+def test_int_and_bool_outputs():
+    def fn(x):
+        return (x > 0).sum(), (x * 10).long() // 3, (x > 0) & (x < 1)
+
+    assert_matches_eager(fn, r(8, 5), grad=False)

@@ -1,0 +1,111 @@
+"""Whole training loops on the device against eager PyTorch, step for step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_adreno
+from torch_adreno.models import MODELS
+
+pytestmark = pytest.mark.device
+
+STEPS = 20
+
+
+def _optimizer(name: str, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05)
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+# MLP + Adam cannot keep parameters within rtol=1e-4/atol=1e-5 of eager (measured): Adam divides
+# each gradient element by its own running magnitude, so elements whose gradient is a cancellation
+# near 1e-9 (where float32 reassociation changes it by percents) move by up to the learning rate;
+# over 20 free-running steps the ~1e-7 drift this leaves also pushes fc2 pre-activations that sit
+# within ~2e-5 of the ReLU kink to its other side (two of them, at step 19). Losses still agree to
+# 1e-4 at every step. The optimizer is PyTorch's own code on the host; what the backend computes
+# is the loss and the gradients, so for this configuration the test asserts, at every step, the
+# gradients at the strict tolerance and then re-synchronises the compiled model to eager.
+FREE_RUNNING = {("mlp", "sgd"), ("lenet", "sgd"), ("lenet", "adam")}
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "lenet"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_trains_like_eager(model_name, opt_name):
+    spec = MODELS[model_name]
+    model = spec.make()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="adreno")
+    opt, ref_opt = _optimizer(opt_name, model.parameters()), _optimizer(opt_name, reference.parameters())
+    free_running = (model_name, opt_name) in FREE_RUNNING
+    gen = torch.Generator().manual_seed(1)
+    for step in range(STEPS):
+        x, y = spec.batch(gen)
+        with torch_adreno.profile() as prof:
+            opt.zero_grad()
+            loss = F.cross_entropy(compiled(x), y)
+            loss.backward()
+        ref_opt.zero_grad()
+        ref_loss = F.cross_entropy(reference(x), y)
+        ref_loss.backward()
+        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
+        assert prof.kernel_launches > 0
+        assert prof.host_fallback_ops == []
+        if not free_running:
+            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
+                                           msg=lambda m, n=name, s=step: f"gradient of {n} at step {s}: {m}")
+        opt.step()
+        ref_opt.step()
+        if not free_running:
+            _resync(model, opt, reference, ref_opt)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"parameter {n}: {m}")
+
+
+def _resync(model, opt, reference, ref_opt) -> None:
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            p.copy_(q)
+    opt.load_state_dict(ref_opt.state_dict())
+
+
+def test_compiled_loss_function_trains_like_eager():
+    """Cross-entropy compiled with the model: log_softmax and NLL run on the device too."""
+    spec = MODELS["lenet"]
+    model = spec.make()
+    reference = copy.deepcopy(model)
+
+    def loss_fn(m, x, y):
+        return F.cross_entropy(m(x), y)
+
+    step_fn = torch.compile(loss_fn, backend="adreno")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        x, y = spec.batch(gen)
+        opt.zero_grad()
+        loss = step_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref_loss = loss_fn(reference, x, y)
+        ref_loss.backward()
+        ref_opt.step()
+        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item())
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_inference_under_no_grad():
+    spec = MODELS["lenet"]
+    model = spec.make().eval()
+    x, _ = spec.batch(torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = torch.compile(model, backend="adreno")(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)

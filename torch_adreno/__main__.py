@@ -1,0 +1,5 @@
+import sys
+
+from torch_adreno.cli import main
+
+sys.exit(main())

@@ -1,0 +1,150 @@
+"""``python -m torch_adreno <command>``: devices, train (the digits demo), ops."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from torch_adreno.runtime.device import ENV_DEVICE, get_runtime, list_devices, select_device
+
+    entries = list_devices()
+    if not entries:
+        print("No OpenCL device found. `pip install pocl-binary-distribution` gives a CPU device; "
+              "GPU vendors ship their own OpenCL driver.")
+        return 1
+    default = select_device(None)
+    for e in entries:
+        mark = "*" if e.index == default.index else " "
+        print(f"{mark}[{e.index}] {e.label}")
+        p = get_runtime(e.index).profile
+        print(f"      {p.opencl_version}, driver {p.driver}, {'GPU' if p.is_gpu else 'CPU'}, "
+              f"{p.compute_units} compute units")
+        print(f"      work-group <= {p.max_work_group_size} (preferred multiple {p.preferred_work_group_multiple}), "
+              f"local memory {p.local_mem_bytes // 1024} KiB")
+        print(f"      global memory {p.global_mem_bytes / 2**30:.1f} GiB, largest allocation "
+              f"{p.max_alloc_bytes / 2**20:.0f} MiB, base alignment {p.base_addr_align_bytes} B")
+        print(f"      fp16 {'yes' if p.fp16 else 'no'}, images {'yes' if p.images else 'no'}, "
+              f"unified memory {'yes' if p.unified_memory else 'no'}")
+    print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from torch_adreno.lowering import supported_ops
+
+    ops = supported_ops()
+    print("\n".join(ops))
+    print(f"{len(ops)} ATen ops lowered (after decomposition to the core ATen op set)")
+    return 0
+
+
+def _digits_split(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from torch_adreno.data import load_digits
+
+    images, labels = load_digits()
+    # LeNet reads 28x28: upsample the 8x8 digits once, on the host, before training.
+    images = F.interpolate(images, size=(28, 28), mode="bilinear", align_corners=False)
+    images = (images - images.mean()) / images.std()
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    test = order[: len(order) // 5]
+    train = order[len(order) // 5:]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    import torch_adreno
+    from torch_adreno.models import LeNet
+
+    torch.manual_seed(args.seed)
+    x_train, y_train, x_test, y_test = _digits_split(args.seed)
+    model = LeNet()
+    options = {"device": args.device} if args.device is not None else {}
+
+    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(m(x), y)
+
+    train_step = torch.compile(loss_fn, backend="adreno", options=options, dynamic=False)
+    predict = torch.compile(model, backend="adreno", options=options, dynamic=False)
+    if args.optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    steps_per_epoch = len(y_train) // args.batch_size  # full batches only: shapes stay static
+    step_times: list[float] = []
+    profiled: torch_adreno.profile | None = None
+    bar = tqdm(total=args.epochs * steps_per_epoch, desc="training", unit="step")
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(y_train))
+        for s in range(steps_per_epoch):
+            idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+            x, y = x_train[idx], y_train[idx]
+            measure = epoch == args.epochs - 1 and s == steps_per_epoch - 1
+            prof_ctx = torch_adreno.profile() if measure else None
+            start = time.perf_counter()
+            if prof_ctx is not None:
+                prof_ctx.__enter__()
+            opt.zero_grad(set_to_none=True)
+            loss = train_step(model, x, y)
+            loss.backward()
+            opt.step()
+            if prof_ctx is not None:
+                prof_ctx.__exit__(None, None, None)
+                profiled = prof_ctx
+            if epoch > 0 or s > 0:  # the first step compiles
+                step_times.append(time.perf_counter() - start)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}")
+            bar.update(1)
+    bar.close()
+
+    correct = 0
+    with torch.no_grad():
+        for s in range(0, len(y_test), args.batch_size):
+            xb, yb = x_test[s:s + args.batch_size], y_test[s:s + args.batch_size]
+            correct += int((predict(xb).argmax(1) == yb).sum())
+    accuracy = correct / len(y_test)
+    print(f"test accuracy: {accuracy:.2%} ({correct}/{len(y_test)} digits)")
+    if step_times:
+        print(f"step time: median {statistics.median(step_times) * 1e3:.1f} ms over {len(step_times)} steps "
+              f"(forward + backward on the device, optimizer on the host)")
+    if profiled is not None:
+        print(f"per training step: {profiled.kernel_launches} kernel launches, "
+              f"{profiled.bytes_host_to_device} B host->device, {profiled.bytes_device_to_host} B device->host, "
+              f"{len(profiled.host_fallback_ops)} host fallback ops")
+        if args.table:
+            print(profiled.table())
+    return 0 if accuracy > 0.9 else 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_adreno", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("devices", help="list OpenCL devices and their capabilities").set_defaults(fn=cmd_devices)
+    sub.add_parser("ops", help="list the ATen ops the backend lowers").set_defaults(fn=cmd_ops)
+    train = sub.add_parser("train", help="train LeNet on the bundled UCI digits and report accuracy and costs")
+    train.add_argument("--device", default=None, help="device index or name substring (default: first GPU)")
+    train.add_argument("--epochs", type=int, default=8)
+    train.add_argument("--batch-size", type=int, default=64)
+    train.add_argument("--lr", type=float, default=2e-3)
+    train.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--table", action="store_true", help="print the per-kernel profile of the last step")
+    train.set_defaults(fn=cmd_train)
+    args = parser.parse_args(argv)
+    if getattr(args, "device", None) is not None and str(args.device).isdigit():
+        args.device = int(args.device)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
