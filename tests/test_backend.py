@@ -18,6 +18,7 @@ def test_backend_is_registered():
     assert "adreno" in torch._dynamo.list_backends()
 
 
+@pytest.mark.installed
 def test_backend_found_without_importing_the_package():
     code = ("import torch, sys; m = torch.nn.Linear(3, 2); x = torch.randn(4, 3);"
             "out = torch.compile(m, backend='adreno')(x);"

@@ -165,3 +165,23 @@ def test_int_and_bool_outputs():
         return (x > 0).sum(), (x * 10).long() // 3, (x > 0) & (x < 1)
 
     assert_matches_eager(fn, r(8, 5), grad=False)
+
+
+@pytest.mark.parametrize("template", ["tiled", "direct"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 17, 5), (129, 70, 33), (64, 64, 64), (17, 200, 3)])
+def test_both_gemm_templates_on_this_device(monkeypatch, template, shape):
+    """The local-memory template serves GPUs, the direct one CPUs: check both here, whatever the device."""
+    from torch_adreno.kernels import gemm
+
+    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    m, k, n = shape
+    assert_matches_eager(lambda a, b: a @ b, r(m, k), r(k, n))
+    assert_matches_eager(lambda a, b: a.t() @ b.t(), r(k, m), r(n, k))
+
+
+@pytest.mark.parametrize("template", ["tiled", "direct"])
+def test_both_gemm_templates_for_convolution(monkeypatch, template):
+    from torch_adreno.kernels import gemm
+
+    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4)
