@@ -22,6 +22,14 @@ def _device_value(value: Any) -> str | int | None:
     raise ValueError(f"option 'device' must be an int index or a name substring, got {value!r}")
 
 
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    raise ValueError(f"must be True or False, got {value!r}")
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -54,6 +62,11 @@ OPTIONS: dict[str, OptionSpec] = {
             "what to do with an op the backend cannot lower: 'error' (default) raises naming the op; "
             "'host' runs it with PyTorch on the host, warns once and counts it in the profile",
         ),
+        OptionSpec(
+            "fusion", _bool, True, "TORCH_ADRENO_FUSION",
+            "fuse IR nodes into fewer kernels (default True); False gives one kernel per node, the "
+            "baseline fusion is measured against",
+        ),
     )
 }
 
@@ -64,6 +77,7 @@ class Config:
 
     device: str | int | None = None
     fallback: str = "error"
+    fusion: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None,

@@ -90,7 +90,10 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile) -> MemoryPlan:
     ranges = live_ranges(fused)
     allocations: dict[str, Allocation] = {}
     arena_bytes: list[int] = []
+    exists = inputs | fused.stored_buffers()
     for name, buf in graph.buffers.items():
+        if name not in exists:
+            continue  # fused away: computed in registers, never stored
         first, last = ranges.get(name, (-1, -1))
         nbytes = max(buf.nbytes, 1)
         if name in inputs:

@@ -367,6 +367,11 @@ def _floordiv(a: Expr, k: int) -> Expr:
         return index(0)
     if isinstance(a, Call) and a.op == "floordiv" and isinstance(a.args[1], Const):
         return _floordiv(a.args[0], k * int(a.args[1].value))
+    if isinstance(a, Call) and a.op == "mod" and isinstance(a.args[1], Const):
+        # (x % (k*q)) // k == (x // k) % q for non-negative x: one canonical form for unravelled indices.
+        modulus, inner = int(a.args[1].value), bounds(a.args[0])
+        if modulus % k == 0 and inner is not None and inner[0] >= 0:
+            return _mod(_floordiv(a.args[0], k), modulus // k)
     c, terms = linear_terms(a)
     whole = {atom: coef // k for atom, coef in terms.items() if coef % k == 0}
     rest = {atom: coef for atom, coef in terms.items() if coef % k != 0}

@@ -187,6 +187,8 @@ class GraphOutput:
 
     buffer: str | None
     role: OutputRole
+    #: The output's shape when it is a reshape of its buffer (same bytes); None: the buffer's shape.
+    shape: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -241,5 +243,6 @@ def format_graph(graph: Graph) -> str:
         lines.append(f"  buffer {name} {b.dtype.value}{list(b.shape)}")
     lines.extend(_format_node(n) for n in graph.nodes)
     for pos, out in enumerate(graph.outputs):
-        lines.append(f"  output {pos}: {out.buffer} ({out.role.value})")
+        reshaped = f" viewed as {list(out.shape)}" if out.shape is not None else ""
+        lines.append(f"  output {pos}: {out.buffer}{reshaped} ({out.role.value})")
     return "\n".join(lines)

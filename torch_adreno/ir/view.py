@@ -37,10 +37,12 @@ class View:
     dtype: DType
     shape: tuple[int, ...]
     index: tuple[Expr, ...]
+    #: True when the view is its buffer reshaped (elements in memory order); False when unknown.
+    in_memory_order: bool = False
 
     @staticmethod
     def of(buffer: Buffer) -> View:
-        return View(buffer.name, buffer.shape, buffer.dtype, buffer.shape, placeholder_vars(buffer.shape))
+        return View(buffer.name, buffer.shape, buffer.dtype, buffer.shape, placeholder_vars(buffer.shape), True)
 
     @property
     def numel(self) -> int:
@@ -61,8 +63,14 @@ class View:
     def is_identity(self) -> bool:
         return self.shape == self.buffer_shape and self.index == placeholder_vars(self.buffer_shape)
 
-    def _remap(self, shape: Sequence[int], old_index_of_new: Sequence[Expr]) -> View:
-        return View(self.buffer, self.buffer_shape, self.dtype, tuple(shape), self.at(old_index_of_new))
+    def is_contiguous_reshape(self) -> bool:
+        """Whether the view reads all of its buffer in memory order (a chain of reshapes): then the
+        buffer's bytes *are* the view and no copy is needed."""
+        return self.in_memory_order and math.prod(self.shape) == math.prod(self.buffer_shape)
+
+    def _remap(self, shape: Sequence[int], old_index_of_new: Sequence[Expr], keeps_order: bool = False) -> View:
+        return View(self.buffer, self.buffer_shape, self.dtype, tuple(shape), self.at(old_index_of_new),
+                    self.in_memory_order and keeps_order)
 
     def permute(self, dims: Sequence[int]) -> View:
         dims = [d % max(len(self.shape), 1) for d in dims]
@@ -101,7 +109,7 @@ class View:
         old: list[Expr] = []
         for size, stride in zip(self.shape, contiguous_strides(self.shape), strict=True):
             old.append(call("mod", call("floordiv", flat, index(stride)), index(size)) if size > 1 else index(0))
-        return self._remap(shape, old)
+        return self._remap(shape, old, keeps_order=True)
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> View:
         dim %= len(self.shape)
@@ -127,7 +135,7 @@ class View:
         dim = dim % (len(self.shape) + 1)
         shape = [*self.shape[:dim], 1, *self.shape[dim:]]
         new_vars = list(placeholder_vars(shape))
-        return self._remap(shape, new_vars[:dim] + new_vars[dim + 1:])
+        return self._remap(shape, new_vars[:dim] + new_vars[dim + 1:], keeps_order=True)
 
     def squeeze(self, dims: Sequence[int] | None = None) -> View:
         rank = len(self.shape)
@@ -136,6 +144,6 @@ class View:
         shape = [s for d, s in enumerate(self.shape) if d not in drop]
         new_vars = list(placeholder_vars(shape))
         it = iter(new_vars)
-        return self._remap(shape, [index(0) if d in drop else next(it) for d in range(rank)])
+        return self._remap(shape, [index(0) if d in drop else next(it) for d in range(rank)], keeps_order=True)
 
 

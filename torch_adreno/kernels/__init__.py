@@ -2,42 +2,77 @@
 
 Generated kernels (pointwise, reduction) come from the expression table and the code writer;
 heavy ops (GEMM, and the convolutions built on it) instantiate ``.cl`` templates with ``-D``
-options. Every kernel's source opens with the FX nodes it came from.
+options, with the fused prologues and epilogues written by the same code writer. Every kernel's
+source opens with the FX nodes it came from.
 """
 
 from __future__ import annotations
 
-from torch_adreno import ir
-from torch_adreno.fusion import FusedGraph
-from torch_adreno.kernels.gemm import render_gemm
-from torch_adreno.kernels.generated import render_pointwise, render_reduction
-from torch_adreno.kernels.program import HostStep, KernelProgram, KernelSource, Step, c_identifier
+from torch_adreno.fusion import (
+    FusedGraph,
+    FusionGroup,
+    GemmKernel,
+    HostKernel,
+    PointwiseKernel,
+    ReductionKernel,
+)
+from torch_adreno.kernels.gemm import GEMM_MACROS, render_gemm
+from torch_adreno.kernels.generated import buffer_bytes, make_params, render_pointwise, render_reduction
+from torch_adreno.kernels.program import (
+    HostStep,
+    KernelProgram,
+    KernelSource,
+    Step,
+    c_identifier,
+    header_comment,
+)
 from torch_adreno.memory import MemoryPlan
 from torch_adreno.target import DeviceProfile
 
 __all__ = ["HostStep", "KernelProgram", "KernelSource", "render_program"]
 
 
-def kernel_name(graph: ir.Graph, index: int, node: ir.Node) -> str:
-    """Deterministic and descriptive: graph, position, kind and the ATen op it computes."""
-    op = node.origins[0].op.split(".")[1] if node.origins and "." in node.origins[0].op else type(node).__name__
-    kind = {ir.Pointwise: "pw", ir.Reduction: "red", ir.Gemm: "gemm"}.get(type(node), "host")
-    return c_identifier(f"{graph.name}_{index}_{kind}_{op}").lower()
+def kernel_name(graph_name: str, index: int, group: FusionGroup) -> str:
+    """Deterministic and descriptive: graph, position, kind and the ATen ops it computes."""
+    ops = list(dict.fromkeys(o.op.split(".")[1] if "." in o.op else o.op for o in group.origins))
+    kind = {"pointwise": "pw", "reduction": "red", "gemm": "gemm"}.get(group.kind, group.kind)
+    summary = "_".join(ops[:3]) + ("_etc" if len(ops) > 3 else "")
+    return c_identifier(f"{graph_name}_{index}_{kind}_{summary}").lower()
+
+
+def _describe(group: FusionGroup) -> str:
+    spec = group.spec
+    if isinstance(spec, PointwiseKernel):
+        return f"pointwise over {list(spec.ranges)}"
+    if isinstance(spec, ReductionKernel):
+        ops = ", ".join(a.reduce_op for a in spec.accumulators())
+        return f"{ops} over {list(spec.inner)} for each of {list(spec.outer)} in {len(spec.phases)} pass(es)"
+    assert isinstance(spec, GemmKernel)
+    g = spec.gemm
+    return f"gemm batch={g.batch} m={g.m} n={g.n} k={g.k}, {len(spec.stores)} store(s)"
 
 
 def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) -> KernelProgram:
     steps: list[Step] = []
+    graph = fused.graph
     for index, group in enumerate(fused.groups):
-        if len(group.nodes) != 1:
-            raise NotImplementedError("kernels of several IR nodes are rendered by the fusion-aware writer")
-        node = group.nodes[0]
-        name = kernel_name(fused.graph, index, node)
-        if isinstance(node, ir.Pointwise):
-            steps.append(render_pointwise(name, node, fused.graph, profile))
-        elif isinstance(node, ir.Reduction):
-            steps.append(render_reduction(name, node, fused.graph, profile))
-        elif isinstance(node, ir.Gemm):
-            steps.append(render_gemm(name, node, fused.graph, profile))
+        spec = group.spec
+        if isinstance(spec, HostKernel):
+            steps.append(HostStep(spec.node))
+            continue
+        name = kernel_name(graph.name, index, group)
+        header = header_comment(name, group.origins, _describe(group))
+        params = make_params(graph, group.writes, group.reads)
+        options: tuple[str, ...] = ()
+        macros: tuple[str, ...] = ("INDEX_T",)
+        if isinstance(spec, PointwiseKernel):
+            source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
+        elif isinstance(spec, ReductionKernel):
+            source, global_size, local_size = render_reduction(name, header, spec, params, profile)
         else:
-            steps.append(HostStep(node))
-    return KernelProgram(fused.graph, plan, steps)
+            source, options, global_size, local_size = render_gemm(name, header, spec, params, profile)
+            macros = GEMM_MACROS
+        steps.append(KernelSource(name, group.kind, source, options, tuple(params), global_size, local_size,
+                                  group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
+                                  macros))
+    return KernelProgram(graph, plan, steps)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 from torch_adreno import ir
-from torch_adreno.kernels.generated import buffer_bytes, index_ctype_for, make_params
-from torch_adreno.kernels.program import KernelSource, header_comment
+from torch_adreno.fusion import GemmKernel
+from torch_adreno.kernels.generated import index_ctype_for, write_stores
 from torch_adreno.kernels.writer import CodeWriter, Param
 from torch_adreno.target import DeviceProfile
 
@@ -96,39 +96,39 @@ def _operand_function(fn_name: str, expr: ir.Expr, names: tuple[str, str, str], 
                       f"    return {value};", "}"])
 
 
-def _store_function(fn_name: str, node: ir.Gemm, params: dict[str, Param]) -> str:
-    v = node.vars()
+def _store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]) -> str:
+    """The epilogue: every store of the kernel, for one (b, m, n) with its accumulated ``value``."""
+    v = spec.gemm.vars()
     names: dict[ir.Var, str] = {}
     for key in ("b", "m", "n"):
         var = v[key]
         if isinstance(var, ir.Var):
             names[var] = key
-    writer = CodeWriter(params, names, prefix="store_t")
-    flat = writer.flat_index(node.output, node.out_index)
-    offset = writer.expr(flat)
-    writer.store(node.output, offset, "value")
+    writer = CodeWriter(params, names, prefix="store_t", registers={spec.result: "value"})
+    write_stores(writer, spec.stores)
     body = writer.close_scope()
     decls = ", ".join(p.declaration() for p in params.values())
     return "\n".join([f"inline void {fn_name}(const INDEX_T b, const INDEX_T m, const INDEX_T n, const float value, "
                       f"{decls}) {{", *("    " + ln for ln in body), "}"])
 
 
-def render_gemm(name: str, node: ir.Gemm, graph: ir.Graph, profile: DeviceProfile) -> KernelSource:
-    reads = node.inputs()
-    params = make_params(graph, [node.output], reads)
+def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Param],
+                profile: DeviceProfile) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """Source, build options, global and local size of one GEMM kernel."""
+    node = spec.gemm
     v = node.vars()
     probe = CodeWriter(params)
     a_k_fastest = _unit_stride(node.lhs, v["k"], params, probe) or not _unit_stride(node.lhs, v["m"], params, probe)
     b_n_fastest = _unit_stride(node.rhs, v["n"], params, probe) or not _unit_stride(node.rhs, v["k"], params, probe)
     arg_names = ", ".join(p.c_name for p in params.values())
     prelude = "\n".join([
-        header_comment(name, node.origins, f"gemm batch={node.batch} m={node.m} n={node.n} k={node.k}"),
+        header,
         f"#define INDEX_T {index_ctype_for(params, node.batch * node.m * node.k, node.batch * node.k * node.n)}",
         f"#define KERNEL_NAME {name}",
         "#define KERNEL_PARAMS " + ", ".join(p.declaration() for p in params.values()),
         _operand_function(f"{name}_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params),
         _operand_function(f"{name}_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params),
-        _store_function(f"{name}_store_c", node, params),
+        _store_function(f"{name}_store_c", spec, params),
         f"#define LOAD_A(b, m, k) {name}_load_a(b, m, k, {arg_names})",
         f"#define LOAD_B(b, k, n) {name}_load_b(b, k, n, {arg_names})",
         f"#define STORE_C(b, m, n, v) {name}_store_c(b, m, n, v, {arg_names})",
@@ -141,10 +141,8 @@ def render_gemm(name: str, node: ir.Gemm, graph: ir.Graph, profile: DeviceProfil
         column_blocks = math.ceil(node.n / 8)
         global_size = (math.ceil(column_blocks / direct.local_n) * direct.local_n, math.ceil(node.m / direct.wpt_m),
                        node.batch)
-        direct_options = (f"-DWPT_M={direct.wpt_m}", "-cl-mad-enable", *sizes)
-        return KernelSource(name, "gemm", prelude + template, direct_options, tuple(params),
-                            global_size, (direct.local_n, 1, 1), node.origins, buffer_bytes(graph, reads),
-                            graph.buffers[node.output].nbytes, GEMM_MACROS)
+        return (prelude + template, (f"-DWPT_M={direct.wpt_m}", "-cl-mad-enable", *sizes), global_size,
+                (direct.local_n, 1, 1))
     tiling = choose_tiling(node, profile)
     template = resources.files("torch_adreno.kernels").joinpath("gemm.cl").read_text()
     options = (
@@ -154,5 +152,4 @@ def render_gemm(name: str, node: ir.Gemm, graph: ir.Graph, profile: DeviceProfil
     )
     tn, tm = tiling.threads
     global_size = (math.ceil(node.n / tiling.tile_n) * tn, math.ceil(node.m / tiling.tile_m) * tm, node.batch)
-    return KernelSource(name, "gemm", prelude + template, options, tuple(params), global_size, (tn, tm, 1),
-                        node.origins, buffer_bytes(graph, reads), graph.buffers[node.output].nbytes, GEMM_MACROS)
+    return prelude + template, options, global_size, (tn, tm, 1)

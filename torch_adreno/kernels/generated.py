@@ -1,10 +1,12 @@
-"""Generated kernels: pointwise and reduction nodes rendered through the code writer."""
+"""Generated kernels: pointwise and reduction kernel specs rendered through the code writer."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 from torch_adreno import ir
+from torch_adreno.fusion import Accumulator, PointwiseKernel, ReductionKernel, Store
 from torch_adreno.kernels.expressions import (
     STORAGE_CTYPE,
     arg_better,
@@ -12,7 +14,6 @@ from torch_adreno.kernels.expressions import (
     reduction_init,
     value_ctype,
 )
-from torch_adreno.kernels.program import KernelSource, header_comment
 from torch_adreno.kernels.workgroup import linear_local_size, reduction_local_size, round_up
 from torch_adreno.kernels.writer import CodeWriter, Param
 from torch_adreno.target import DeviceProfile
@@ -20,25 +21,26 @@ from torch_adreno.target import DeviceProfile
 INT32_LIMIT = 2**31 - 1
 
 
-def make_params(graph: ir.Graph, writes: list[str], reads: list[str]) -> dict[str, Param]:
+def make_params(graph: ir.Graph, writes: Sequence[str], reads: Sequence[str]) -> dict[str, Param]:
     """Kernel parameters: written buffers first (out0, out1, ...), then read ones (in0, ...)."""
     params: dict[str, Param] = {}
-    for i, name in enumerate(writes):
+    for i, name in enumerate(dict.fromkeys(writes)):
         b = graph.buffers[name]
         params[name] = Param(name, f"out{i}", b.dtype, b.shape, True)
+    n_out = len(params)
     for name in reads:
         if name not in params:
             b = graph.buffers[name]
-            params[name] = Param(name, f"in{len(params) - len(writes)}", b.dtype, b.shape, False)
+            params[name] = Param(name, f"in{len(params) - n_out}", b.dtype, b.shape, False)
     return params
 
 
-def index_ctype_for(params: dict[str, Param], *extents: int) -> str:
+def index_ctype_for(params: Mapping[str, Param], *extents: int) -> str:
     largest = max([math.prod(p.shape) for p in params.values()] + list(extents) + [1])
     return "int" if largest <= INT32_LIMIT else "long"
 
 
-def signature(name: str, params: dict[str, Param], attribute: str = "") -> str:
+def signature(name: str, params: Mapping[str, Param], attribute: str = "") -> str:
     decls = ",\n    ".join(p.declaration() for p in params.values())
     return f"__kernel {attribute}void {name}(\n    {decls})"
 
@@ -57,26 +59,43 @@ def unravel_lines(writer: CodeWriter, linear: str, vars_: tuple[ir.Expr, ...], s
     return lines
 
 
-def _var_names(vars_: tuple[ir.Expr, ...]) -> dict[ir.Var, str]:
+def var_names(vars_: Sequence[ir.Expr]) -> dict[ir.Var, str]:
     return {v: v.name for v in vars_ if isinstance(v, ir.Var)}
 
 
-def buffer_bytes(graph: ir.Graph, names: list[str]) -> int:
-    return sum(graph.buffers[n].nbytes for n in names)
+def buffer_bytes(graph: ir.Graph, names: Sequence[str]) -> int:
+    return sum(graph.buffers[n].nbytes for n in dict.fromkeys(names))
 
 
-def render_pointwise(name: str, node: ir.Pointwise, graph: ir.Graph, profile: DeviceProfile) -> KernelSource:
-    reads = node.inputs()
-    params = make_params(graph, [node.output], reads)
-    numel = math.prod(node.ranges)
-    writer = CodeWriter(params, _var_names(node.loop_vars))
-    value = writer.expr(node.body)
-    writer.store(node.output, "x", value)
-    index_defs = unravel_lines(writer, "x", node.loop_vars, node.ranges)
+def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None = None,
+                 ranges: tuple[int, ...] | None = None, loop_vars: tuple[ir.Expr, ...] | None = None) -> None:
+    """Emit ``stores``; a store over the kernel's own shape at its own index writes at ``linear``."""
+    for store in stores:
+        guarded = store.when is not None
+        condition = writer.expr(store.when) if store.when is not None else None
+        value = writer.expr(store.value, guarded)
+        shape = writer.params[store.buffer].shape
+        if linear is not None and shape == ranges and tuple(store.index) == tuple(loop_vars or ()):
+            offset = linear
+        else:
+            offset = writer.expr(writer.flat_index(store.buffer, store.index), guarded)
+        if condition is not None:
+            writer.emit(f"if ({condition})")
+            writer.emit("    " + writer.store_statement(store.buffer, offset, value))
+        else:
+            writer.store(store.buffer, offset, value)
+
+
+def render_pointwise(name: str, header: str, spec: PointwiseKernel, params: dict[str, Param],
+                     profile: DeviceProfile) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    numel = math.prod(spec.ranges)
+    writer = CodeWriter(params, var_names(spec.loop_vars))
+    write_stores(writer, spec.stores, "x", spec.ranges, spec.loop_vars)
+    index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges)
     body = writer.close_scope()
     local = linear_local_size(numel, profile)
     src = "\n".join([
-        header_comment(name, node.origins, f"pointwise over {list(node.ranges)}"),
+        header,
         f"#define INDEX_T {index_ctype_for(params, numel)}",
         signature(name, params) + " {",
         "    const INDEX_T x = get_global_id(0);",
@@ -85,8 +104,7 @@ def render_pointwise(name: str, node: ir.Pointwise, graph: ir.Graph, profile: De
         "}",
         "",
     ])
-    return KernelSource(name, "pointwise", src, (), tuple(params), (round_up(max(numel, 1), local),), (local,),
-                        node.origins, buffer_bytes(graph, reads), graph.buffers[node.output].nbytes)
+    return src, (round_up(max(numel, 1), local),), (local,)
 
 
 def use_workgroup_reduction(outputs: int, reduction_numel: int, profile: DeviceProfile) -> bool:
@@ -95,84 +113,123 @@ def use_workgroup_reduction(outputs: int, reduction_numel: int, profile: DeviceP
     return reduction_numel >= 128 and outputs < profile.compute_units * 256
 
 
-def render_reduction(name: str, node: ir.Reduction, graph: ir.Graph, profile: DeviceProfile) -> KernelSource:
-    reads = node.inputs()
-    params = make_params(graph, [node.output], reads)
-    outputs, rnumel = math.prod(node.ranges), node.reduction_numel
-    out_dtype = graph.buffers[node.output].dtype
-    is_arg = node.reduce_op in ("argmax", "argmin")
-    acc_dtype = node.body.dtype if is_arg else out_dtype
-    acc_ctype = value_ctype(acc_dtype)
-    init = reduction_init(node.reduce_op, acc_dtype)
-    workgroup = use_workgroup_reduction(outputs, rnumel, profile)
-    local = reduction_local_size(rnumel, profile) if workgroup else linear_local_size(outputs, profile)
+class _ReductionWriter:
+    """Renders a ReductionKernel: an outer loop, passes over the row, outer stores."""
 
-    writer = CodeWriter(params, _var_names(node.loop_vars))
-    writer.open_scope(_var_names(node.reduction_vars))
-    value = writer.expr(node.body)
-    if is_arg:
-        better = arg_better(node.reduce_op, value, "rl", "acc", "acc_index", acc_dtype)
-        update = [f"if ({better}) {{ acc = {value}; acc_index = rl; }}"]
-    else:
-        update = [f"acc = {reduction_combine(node.reduce_op, 'acc', value, acc_dtype)};"]
-    reduction_index_defs = unravel_lines(writer, "rl", node.reduction_vars, node.reduction_ranges)
-    loop_body = writer.close_scope()
-    index_defs = unravel_lines(writer, "x", node.loop_vars, node.ranges)
-    outer = writer.close_scope()
+    def __init__(self, spec: ReductionKernel, params: dict[str, Param], profile: DeviceProfile) -> None:
+        self.spec = spec
+        self.outputs = math.prod(spec.outer)
+        self.rnumel = spec.inner_numel
+        self.workgroup = use_workgroup_reduction(self.outputs, self.rnumel, profile)
+        self.local = (reduction_local_size(self.rnumel, profile) if self.workgroup
+                      else linear_local_size(self.outputs, profile))
+        self.accs = spec.accumulators()
+        self.acc_names = {a.buffer: f"acc{k}" for k, a in enumerate(self.accs)}
+        registers = {}
+        for a in self.accs:
+            name = self.acc_names[a.buffer]
+            registers[ir.Load(a.buffer, spec.loop_vars, a.dtype)] = f"{name}_index" if self._is_arg(a) else name
+        self.writer = CodeWriter(params, var_names(spec.loop_vars), registers=registers)
 
-    lines = [
-        header_comment(name, node.origins, f"reduce_{node.reduce_op} of {list(node.reduction_ranges)} "
-                       f"into {list(node.ranges)} ({'work-group' if workgroup else 'serial'})"),
-        f"#define INDEX_T {index_ctype_for(params, outputs, rnumel)}",
-    ]
-    attribute = f"__attribute__((reqd_work_group_size({local}, 1, 1))) " if workgroup else ""
-    lines.append(signature(name, params, attribute) + " {")
-    if workgroup:
-        lines += [f"    __local {acc_ctype} partial[{local}];"]
-        if is_arg:
-            lines += [f"    __local long partial_index[{local}];"]
-        lines += ["    const INDEX_T x = get_group_id(0);", "    const int lid = get_local_id(0);"]
-        loop = f"for (INDEX_T rl = lid; rl < {rnumel}; rl += {local})"
-    else:
-        lines += ["    const INDEX_T x = get_global_id(0);", f"    if (x >= {outputs}) return;"]
-        loop = f"for (INDEX_T rl = 0; rl < {rnumel}; ++rl)"
-    lines += ["    " + ln for ln in index_defs + outer]
-    lines.append(f"    {acc_ctype} acc = {init};")
-    if is_arg:
-        lines.append("    long acc_index = -1;")
-    lines.append(f"    {loop} {{")
-    lines += ["        " + ln for ln in reduction_index_defs + loop_body + update]
-    lines.append("    }")
-    store_ctype = STORAGE_CTYPE[out_dtype]
-    result = "acc_index" if is_arg else "acc"
-    if workgroup:
-        lines += [
-            "    partial[lid] = acc;",
-            *(["    partial_index[lid] = acc_index;"] if is_arg else []),
-            "    barrier(CLK_LOCAL_MEM_FENCE);",
-            f"    for (int s = {local // 2}; s > 0; s >>= 1) {{",
-            "        if (lid < s) {",
-        ]
-        if is_arg:
-            better = arg_better(node.reduce_op, "partial[lid + s]", "partial_index[lid + s]", "partial[lid]",
-                                "partial_index[lid]", acc_dtype)
-            lines += [f"            if (partial_index[lid + s] >= 0 && {better}) {{",
-                      "                partial[lid] = partial[lid + s];",
-                      "                partial_index[lid] = partial_index[lid + s];",
-                      "            }"]
+    @staticmethod
+    def _is_arg(acc: Accumulator) -> bool:
+        return acc.reduce_op in ("argmax", "argmin")
+
+    def _acc_ctype(self, acc: Accumulator) -> str:
+        return value_ctype(acc.value.dtype if self._is_arg(acc) else acc.dtype)
+
+    def _acc_value_dtype(self, acc: Accumulator) -> ir.DType:
+        return acc.value.dtype if self._is_arg(acc) else acc.dtype
+
+    def _update(self, acc: Accumulator, value: str) -> str:
+        name = self.acc_names[acc.buffer]
+        if self._is_arg(acc):
+            better = arg_better(acc.reduce_op, value, "rl", name, f"{name}_index", self._acc_value_dtype(acc))
+            return f"if ({better}) {{ {name} = {value}; {name}_index = rl; }}"
+        return f"{name} = {reduction_combine(acc.reduce_op, name, value, acc.dtype)};"
+
+    def _tree(self, acc: Accumulator) -> list[str]:
+        name, local = self.acc_names[acc.buffer], self.local
+        lines = [f"{name}_partial[lid] = {name};"]
+        if self._is_arg(acc):
+            lines.append(f"{name}_partial_index[lid] = {name}_index;")
+        lines += ["barrier(CLK_LOCAL_MEM_FENCE);", f"for (int s = {local // 2}; s > 0; s >>= 1) {{",
+                  "    if (lid < s) {"]
+        if self._is_arg(acc):
+            better = arg_better(acc.reduce_op, f"{name}_partial[lid + s]", f"{name}_partial_index[lid + s]",
+                                f"{name}_partial[lid]", f"{name}_partial_index[lid]", self._acc_value_dtype(acc))
+            lines += [f"        if ({name}_partial_index[lid + s] >= 0 && {better}) {{",
+                      f"            {name}_partial[lid] = {name}_partial[lid + s];",
+                      f"            {name}_partial_index[lid] = {name}_partial_index[lid + s];",
+                      "        }"]
         else:
-            combined = reduction_combine(node.reduce_op, "partial[lid]", "partial[lid + s]", acc_dtype)
-            lines.append(f"            partial[lid] = {combined};")
-        lines += [
-            "        }",
-            "        barrier(CLK_LOCAL_MEM_FENCE);",
-            "    }",
-            f"    if (lid == 0) out0[x] = ({store_ctype})(partial{'_index' if is_arg else ''}[0]);",
-        ]
-        global_size = (outputs * local,)
-    else:
-        lines.append(f"    out0[x] = ({store_ctype})({result});")
-        global_size = (round_up(max(outputs, 1), local),)
-    lines += ["}", ""]
-    return KernelSource(name, "reduction", "\n".join(lines), (), tuple(params), global_size, (local,),
-                        node.origins, buffer_bytes(graph, reads), graph.buffers[node.output].nbytes)
+            combined = reduction_combine(acc.reduce_op, f"{name}_partial[lid]", f"{name}_partial[lid + s]",
+                                         acc.dtype)
+            lines.append(f"        {name}_partial[lid] = {combined};")
+        lines += ["    }", "    barrier(CLK_LOCAL_MEM_FENCE);", "}", f"{name} = {name}_partial[0];"]
+        if self._is_arg(acc):
+            lines.append(f"{name}_index = {name}_partial_index[0];")
+        lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
+        return lines
+
+    def render(self, name: str, header: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+        spec, writer = self.spec, self.writer
+        body: list[str] = []
+        loop = (f"for (INDEX_T rl = lid; rl < {self.rnumel}; rl += {self.local})" if self.workgroup
+                else f"for (INDEX_T rl = 0; rl < {self.rnumel}; ++rl)")
+        for phase in spec.phases:
+            body += writer.take_lines()
+            for acc in phase.accumulators:
+                acc_name = self.acc_names[acc.buffer]
+                body.append(f"{self._acc_ctype(acc)} {acc_name} = "
+                            f"{reduction_init(acc.reduce_op, self._acc_value_dtype(acc))};")
+                if self._is_arg(acc):
+                    body.append(f"long {acc_name}_index = -1;")
+            writer.open_scope(var_names(spec.reduction_vars))
+            updates = [self._update(acc, writer.expr(acc.value)) for acc in phase.accumulators]
+            write_stores(writer, phase.stores)
+            r_defs = unravel_lines(writer, "rl", spec.reduction_vars, spec.inner)
+            inner = writer.close_scope()
+            body += writer.take_lines()
+            body.append(loop + " {")
+            body += ["    " + ln for ln in r_defs + inner + updates]
+            body.append("}")
+            if self.workgroup:
+                for acc in phase.accumulators:
+                    body += self._tree(acc)
+        outer_writer_lines: list[str] = []
+        write_stores(writer, spec.outer_stores)
+        outer_writer_lines = writer.take_lines()
+        if self.workgroup and outer_writer_lines:
+            body += ["if (lid == 0) {", *("    " + ln for ln in outer_writer_lines), "}"]
+        else:
+            body += outer_writer_lines
+        i_defs = unravel_lines(writer, "x", spec.loop_vars, spec.outer)
+        writer.close_scope()
+
+        lines = [header, f"#define INDEX_T {index_ctype_for(writer.params, self.outputs, self.rnumel)}"]
+        attribute = f"__attribute__((reqd_work_group_size({self.local}, 1, 1))) " if self.workgroup else ""
+        lines.append(signature(name, writer.params, attribute) + " {")
+        if self.workgroup:
+            for acc in self.accs:
+                acc_name = self.acc_names[acc.buffer]
+                lines.append(f"    __local {self._acc_ctype(acc)} {acc_name}_partial[{self.local}];")
+                if self._is_arg(acc):
+                    lines.append(f"    __local long {acc_name}_partial_index[{self.local}];")
+            lines += ["    const INDEX_T x = get_group_id(0);", "    const int lid = get_local_id(0);"]
+            global_size = (self.outputs * self.local,)
+        else:
+            lines += ["    const INDEX_T x = get_global_id(0);", f"    if (x >= {self.outputs}) return;"]
+            global_size = (round_up(max(self.outputs, 1), self.local),)
+        lines += ["    " + ln for ln in i_defs + body]
+        lines += ["}", ""]
+        return "\n".join(lines), global_size, (self.local,)
+
+
+def render_reduction(name: str, header: str, spec: ReductionKernel, params: dict[str, Param],
+                     profile: DeviceProfile) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    return _ReductionWriter(spec, params, profile).render(name, header)
+
+
+def store_ctype(dtype: ir.DType) -> str:
+    return STORAGE_CTYPE[dtype]

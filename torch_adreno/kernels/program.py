@@ -95,4 +95,4 @@ def header_comment(kernel_name: str, origins: tuple[ir.Origin, ...], description
     for o in origins:
         extra = f" [{o.module}]" if o.module else ""
         lines.append(f"//   from FX node {o.node} ({o.op}){extra}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)

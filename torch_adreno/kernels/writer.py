@@ -45,8 +45,10 @@ class CodeWriter:
     """Writes expressions of one kernel into scoped C statements."""
 
     def __init__(self, params: Mapping[str, Param], var_names: Mapping[ir.Var, str] | None = None,
-                 prefix: str = "t") -> None:
+                 prefix: str = "t", registers: Mapping[ir.Load, str] | None = None) -> None:
         self.params = params
+        #: Loads served from registers: a kernel's own results read where it produces them.
+        self.registers: dict[ir.Load, str] = dict(registers or {})
         self.var_names: dict[ir.Var, str] = dict(var_names or {})
         self.scopes: list[Scope] = [Scope(set(self.var_names))]
         self._temps: dict[ir.Expr, str] = {}
@@ -71,6 +73,16 @@ class CodeWriter:
 
     def emit(self, line: str) -> None:
         self.scopes[-1].lines.append(line)
+
+    def take_lines(self) -> list[str]:
+        """Statements emitted so far into the current (innermost) scope; later ones start afresh.
+
+        Reduction kernels cut the outer scope at each pass over the row, so that values derived
+        from a pass's results are computed after that pass, not hoisted before it.
+        """
+        lines = self.scopes[-1].lines
+        self.scopes[-1].lines = []
+        return lines
 
     # -- analysis ----------------------------------------------------------------------------------
 
@@ -118,6 +130,8 @@ class CodeWriter:
         known = self._temps.get(expr)
         if known is not None:
             return known
+        if isinstance(expr, ir.Load) and expr in self.registers:
+            return self.registers[expr]
         if guarded and self.has_load(expr):
             return self._render(expr, guarded=True)
         text = self._render(expr, guarded=False)
@@ -140,6 +154,9 @@ class CodeWriter:
         args = [self.expr(a, guarded or i in guarded_args) for i, a in enumerate(expr.args)]
         return render_op(expr.op, args, [a.dtype for a in expr.args], expr.dtype)
 
-    def store(self, buffer: str, offset: str, value: str) -> None:
+    def store_statement(self, buffer: str, offset: str, value: str) -> str:
         param = self.params[buffer]
-        self.emit(f"{param.c_name}[{offset}] = ({STORAGE_CTYPE[param.dtype]})({value});")
+        return f"{param.c_name}[{offset}] = ({STORAGE_CTYPE[param.dtype]})({value});"
+
+    def store(self, buffer: str, offset: str, value: str) -> None:
+        self.emit(self.store_statement(buffer, offset, value))

@@ -173,5 +173,8 @@ def _lower_outputs(ctx: LoweringContext, node: Node, env: dict[Node, Value], num
                 "(symbolic shapes: call torch.compile(..., dynamic=False))"
             )
         ctx.node = result if isinstance(result, Node) else None
+        if not value.is_identity() and value.is_contiguous_reshape():
+            ctx.graph.outputs.append(ir.GraphOutput(value.buffer, role, tuple(value.shape)))
+            continue
         view = ctx.materialize(value)
         ctx.graph.outputs.append(ir.GraphOutput(view.buffer, role))

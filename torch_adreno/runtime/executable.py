@@ -149,16 +149,18 @@ class Executable:
             if out.buffer is None:
                 outputs.append(None)
                 continue
+            shape = out.shape if out.shape is not None else self.graph.buffers[out.buffer].shape
             if out.buffer in self._input_positions:
-                outputs.append(args[self._input_positions[out.buffer]])
+                arg = args[self._input_positions[out.buffer]]
+                outputs.append(arg if out.shape is None else arg.reshape(shape))
                 continue
             buf = self.graph.buffers[out.buffer]
             dtype = IR_TO_TORCH[buf.dtype]
             if out.role is ir.OutputRole.DEVICE:
-                outputs.append(DeviceTensor(storage[out.buffer], self.runtime, buf.shape, dtype, self.graph.name,
+                outputs.append(DeviceTensor(storage[out.buffer], self.runtime, shape, dtype, self.graph.name,
                                             out.buffer))
                 continue
-            tensor, event = download(self.runtime, storage[out.buffer], buf.shape, dtype, wait=False)
+            tensor, event = download(self.runtime, storage[out.buffer], shape, dtype, wait=False)
             BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output")
             if event is not None:
                 pending.append(event)

@@ -1,0 +1,75 @@
+"""Fusion: ir.Graph -> FusedGraph, the kernels of a graph in launch order.
+
+Two steps, both recording a reason for every decision (``TORCH_ADRENO_DEBUG`` writes them out):
+
+1. recomputation (``inline.py``): small reductions are unrolled, cheap pointwise producers are
+   substituted into their consumers, so their results never reach memory;
+2. scheduling (``schedule.py``): what remains is grouped into kernels where values can flow through
+   registers (GEMM epilogues, reduction prologues/epilogues/inner stages, pointwise chains,
+   horizontal siblings).
+
+With ``options={"fusion": False}`` every IR node is its own kernel: the baseline fusion is
+measured against. Both schedules compute the same values up to float reassociation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch_adreno import ir
+from torch_adreno.config import Config
+from torch_adreno.fusion.decisions import Decision
+from torch_adreno.fusion.inline import inline_pointwise, unroll_small_reductions
+from torch_adreno.fusion.kernels import (
+    Accumulator,
+    GemmKernel,
+    HostKernel,
+    KernelSpec,
+    Phase,
+    PointwiseKernel,
+    ReductionKernel,
+    Store,
+)
+from torch_adreno.fusion.schedule import FusionGroup, Scheduler
+
+__all__ = [
+    "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "KernelSpec", "Phase",
+    "PointwiseKernel", "ReductionKernel", "Store", "fuse",
+]
+
+
+@dataclass
+class FusedGraph:
+    """The graph and its kernels. Invariants: every buffer a kernel reads is a graph input or is
+    written by an earlier kernel; every graph output is a graph input or written by a kernel."""
+
+    graph: ir.Graph
+    groups: list[FusionGroup]
+    decisions: list[Decision] = field(default_factory=list)
+
+    def stored_buffers(self) -> set[str]:
+        return {w for g in self.groups for w in g.writes}
+
+    def describe(self) -> str:
+        lines = [f"{len(self.groups)} kernels for {len(self.graph.nodes)} IR nodes"]
+        for g in self.groups:
+            lines.append(f"  {g.name} [{g.kind}] nodes {[n.name for n in g.nodes]} reads {g.reads} writes {g.writes}")
+        lines.append("decisions:")
+        lines.extend(f"  {d}" for d in self.decisions)
+        return "\n".join(lines)
+
+
+def fuse(graph: ir.Graph, config: Config) -> FusedGraph:
+    decisions: list[Decision] = []
+    if not config.fusion:
+        scheduler = Scheduler(graph, decisions)
+        for node in graph.nodes:
+            scheduler._start(node, set(ir.node_inputs(node)))
+        decisions.append(Decision("*", "*", False, "fusion disabled (options={'fusion': False}): one kernel per node"))
+        return FusedGraph(graph, scheduler.finish("k"), decisions)
+    nodes = unroll_small_reductions(list(graph.nodes), decisions)
+    nodes = inline_pointwise(graph, nodes, decisions)
+    scheduler = Scheduler(graph, decisions)
+    for node in nodes:
+        scheduler.place(node)
+    return FusedGraph(graph, scheduler.finish("k"), decisions)
