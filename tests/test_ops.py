@@ -185,3 +185,37 @@ def test_both_gemm_templates_for_convolution(monkeypatch, template):
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
     assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4)
+
+
+def test_embedding_and_its_backward():
+    idx = torch.randint(0, 20, (3, 5))
+    idx[0, 0] = idx[1, 1]  # repeated rows accumulate
+    assert_matches_eager(lambda w, i: F.embedding(i, w) * 2, r(20, 4), idx)
+
+
+def test_boolean_bitwise_ops():
+    def fn(x):
+        mask = (x > 0) & (x < 1)
+        return (~mask).float() + (mask | (x < -1)).float() + (mask ^ (x > 0.5)).float()
+
+    assert_matches_eager(fn, r(6, 7), grad=False)
+
+
+def test_split_cat_stack():
+    def fn(x):
+        a, b, c = x.chunk(3, dim=1)
+        return torch.cat([c, a * 2], 1) + torch.stack([a, b], 0).sum(0).repeat(1, 2)
+
+    assert_matches_eager(fn, r(4, 9))
+
+
+def test_var_std_layer_norm_batch_norm():
+    assert_matches_eager(lambda x: x.var(1) + x.std(0, correction=0).sum() + x.var(), r(6, 50))
+    assert_matches_eager(lambda x, w, b: F.layer_norm(x, (16,), w, b), r(4, 3, 16), r(16), r(16))
+    rm, rv = torch.zeros(5), torch.ones(5)
+    assert_matches_eager(lambda x, w, b: F.batch_norm(x, rm.clone(), rv.clone(), w, b, training=True),
+                         r(8, 5, 3, 3), r(5), r(5), atol=1e-4)
+
+
+def test_gelu_tanh_and_exact():
+    assert_matches_eager(lambda x: F.gelu(x, approximate="tanh") + F.gelu(x), r(7, 9))

@@ -18,6 +18,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch.fx import GraphModule
 
+from torch_adreno import debug
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
 from torch_adreno.fusion import fuse
@@ -32,6 +33,15 @@ aten = torch.ops.aten
 EXTRA_DECOMPOSITIONS = [
     aten._log_softmax.default,
     aten._softmax.default,
+    aten.native_layer_norm.default,
+    aten.native_layer_norm_backward.default,
+    aten.native_batch_norm.default,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit_functional.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten.native_batch_norm_backward.default,
+    aten.gelu.default,
+    aten.gelu_backward.default,
 ]
 
 #: Entries of the core ATen table we must not use, with the reason.
@@ -61,6 +71,8 @@ def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: 
     fused = fuse(graph, config)
     plan = plan_memory(fused, runtime.profile)
     program = render_program(fused, plan, runtime.profile)
+    if config.debug_dir:
+        debug.dump(config.debug_dir, gm, graph, fused, plan, program)
     return Executable(program, runtime, get_residency(runtime), static_inputs)
 
 

@@ -30,6 +30,12 @@ def _bool(value: Any) -> bool:
     raise ValueError(f"must be True or False, got {value!r}")
 
 
+def _path(value: Any) -> str | None:
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return os.fspath(value) if value is not None else None
+    raise ValueError(f"must be a directory path, got {value!r}")
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -63,6 +69,11 @@ OPTIONS: dict[str, OptionSpec] = {
             "'host' runs it with PyTorch on the host, warns once and counts it in the profile",
         ),
         OptionSpec(
+            "debug_dir", _path, None, "TORCH_ADRENO_DEBUG",
+            "a directory: per compiled graph, write the FX graph, the IR before and after fusion with "
+            "every fusion decision and its reason, the memory plan, and each kernel's OpenCL source",
+        ),
+        OptionSpec(
             "fusion", _bool, True, "TORCH_ADRENO_FUSION",
             "fuse IR nodes into fewer kernels (default True); False gives one kernel per node, the "
             "baseline fusion is measured against",
@@ -78,6 +89,7 @@ class Config:
     device: str | int | None = None
     fallback: str = "error"
     fusion: bool = True
+    debug_dir: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None,

@@ -47,6 +47,90 @@ class LeNet(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
+class BasicBlock(nn.Module):
+    """conv3x3-BN-ReLU-conv3x3-BN plus a shortcut (1x1 conv + BN where the shape changes), ReLU."""
+
+    def __init__(self, in_channels: int, channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False),
+                                          nn.BatchNorm2d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNetMini(nn.Module):
+    """3x32x32 input: conv3x3(3->16)+BN+ReLU, BasicBlocks of 16, 32, 64 channels (strides 1, 2, 2),
+    global average pool, Linear 64->10."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.layer1 = BasicBlock(16, 16, 1)
+        self.layer2 = BasicBlock(16, 32, 2)
+        self.layer3 = BasicBlock(32, 64, 2)
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-LayerNorm transformer encoder layer: self-attention written as softmax(QK^T/sqrt(d))V,
+    then a feed-forward block with tanh-GELU."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ff1 = nn.Linear(dim, hidden)
+        self.ff2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        head_dim = dim // self.heads
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(batch, seq, self.heads, head_dim).transpose(1, 2)
+
+        q, k, v = split(q), split(k), split(v)
+        attention = torch.softmax(q @ k.transpose(-2, -1) / head_dim**0.5, dim=-1)
+        mixed = (attention @ v).transpose(1, 2).reshape(batch, seq, dim)
+        x = x + self.proj(mixed)
+        return x + self.ff2(F.gelu(self.ff1(self.norm2(x)), approximate="tanh"))
+
+
+class Transformer(nn.Module):
+    """Embedding of a 1,000-token vocabulary to d=128, two pre-LN encoder layers with 4 heads and a
+    128->512->128 feed-forward block, mean pool over the sequence, Linear 128->10."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 128, heads: int = 4, hidden: int = 512, layers: int = 2,
+                 classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(EncoderLayer(dim, heads, hidden) for _ in range(layers))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(1))
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A reference model with its batch: ``make()`` builds the module, ``batch(g)`` inputs+labels."""
@@ -56,8 +140,14 @@ class ModelSpec:
     input_shape: tuple[int, ...]
     classes: int
 
+    #: For token models, the vocabulary size (inputs are int64 token ids); 0 for float inputs.
+    vocabulary: int = 0
+
     def batch(self, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(self.input_shape, generator=generator)
+        if self.vocabulary:
+            x = torch.randint(0, self.vocabulary, self.input_shape, generator=generator)
+        else:
+            x = torch.randn(self.input_shape, generator=generator)
         y = torch.randint(0, self.classes, (self.input_shape[0],), generator=generator)
         return x, y
 
@@ -65,4 +155,6 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", MLP, (128, 784), 10),
     "lenet": ModelSpec("lenet", LeNet, (64, 1, 28, 28), 10),
+    "resnet_mini": ModelSpec("resnet_mini", ResNetMini, (32, 3, 32, 32), 10),
+    "transformer": ModelSpec("transformer", Transformer, (16, 64), 10, vocabulary=1000),
 }

@@ -29,6 +29,7 @@ from torch_adreno.fusion.kernels import (
     PointwiseKernel,
     ReductionKernel,
     Store,
+    format_spec,
 )
 from torch_adreno.fusion.schedule import FusionGroup, Scheduler
 
@@ -53,7 +54,8 @@ class FusedGraph:
     def describe(self) -> str:
         lines = [f"{len(self.groups)} kernels for {len(self.graph.nodes)} IR nodes"]
         for g in self.groups:
-            lines.append(f"  {g.name} [{g.kind}] nodes {[n.name for n in g.nodes]} reads {g.reads} writes {g.writes}")
+            lines.append(f"{g.name} [{g.kind}] nodes {[n.name for n in g.nodes]} reads {g.reads} writes {g.writes}")
+            lines.extend(f"    {line}" for line in format_spec(g.spec))
         lines.append("decisions:")
         lines.extend(f"  {d}" for d in self.decisions)
         return "\n".join(lines)

@@ -15,9 +15,9 @@ import math
 from torch_adreno import ir
 from torch_adreno.fusion.decisions import Decision
 
-#: Reductions over at most this many elements become unrolled pointwise expressions (pooling
+#: Reductions over at most this many elements (a 3x3 window) become unrolled pointwise expressions (pooling
 #: windows, scatters over a few targets), so that they fuse like any other elementwise op.
-UNROLL_LIMIT = 16
+UNROLL_LIMIT = 9
 #: A producer is inlined when consumers evaluate it at most this many times per element...
 MAX_RECOMPUTE = 4.0
 #: ...and it costs at most this many weighted operations (transcendentals weigh 4).
@@ -101,7 +101,7 @@ def unroll_small_reductions(nodes: list[ir.Node], decisions: list[Decision]) -> 
                 out.append(node)
                 continue
             out.append(ir.Pointwise(node.name, node.output, node.ranges, _unrolled(node), node.origins))
-            decisions.append(Decision(node.name, node.name, True,
+            decisions.append(Decision(node.name, "a pointwise expression", True,
                                       f"unrolled reduce_{node.reduce_op} over {node.reduction_numel} elements "
                                       f"(<= {UNROLL_LIMIT}) into a pointwise expression"))
         else:

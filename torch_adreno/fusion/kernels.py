@@ -94,13 +94,20 @@ class GemmKernel:
 
     gemm: ir.Gemm
     stores: list[Store]
-    #: Set when an extra output column carries a fused row reduction: the original columns are
-    #: those where this condition holds.
-    columns: ir.Expr | None = None
+    #: A fused reduction of the left operand over k (a bias gradient next to its weight gradient):
+    #: stored per (b, m) by the work-items of the first column block, from the operand values they
+    #: load anyway. Its value is ``row_sum_register``.
+    row_sum: Store | None = None
 
     @property
     def result(self) -> ir.Load:
         return ir.Load(self.gemm.output, self.gemm.out_index, ir.DType.F32)
+
+    @property
+    def row_sum_register(self) -> ir.Load | None:
+        if self.row_sum is None:
+            return None
+        return ir.Load(self.row_sum.buffer, self.row_sum.index, ir.DType.F32)
 
 
 @dataclass
@@ -111,13 +118,41 @@ class HostKernel:
 KernelSpec = PointwiseKernel | ReductionKernel | GemmKernel | HostKernel
 
 
+def _format_store(s: Store) -> str:
+    guard = f" if {s.when}" if s.when is not None else ""
+    return f"{s.buffer}[{', '.join(map(str, s.index))}] = {s.value}{guard}"
+
+
+def format_spec(spec: KernelSpec) -> list[str]:
+    """The fused IR of one kernel, as text (written by TORCH_ADRENO_DEBUG)."""
+    if isinstance(spec, PointwiseKernel):
+        return [f"pointwise over {list(spec.ranges)}", *(f"  {_format_store(s)}" for s in spec.stores)]
+    if isinstance(spec, ReductionKernel):
+        lines = [f"reduction: outer {list(spec.outer)}, inner {list(spec.inner)}"]
+        for k, phase in enumerate(spec.phases):
+            lines.append(f"  pass {k + 1}:")
+            lines.extend(f"    {a.buffer} = reduce_{a.reduce_op} {a.value}" for a in phase.accumulators)
+            lines.extend(f"    {_format_store(s)}" for s in phase.stores)
+        lines.extend(f"  after: {_format_store(s)}" for s in spec.outer_stores)
+        return lines
+    if isinstance(spec, GemmKernel):
+        g = spec.gemm
+        rows = [f"  row sum of lhs over k: {_format_store(spec.row_sum)}"] if spec.row_sum is not None else []
+        return [f"gemm batch={g.batch} m={g.m} n={g.n} k={g.k}", f"  lhs(b, m, k) = {g.lhs}",
+                f"  rhs(b, k, n) = {g.rhs}", f"  result = {spec.result}",
+                *(f"  {_format_store(s)}" for s in spec.stores), *rows]
+    return [f"host {spec.node.target}"]
+
+
 def spec_kind(spec: KernelSpec) -> str:
     return {PointwiseKernel: "pointwise", ReductionKernel: "reduction", GemmKernel: "gemm",
             HostKernel: "host"}[type(spec)]
 
 
 def spec_stores(spec: KernelSpec) -> list[Store]:
-    if isinstance(spec, PointwiseKernel | GemmKernel):
+    if isinstance(spec, GemmKernel):
+        return list(spec.stores) + ([spec.row_sum] if spec.row_sum is not None else [])
+    if isinstance(spec, PointwiseKernel):
         return list(spec.stores)
     if isinstance(spec, ReductionKernel):
         return [s for p in spec.phases for s in p.stores] + list(spec.outer_stores)

@@ -122,13 +122,13 @@ class Scheduler:
         return problem[0] if problem else out
 
     def _refuse(self, node: ir.Node, group: _Open, reason: str) -> None:
-        self.decisions.append(Decision(group.nodes[-1].name, node.name, False, reason))
+        self.decisions.append(Decision(node.name, f"the kernel of {group.nodes[0].name}", False, reason))
 
     def _accept(self, node: ir.Node, group: _Open, how: str) -> None:
         group.nodes.append(node)
         for out in ir.node_outputs(node):
             self.group_of[out] = group.index
-        self.decisions.append(Decision(group.nodes[0].name, node.name, True, how))
+        self.decisions.append(Decision(node.name, f"the kernel of {group.nodes[0].name}", True, how))
 
     def _new_group(self, node: ir.Node, spec: KernelSpec) -> _Open:
         group = _Open(len(self.groups), spec, [node])
@@ -197,40 +197,29 @@ class Scheduler:
         return f"a reduction cannot join a {spec_kind(spec)} kernel"
 
     def _join_gemm_column(self, node: ir.Reduction, group: _Open, spec: GemmKernel) -> str | None:
-        """Sum the GEMM's left operand over k in one extra output column whose right operand is 1:
-        a bias gradient computed by the weight-gradient GEMM from the same loaded tiles."""
+        """Sum the GEMM's left operand over k in the GEMM kernel itself, from the operand values it
+        loads anyway: a bias gradient computed beside its weight gradient (horizontal fusion)."""
         g = spec.gemm
         if node.reduce_op != "sum" or not node.body.dtype.is_float:
             return "only a float sum can ride on a GEMM"
-        if g.batch != 1 or spec.columns is not None:
-            return "the GEMM is batched or already carries a reduction column"
-        if math.prod(node.ranges) != g.m or node.reduction_numel != g.k:
-            return f"it reduces {math.prod(node.ranges)} rows of {node.reduction_numel}, the GEMM has {g.m} of {g.k}"
+        if spec.row_sum is not None:
+            return "the GEMM already carries a row reduction"
+        if math.prod(node.ranges) != g.batch * g.m or node.reduction_numel != g.k:
+            return (f"it reduces {math.prod(node.ranges)} rows of {node.reduction_numel}, the GEMM has "
+                    f"{g.batch * g.m} of {g.k}")
         v = g.vars()
-        mapping = dict(zip(node.loop_vars, _unravel(v["m"], node.ranges), strict=True))
+        rows = ir.call("add", ir.call("mul", v["b"], ir.index(g.m)), v["m"])
+        row_index = _unravel(rows, node.ranges)
+        mapping = dict(zip(node.loop_vars, row_index, strict=True))
         mapping.update(zip(node.reduction_vars, _unravel(v["k"], node.reduction_ranges), strict=True))
         body = ir.substitute(node.body, {a: b for a, b in mapping.items() if isinstance(a, ir.Var)})
         if ir.cast(body, g.lhs.dtype) != g.lhs:
             return "it does not sum the GEMM's left operand"
-        old_n, new_n = v["n"], ir.loop_var("n", g.n + 1)
-        rename = {old_n: new_n} if isinstance(old_n, ir.Var) else {}
-        inside = ir.call("lt", new_n, ir.index(g.n))
-        widened = ir.Gemm(g.name, g.output, g.batch, g.m, g.n + 1, g.k, g.lhs,
-                          ir.where(inside, ir.substitute(g.rhs, rename), ir.const(1.0, g.rhs.dtype)),
-                          tuple(ir.substitute(e, rename) for e in g.out_index), g.origins)
-        spec.gemm = widened
-        spec.columns = inside
-        spec.stores = [Store(st.buffer, tuple(ir.substitute(e, rename) for e in st.index),
-                             ir.substitute(st.value, rename), inside) for st in spec.stores]
-        spec.stores.append(Store(node.output, tuple(_unravel(v["m"], node.ranges)), spec.result,
-                                 ir.call("eq", new_n, ir.index(g.n))))
-        group.values = {b: ir.substitute(val, rename) for b, val in group.values.items()}
-        group.held = {b: (tuple(ir.substitute(e, rename) for e in idx) if idx is not None else None)
-                      for b, idx in group.held.items()}
+        spec.row_sum = Store(node.output, tuple(row_index), ir.Load(node.output, tuple(row_index), ir.DType.F32))
         group.held[node.output] = None
         group.external |= set(ir.node_inputs(node)) - set(group.held)
-        self._accept(node, group, "reduction of the GEMM's left operand computed as an extra GEMM column "
-                                  "(horizontal fusion: one pass over the shared input)")
+        self._accept(node, group, "row reduction of the GEMM's left operand, summed in the GEMM kernel from the "
+                                  "operand values it loads (horizontal fusion: one pass over the shared input)")
         return None
 
     def _promote_to_reduction(self, node: ir.Reduction, group: _Open, spec: PointwiseKernel) -> str | None:
@@ -265,7 +254,7 @@ class Scheduler:
         group.values = {b: ir.substitute(v, mapping) for b, v in group.values.items()}
         group.held = {b: (tuple(ir.substitute(e, mapping) for e in idx) if idx is not None else None)
                       for b, idx in group.held.items()}
-        self.decisions.append(Decision(group.nodes[0].name, node.name, True,
+        self.decisions.append(Decision(f"the kernel of {group.nodes[0].name}", node.name, True,
                                        "pointwise kernel became the inner stage of this reduction (horizontal fusion)"))
         return None
 
@@ -410,7 +399,7 @@ class Scheduler:
                         spec.outer_stores.insert(0, Store(acc.buffer, spec.loop_vars,
                                                           ir.Load(acc.buffer, spec.loop_vars, acc.dtype)))
             if isinstance(spec, GemmKernel) and spec.gemm.output in needed:
-                spec.stores.insert(0, Store(spec.gemm.output, spec.gemm.out_index, spec.result, spec.columns))
+                spec.stores.insert(0, Store(spec.gemm.output, spec.gemm.out_index, spec.result))
             writes = [s.buffer for s in spec_stores(spec)] if not isinstance(spec, HostKernel) else list(spec.node.outputs)
             produced = set(g.held)
             loaded = [ld.buffer for e in spec_exprs(spec) for ld in ir.loads(e)]

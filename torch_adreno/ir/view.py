@@ -111,6 +111,16 @@ class View:
             old.append(call("mod", call("floordiv", flat, index(stride)), index(size)) if size > 1 else index(0))
         return self._remap(shape, old, keeps_order=True)
 
+    def repeat(self, repeats: Sequence[int]) -> View:
+        """Tiled copies along each dimension (torch.Tensor.repeat), as an index map."""
+        lead = len(repeats) - len(self.shape)
+        if lead < 0:
+            raise ValueError(f"repeat needs at least {len(self.shape)} counts, got {len(repeats)}")
+        shape = list(repeats[:lead]) + [r * s for r, s in zip(repeats[lead:], self.shape, strict=True)]
+        new_vars = placeholder_vars(shape)
+        old = [call("mod", new_vars[lead + d], index(s)) for d, s in enumerate(self.shape)]
+        return self._remap(shape, old)
+
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> View:
         dim %= len(self.shape)
         size = self.shape[dim]

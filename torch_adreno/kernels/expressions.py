@@ -111,7 +111,8 @@ EXPRESSIONS: dict[str, Renderer] = {
     "expm1": _fmt("expm1({0})"),
     "log2": _fmt("log2({0})"),
     "exp2": _fmt("exp2({0})"),
-    "bitwise_not": _by_kind("(~({0}))", "(~({0}))"),
+    # On booleans (0/1 ints in a kernel) bitwise not is logical not: ~1 would be -2, i.e. true.
+    "bitwise_not": lambda a, t, r: f"(!({a[0]}))" if t[0] is DType.BOOL else f"(~({a[0]}))",
     "floordiv": _index_or_value("({0} / {1})", lambda a, t, r: f"floor(({a[0]}) / ({a[1]}))"
                                 if r.is_float else _int_floordiv(a, t, r)),
     "mod": _index_or_value("({0} % {1})", lambda a, t, r: EXPRESSIONS["remainder"](a, t, r)),

@@ -1,7 +1,8 @@
 // Tiled GEMM template: C[b, m, n] = sum_k A(b, m, k) * B(b, k, n).
 //
 // Build options (-D): TILE_M, TILE_N, TILE_K (the work-group's output tile and K step),
-// WPT_M, WPT_N (outputs per work-item in each direction), SIZE_M, SIZE_N, SIZE_K,
+// WPT_M, WPT_N (outputs per work-item in each direction), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also
+// sum A over k per row, stored with STORE_ROW: a bias gradient beside its weight gradient),
 // A_K_FASTEST / B_N_FASTEST (1 when consecutive k of A / n of B are adjacent in memory, so that
 // tile loads are coalesced along that direction).
 //
@@ -32,6 +33,11 @@ void KERNEL_NAME(KERNEL_PARAMS)
     for (int wm = 0; wm < WPT_M; ++wm)
         for (int wn = 0; wn < WPT_N; ++wn)
             acc[wm][wn] = 0.0f;
+#if ROW_SUM
+    float row_sum[WPT_M];
+    for (int wm = 0; wm < WPT_M; ++wm)
+        row_sum[wm] = 0.0f;
+#endif
 
     for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
         for (int e = tid; e < TILE_M * TILE_K; e += THREADS) {
@@ -59,6 +65,10 @@ void KERNEL_NAME(KERNEL_PARAMS)
             float b_reg[WPT_N];
             for (int wm = 0; wm < WPT_M; ++wm)
                 a_reg[wm] = a_tile[kk][tm + wm * THREADS_M];
+#if ROW_SUM
+            for (int wm = 0; wm < WPT_M; ++wm)
+                row_sum[wm] += a_reg[wm];
+#endif
             for (int wn = 0; wn < WPT_N; ++wn)
                 b_reg[wn] = b_tile[kk][tn + wn * THREADS_N];
             for (int wm = 0; wm < WPT_M; ++wm)
@@ -76,6 +86,16 @@ void KERNEL_NAME(KERNEL_PARAMS)
                 STORE_C(b, m, n, acc[wm][wn]);
         }
     }
+#if ROW_SUM
+    // The fused reduction of A over k: the first column of work-items of the first block stores it.
+    if (get_group_id(0) == 0 && tn == 0) {
+        for (int wm = 0; wm < WPT_M; ++wm) {
+            const INDEX_T m = m0 + tm + wm * THREADS_M;
+            if (m < SIZE_M)
+                STORE_ROW(b, m, row_sum[wm]);
+        }
+    }
+#endif
 }
 
 #undef THREADS_M

@@ -38,7 +38,7 @@ class GemmTiling:
 
 
 #: Macros a GEMM kernel's prelude defines (the templates undefine their own).
-GEMM_MACROS = ("INDEX_T", "KERNEL_NAME", "KERNEL_PARAMS", "LOAD_A", "LOAD_B", "STORE_C")
+GEMM_MACROS = ("INDEX_T", "KERNEL_NAME", "KERNEL_PARAMS", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW")
 
 
 def _tile_for(extent: int) -> int:
@@ -112,6 +112,18 @@ def _store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]) ->
                       f"{decls}) {{", *("    " + ln for ln in body), "}"])
 
 
+def _row_store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]) -> str:
+    assert spec.row_sum is not None and spec.row_sum_register is not None
+    v = spec.gemm.vars()
+    names = {v[key]: key for key in ("b", "m") if isinstance(v[key], ir.Var)}
+    writer = CodeWriter(params, names, prefix="row_t", registers={spec.row_sum_register: "value"})  # type: ignore[arg-type]
+    write_stores(writer, [spec.row_sum])
+    body = writer.close_scope()
+    decls = ", ".join(p.declaration() for p in params.values())
+    return "\n".join([f"inline void {fn_name}(const INDEX_T b, const INDEX_T m, const float value, {decls}) {{",
+                      *("    " + ln for ln in body), "}"])
+
+
 def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Param],
                 profile: DeviceProfile) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
     """Source, build options, global and local size of one GEMM kernel."""
@@ -129,12 +141,14 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
         _operand_function(f"{name}_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params),
         _operand_function(f"{name}_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params),
         _store_function(f"{name}_store_c", spec, params),
+        _row_store_function(f"{name}_store_row", spec, params) if spec.row_sum is not None else "",
+        f"#define STORE_ROW(b, m, v) {name}_store_row(b, m, v, {arg_names})" if spec.row_sum is not None else "",
         f"#define LOAD_A(b, m, k) {name}_load_a(b, m, k, {arg_names})",
         f"#define LOAD_B(b, k, n) {name}_load_b(b, k, n, {arg_names})",
         f"#define STORE_C(b, m, n, v) {name}_store_c(b, m, n, v, {arg_names})",
         "",
     ])
-    sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={node.k}")
+    sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={node.k}", f"-DROW_SUM={int(spec.row_sum is not None)}")
     if not use_local_memory_tiles(profile):
         direct = choose_direct_tiling(node, profile)
         template = resources.files("torch_adreno.kernels").joinpath("gemm_direct.cl").read_text()

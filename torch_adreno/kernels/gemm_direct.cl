@@ -6,8 +6,9 @@
 // adjacent, and otherwise each lane streams its own row (a transposed weight), which caches well.
 // A multiply-add is written as a * b + c (with -cl-mad-enable): PoCL does not vectorise fma().
 //
-// Build options (-D): WPT_M, SIZE_M, SIZE_N, SIZE_K. The code writer prepends INDEX_T,
-// KERNEL_NAME, KERNEL_PARAMS and the LOAD_A / LOAD_B / STORE_C functions, as for gemm.cl.
+// Build options (-D): WPT_M, SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row and
+// store it with STORE_ROW). The code writer prepends INDEX_T, KERNEL_NAME, KERNEL_PARAMS and the
+// LOAD_A / LOAD_B / STORE_C / STORE_ROW functions, as for gemm.cl.
 
 #define LANES 8
 
@@ -29,14 +30,32 @@ __kernel void KERNEL_NAME(KERNEL_PARAMS)
     float8 acc[WPT_M];
     for (int wm = 0; wm < WPT_M; ++wm)
         acc[wm] = (float8)(0.0f);
+#if ROW_SUM
+    float row_sum[WPT_M];
+    for (int wm = 0; wm < WPT_M; ++wm)
+        row_sum[wm] = 0.0f;
+#endif
 
     for (INDEX_T k = 0; k < SIZE_K; ++k) {
         const float8 bv = (float8)(LOAD_B(b, k, ns[0]), LOAD_B(b, k, ns[1]), LOAD_B(b, k, ns[2]),
                                    LOAD_B(b, k, ns[3]), LOAD_B(b, k, ns[4]), LOAD_B(b, k, ns[5]),
                                    LOAD_B(b, k, ns[6]), LOAD_B(b, k, ns[7]));
-        for (int wm = 0; wm < WPT_M; ++wm)
-            acc[wm] = LOAD_A(b, ms[wm], k) * bv + acc[wm];
+        for (int wm = 0; wm < WPT_M; ++wm) {
+            const float a = LOAD_A(b, ms[wm], k);
+#if ROW_SUM
+            row_sum[wm] += a;
+#endif
+            acc[wm] = a * bv + acc[wm];
+        }
     }
+#if ROW_SUM
+    // The fused reduction of A over k: one column block stores it.
+    if (n0 == 0) {
+        for (int wm = 0; wm < WPT_M; ++wm)
+            if (m0 + wm < SIZE_M)
+                STORE_ROW(b, m0 + wm, row_sum[wm]);
+    }
+#endif
 
     for (int wm = 0; wm < WPT_M; ++wm) {
         if (m0 + wm >= SIZE_M)

@@ -123,3 +123,51 @@ def _max_dim(ctx: LoweringContext, node: Node, x: Value, dim: int, keepdim: bool
         reduce_dims(ctx, v, dims, best, values.dtype, values.shape),
         reduce_dims(ctx, v, dims, "arg" + best, indices.dtype, indices.shape),
     )
+
+
+def _variance(ctx: LoweringContext, x: ir.View, dims: list[int], correction: float, out_shape: Sequence[int],
+              dtype: ir.DType) -> tuple[ir.View, ir.View]:
+    """Variance and mean over ``dims``, two-pass (mean first, then squared deviations): exact to
+    float rounding where the one-pass E[x^2] - E[x]^2 cancels catastrophically."""
+    count = math.prod(x.shape[d] for d in dims) if x.shape else 1
+    total = reduce_dims(ctx, x, dims, "sum", dtype, out_shape, lambda e: ir.cast(e, dtype))
+    mean = ctx.pointwise(out_shape, dtype, lambda i: ir.call("div", total.load(i), ir.const(count, dtype)))
+    kept = [d for d in range(len(x.shape)) if d not in dims]
+    moved = x.permute(kept + list(dims)) if x.shape else x
+    mean_rows = mean.reshape([x.shape[d] for d in kept])
+
+    def squared_deviation(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+        d = ir.call("sub", ir.cast(moved.load(tuple(i) + tuple(r)), dtype), mean_rows.load(i))
+        return ir.call("mul", d, d)
+
+    squares = ctx.reduction([x.shape[d] for d in kept], [x.shape[d] for d in dims], "sum", dtype, squared_deviation)
+    squares = squares.reshape(out_shape)
+    denominator = max(count - correction, 0)
+    var = ctx.pointwise(out_shape, dtype,
+                        lambda i: ir.call("div", squares.load(i), ir.const(denominator, dtype)))
+    return var, mean
+
+
+def _correction(kwargs_correction: Any, unbiased: Any = None) -> float:
+    if kwargs_correction is not None:
+        return float(kwargs_correction)
+    return 1.0 if unbiased is None or unbiased else 0.0
+
+
+@register(aten.var.correction, aten.std.correction)
+def _var(ctx: LoweringContext, node: Node, x: Value, dims: Any = None, *, correction: Any = None,
+         keepdim: bool = False) -> Value:
+    v = _tensor(x, node)
+    out = ctx.meta()
+    var, _ = _variance(ctx, v, normalize_dims(dims, len(v.shape)), _correction(correction), out.shape, out.dtype)
+    if node.target is aten.std.correction:
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("sqrt", var.load(i)))
+    return var
+
+
+@register(aten.var_mean.correction)
+def _var_mean(ctx: LoweringContext, node: Node, x: Value, dims: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> Value:
+    v = _tensor(x, node)
+    out = ctx.meta(index=0)
+    return _variance(ctx, v, normalize_dims(dims, len(v.shape)), _correction(correction), out.shape, out.dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -253,3 +254,148 @@ def _select_scatter(ctx: LoweringContext, node: Node, x: Value, src: Value, dim:
         return ir.where(hit, ir.cast(values.load(pos), out.dtype), base.load(i))
 
     return ctx.pointwise(out.shape, out.dtype, body)
+
+
+@register(aten.embedding.default)
+def _embedding(ctx: LoweringContext, node: Node, weight: Value, indices: Value, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> Value:
+    table, ids = _view(weight, node.name), _view(indices, node.name)
+    out = ctx.meta()
+    rows = table.shape[0]
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        row = _as_index(ids.load(i[:-1]), rows)
+        return table.load([row, i[-1]])
+
+    return ctx.pointwise(out.shape, out.dtype, body)
+
+
+@register(aten.split_with_sizes.default)
+def _split_with_sizes(ctx: LoweringContext, node: Node, x: Value, sizes: Sequence[int], dim: int = 0) -> Value:
+    v = _view(x, node.name)
+    start, parts = 0, []
+    for size in sizes:
+        parts.append(v.slice(dim, start, start + size))
+        start += size
+    return tuple(parts)
+
+
+@register(aten.split.Tensor)
+def _split(ctx: LoweringContext, node: Node, x: Value, size: int, dim: int = 0) -> Value:
+    v = _view(x, node.name)
+    length = v.shape[dim % len(v.shape)]
+    return tuple(v.slice(dim, start, min(start + size, length)) for start in range(0, length, size))
+
+
+@register(aten.unbind.int)
+def _unbind(ctx: LoweringContext, node: Node, x: Value, dim: int = 0) -> Value:
+    v = _view(x, node.name)
+    return tuple(v.select(dim, i) for i in range(v.shape[dim % len(v.shape)]))
+
+
+@register(aten.cat.default)
+def _cat(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int = 0) -> Value:
+    """Concatenation as one pointwise node: each element reads the input whose range holds it."""
+    out = ctx.meta()
+    dim %= len(out.shape)
+    parts = [_view(t, node.name) for t in tensors if isinstance(t, ir.View) and t.numel > 0]
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        value: ir.Expr | None = None
+        offset = sum(p.shape[dim] for p in parts)
+        for part in reversed(parts):
+            offset -= part.shape[dim]
+            pos = list(i)
+            pos[dim] = ir.call("sub", i[dim], ir.index(offset))
+            read = ir.cast(part.load(pos), out.dtype)
+            value = read if value is None else ir.where(ir.call("lt", i[dim], ir.index(offset + part.shape[dim])),
+                                                         read, value)
+        assert value is not None
+        return value
+
+    return ctx.pointwise(out.shape, out.dtype, body)
+
+
+@register(aten.stack.default)
+def _stack(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int = 0) -> Value:
+    out = ctx.meta()
+    dim %= len(out.shape)
+    parts = [_view(t, node.name) for t in tensors]
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        rest = list(i[:dim]) + list(i[dim + 1:])
+        value: ir.Expr = ir.cast(parts[-1].load(rest), out.dtype)
+        for k in range(len(parts) - 2, -1, -1):
+            value = ir.where(ir.call("eq", i[dim], ir.index(k)), ir.cast(parts[k].load(rest), out.dtype), value)
+        return value
+
+    return ctx.pointwise(out.shape, out.dtype, body)
+
+
+@register(aten.index_put.default)
+def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Value], values: Value,
+               accumulate: bool = False) -> Value:
+    """``x[indices] = values`` (or ``+=``) for one index tensor on the leading dimension: each output
+    row gathers the values aimed at it (a sum over the index positions; the last one wins without
+    accumulate, like PyTorch's sequential CPU order)."""
+    base = _view(x, node.name)
+    if len(indices) != 1 or not isinstance(indices[0], ir.View):
+        raise UnsupportedOpError(f"{node.name}: index_put with {len(indices)} index tensors is not lowered")
+    ids = _view(indices[0], node.name)
+    out = ctx.meta()
+    if ids.dtype is ir.DType.BOOL:
+        raise UnsupportedOpError(f"{node.name}: index_put with a boolean mask is not lowered")
+    src = _view(values, node.name).expand(list(ids.shape) + list(out.shape[1:]))
+    flat_ids = ids.reshape([ids.numel])
+    flat_src = src.reshape([ids.numel, *out.shape[1:]])
+    rows = out.shape[0]
+
+    def aimed_here(i: tuple[ir.Expr, ...], j: ir.Expr) -> ir.Expr:
+        return ir.call("eq", _as_index(flat_ids.load([j]), rows), i[0])
+
+    if accumulate and out.dtype.is_float:
+        # sum_j onehot[j, row] * values[j, col]: a GEMM with a one-hot left operand, so the row
+        # matching runs at GEMM speed instead of once per output element and index. (An inf in
+        # the values would meet the zeros of the one-hot and give NaN where PyTorch keeps inf.)
+        cols = math.prod(out.shape[1:])
+        tail = list(out.shape[1:])
+
+        def onehot(b: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
+            return ir.where(ir.call("eq", _as_index(flat_ids.load([k]), rows), m), ir.const(1.0, out.dtype),
+                            ir.const(0.0, out.dtype))
+
+        def value(b: ir.Expr, k: ir.Expr, n: ir.Expr) -> ir.Expr:
+            return ir.cast(flat_src.load([k, *_unravel(n, tail)]), out.dtype)
+
+        added = ctx.gemm(out.shape, out.dtype, 1, rows, cols, ids.numel, onehot, value,
+                         lambda b, m, n: [m, *_unravel(n, tail)])
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("add", base.load(i), added.load(i)))
+    if accumulate:
+        def contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+            return ir.where(aimed_here(i, r[0]), ir.cast(flat_src.load([r[0], *i[1:]]), out.dtype),
+                            ir.const(0, out.dtype))
+
+        added = ctx.reduction(out.shape, (ids.numel,), "sum", out.dtype, contributions)
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("add", base.load(i), added.load(i)))
+
+    def last(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+        return ir.where(aimed_here(i, r[0]), ir.cast(r[0], ir.DType.I64), ir.const(-1, ir.DType.I64))
+
+    winner = ctx.reduction(out.shape[:1], (ids.numel,), "max", ir.DType.I64, lambda i, r: last(i, r))
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        j = winner.load(i[:1])
+        found = ir.call("ge", j, ir.const(0, ir.DType.I64))
+        return ir.where(found, ir.cast(flat_src.load([ir.cast(j, ir.DType.INDEX), *i[1:]]), out.dtype), base.load(i))
+
+    return ctx.pointwise(out.shape, out.dtype, body)
+
+
+@register(aten.repeat.default)
+def _repeat(ctx: LoweringContext, node: Node, x: Value, repeats: Sequence[int]) -> Value:
+    return _view(x, node.name).repeat(repeats)
+
+
+def _unravel(linear: ir.Expr, shape: Sequence[int]) -> list[ir.Expr]:
+    return [ir.call("mod", ir.call("floordiv", linear, ir.index(stride)), ir.index(size))
+            for size, stride in zip(shape, ir.contiguous_strides(shape), strict=True)]

@@ -1,0 +1,187 @@
+"""Fusion decisions and their reasons (no device), and fused == unfused == eager numerics on the device."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_matches_eager, capture_graphs
+
+import torch_adreno
+from torch_adreno import ir
+from torch_adreno.config import Config
+from torch_adreno.fusion import GemmKernel, PointwiseKernel, ReductionKernel, fuse
+from torch_adreno.lowering import lower_graph
+from torch_adreno.models import MODELS
+
+
+def fused(fn, *inputs, index=0, fusion=True, num_host_outputs=None):
+    gm = capture_graphs(fn, *inputs)[index]
+    graph = lower_graph(gm, Config(), "g", num_host_outputs)
+    return fuse(graph, Config(fusion=fusion))
+
+
+def reasons(result) -> str:
+    return "\n".join(str(d) for d in result.decisions)
+
+
+def test_pointwise_chain_is_one_kernel_storing_only_its_output():
+    result = fused(lambda x, y: ((x * 2 + y).exp() - 1).relu(), torch.randn(8, 5), torch.randn(5))
+    (group,) = result.groups
+    assert isinstance(group.spec, PointwiseKernel)
+    assert group.writes == [result.graph.outputs[0].buffer]
+    assert "inlined" in reasons(result)
+
+
+def test_linear_bias_relu_is_a_gemm_with_epilogue():
+    result = fused(lambda x, w, b: F.relu(F.linear(x, w, b)), torch.randn(4, 3), torch.randn(6, 3), torch.randn(6))
+    (group,) = result.groups
+    assert isinstance(group.spec, GemmKernel)
+    assert "relu" in str(group.spec.stores[0].value)
+    assert "GEMM epilogue" in reasons(result)
+
+
+def test_log_softmax_is_one_reduction_kernel_in_two_passes():
+    result = fused(lambda x: F.log_softmax(x, 1), torch.randn(32, 100))
+    (group,) = result.groups
+    spec = group.spec
+    assert isinstance(spec, ReductionKernel)
+    assert [len(p.accumulators) for p in spec.phases] == [1, 1, 0]
+    assert spec.phases[2].stores, "the normalised row is written in the last pass"
+    assert "pass 2" in reasons(result)
+
+
+def test_mean_and_variance_share_one_pass():
+    result = fused(lambda x: (x.mean(1), (x * x).mean(1)), torch.randn(16, 200))
+    reductions = [g for g in result.groups if isinstance(g.spec, ReductionKernel)]
+    assert len(reductions) == 1 and len(reductions[0].spec.phases[0].accumulators) == 2
+
+
+def test_bias_gradient_rides_on_the_weight_gradient_gemm():
+    x = torch.randn(16, 8, requires_grad=True)
+    w = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    result = fused(lambda x, w, b: F.linear(x, w, b).tanh(), x, w, b, index=1)
+    carriers = [g for g in result.groups if isinstance(g.spec, GemmKernel) and g.spec.row_sum is not None]
+    assert len(carriers) == 1
+    assert "summed in the GEMM kernel" in reasons(result)
+
+
+def test_pooling_values_and_indices_share_a_kernel():
+    result = fused(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.randn(2, 3, 8, 8))
+    (group,) = result.groups
+    assert len(group.writes) == 2
+    assert "unrolled reduce_max" in reasons(result) and "unrolled reduce_argmax" in reasons(result)
+
+
+def test_reading_a_kernel_result_at_another_element_is_refused_with_reason():
+    def fn(x, perm):
+        y = x.exp().tanh()
+        return y, torch.gather(y, 0, perm) * 2  # same shape, other elements
+
+    result = fused(fn, torch.randn(9), torch.randperm(9))
+    assert len(result.groups) == 2
+    assert "at a different element than the kernel produces" in reasons(result)
+
+
+def test_expensive_producer_read_many_times_is_materialised_with_reason():
+    def fn(x, y):
+        heavy = (x.exp() + x.tanh() + x.sigmoid() + x.log1p().abs())
+        return heavy.unsqueeze(1) * y  # every element of heavy is read y.shape[1] times
+
+    result = fused(fn, torch.rand(16), torch.randn(16, 50))
+    assert len(result.groups) == 2
+    assert "recomputing it 50.0x per element" in reasons(result)
+
+
+def test_fusion_off_gives_one_kernel_per_node():
+    result = fused(lambda x, w, b: F.relu(F.linear(x, w, b)), torch.randn(4, 3), torch.randn(6, 3), torch.randn(6),
+                   fusion=False)
+    assert len(result.groups) == len(result.graph.nodes) == 3
+    assert "fusion disabled" in reasons(result)
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "lenet"])
+def test_kernels_only_read_what_earlier_kernels_wrote(model_name):
+    spec = MODELS[model_name]
+    model = spec.make()
+    names = [n for n, _ in model.named_parameters()]
+
+    def forward(x, *params):
+        return torch.func.functional_call(model, dict(zip(names, params, strict=True)), (x,))
+
+    x, _ = spec.batch()
+    params = [p.detach().requires_grad_() for p in model.parameters()]
+    for index in (0, 1):
+        result = fused(forward, x, *params, index=index)
+        available = set(result.graph.input_buffers())
+        for g in result.groups:
+            assert set(g.reads) <= available, (g.name, set(g.reads) - available)
+            available |= set(g.writes)
+        assert result.graph.output_buffers() <= available
+
+
+# -- numerics on the device: fused, unfused and eager agree -----------------------------------------
+
+
+FUSION_CASES = {
+    "pointwise_chain": (lambda x, y: ((x * 2 + y).exp() - 1).relu() * y, (8, 5), (5,)),
+    "gemm_epilogue": (lambda x, w, b: F.relu(F.linear(x, w, b)) + 1, (9, 7), (6, 7), (6,)),
+    "activation_backward_into_gemm": (lambda x, w1, w2: F.linear(F.relu(F.linear(x, w1)), w2), (16, 8), (12, 8),
+                                      (5, 12)),
+    "log_softmax_nll": (lambda x: F.log_softmax(x, 1).sum(1).mean(), (12, 37)),
+    "softmax_inner_stage": (lambda x: F.softmax(x * 3, 0), (200, 6)),
+    "mean_var": (lambda x: x.mean(1) * x.var(1) + x.sum(), (10, 300)),
+    "bias_gradient_column": (lambda x, w, b: F.linear(x, w, b).tanh(), (16, 8), (4, 8), (4,)),
+    "conv_bias_relu_pool": (lambda x, w, b: F.max_pool2d(F.relu(F.conv2d(x, w, b, padding=1)), 2),
+                            (2, 3, 8, 8), (4, 3, 3, 3), (4,)),
+}
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("case", sorted(FUSION_CASES))
+@pytest.mark.parametrize("fusion", [True, False])
+def test_fused_and_unfused_match_eager(case, fusion):
+    fn, *shapes = FUSION_CASES[case]
+    inputs = [torch.randn(*s) for s in shapes]
+    assert_matches_eager(fn, *inputs, options={"fusion": fusion}, atol=1e-4)
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("model_name", ["mlp", "lenet"])
+def test_fusion_cuts_launches_and_bytes_with_identical_losses(model_name):
+    spec = MODELS[model_name]
+    results = {}
+    for fusion in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = spec.make()
+        step = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno", options={"fusion": fusion})
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(0)
+        losses = []
+        for _ in range(4):
+            x, y = spec.batch(gen)
+            with torch_adreno.profile() as prof:
+                opt.zero_grad()
+                loss = step(model, x, y)
+                loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        results[fusion] = (losses, prof.kernel_launches, prof.bytes_kernel_read + prof.bytes_kernel_written,
+                           copy.deepcopy(model.state_dict()))
+    (l0, n0, b0, s0), (l1, n1, b1, s1) = results[False], results[True]
+    for a, b in zip(l0, l1, strict=True):
+        assert abs(a - b) <= 1e-4 * abs(a)
+    assert n1 * 3 <= n0, (n0, n1)
+    assert b1 < b0
+    for k in s0:
+        torch.testing.assert_close(s1[k], s0[k], rtol=1e-4, atol=1e-5)
+
+
+def test_every_decision_has_a_reason():
+    result = fused(lambda x: F.log_softmax(x.exp(), 1), torch.randn(4, 5))
+    assert result.decisions and all(d.reason for d in result.decisions)
+    assert all(isinstance(n, ir.Pointwise | ir.Reduction | ir.Gemm | ir.HostOp) for g in result.groups for n in g.nodes)
