@@ -185,3 +185,19 @@ def test_every_decision_has_a_reason():
     result = fused(lambda x: F.log_softmax(x.exp(), 1), torch.randn(4, 5))
     assert result.decisions and all(d.reason for d in result.decisions)
     assert all(isinstance(n, ir.Pointwise | ir.Reduction | ir.Gemm | ir.HostOp) for g in result.groups for n in g.nodes)
+
+
+@pytest.mark.device
+def test_debug_directory_gets_every_stage(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    compiled = torch.compile(model, backend="adreno", options={"debug_dir": str(tmp_path)})
+    compiled(torch.randn(5, 8)).sum().backward()
+    for graph in ("forward_", "backward_"):
+        (name,) = {p.name.split(".")[0] for p in tmp_path.glob(f"{graph}*.fx.txt")}
+        assert "torch.ops.aten." in (tmp_path / f"{name}.fx.txt").read_text()
+        assert (tmp_path / f"{name}.ir.txt").read_text().startswith(f"graph {name}")
+        fusion = (tmp_path / f"{name}.fusion.txt").read_text()
+        assert "decisions:" in fusion and ": " in fusion.split("decisions:")[1]
+        assert "memory plan" in (tmp_path / f"{name}.memory.txt").read_text()
+        sources = list((tmp_path / name).glob("*.cl"))
+        assert sources and all("from FX node" in s.read_text() for s in sources)

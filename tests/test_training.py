@@ -109,3 +109,61 @@ def test_inference_under_no_grad():
     with torch.no_grad():
         out = torch.compile(model, backend="adreno")(x)
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_name", ["resnet_mini", "transformer"])
+def test_bigger_reference_models_train_like_eager(model_name):
+    """BatchNorm in training mode (running statistics written back), LayerNorm, attention, GELU,
+    embedding and its scatter-add backward, all on the device.
+
+    resnet_mini's parameters are compared against eager within eager's own float32 error: its
+    convolutions feed BatchNorm, which makes the loss blind to their scale, and after 20 steps
+    eager float32 itself differs from a float64 run by up to 5e-5 on hundreds of conv weights
+    (measured; ours differs from float64 slightly less). Its losses, and everything of the
+    transformer, are held to rtol=1e-4/atol=1e-5 against eager.
+    """
+    spec = MODELS[model_name]
+    model = spec.make()
+    reference = copy.deepcopy(model)
+    reference64 = copy.deepcopy(model).double() if model_name == "resnet_mini" else None
+    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno")
+    # resnet_mini at lr=0.05 with momentum 0.9 is chaotic in float32: eager's own loss drifts 1.7e-3
+    # from a float64 run by step 20 (ours: 2.5e-4), so eager is no 1e-4 reference there. At lr=0.01
+    # both stay within 5e-6 of float64.
+    lr, momentum = (0.01, 0.0) if model_name == "resnet_mini" else (0.05, 0.9)
+    models = [m for m in (model, reference, reference64) if m is not None]
+    opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum) for m in models]
+    gen = torch.Generator().manual_seed(4)
+    for step in range(STEPS):
+        x, y = spec.batch(gen)
+        for opt in opts:
+            opt.zero_grad()
+        with torch_adreno.profile() as prof:
+            loss = step_fn(model, x, y)
+            loss.backward()
+        ref_loss = F.cross_entropy(reference(x), y)
+        ref_loss.backward()
+        if reference64 is not None:
+            F.cross_entropy(reference64(x.double()), y).backward()
+        for opt in opts:
+            opt.step()
+        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
+        assert prof.host_fallback_ops == []
+    if reference64 is None:
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"parameter {n}: {m}")
+    else:
+        for (name, p), q, q64 in zip(model.named_parameters(), reference.parameters(), reference64.parameters(),
+                                     strict=True):
+            ours = (p.double() - q.double()).abs().max().item()
+            eager_noise = (q.double() - q64).abs().max().item()
+            assert ours <= max(2 * eager_noise, 1e-5), (name, ours, eager_noise)
+        # Running statistics average those convolutions' outputs: the same float32 noise.
+        for (name, b), rb, rb64 in zip(model.named_buffers(), reference.buffers(), reference64.buffers(),
+                                       strict=True):
+            ours = (b.double() - rb.double()).abs().max().item()
+            eager_noise = (rb.double() - rb64.double()).abs().max().item()
+            assert ours <= max(2 * eager_noise, 1e-5), (name, ours, eager_noise)
+    if reference64 is None:
+        for (name, b), rb in zip(model.named_buffers(), reference.buffers(), strict=True):
+            torch.testing.assert_close(b, rb, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"buffer {n}: {m}")

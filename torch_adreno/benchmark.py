@@ -1,14 +1,16 @@
-"""Measuring training steps: eager PyTorch and the adreno backend on the same model and batch.
+"""Measuring training steps: eager PyTorch and the adreno backend in several configurations.
 
 Used by the scripts in ``benchmarks/`` (which write JSON lines and plots) and by the command
-line. Nothing here asserts a timing: benchmarks measure, tests check.
+line. Variants of one model are timed *interleaved* (one step of each, in turn) so that the
+drift of a shared, noisy machine hits them alike; compare ratios within one run only. Nothing
+here asserts a timing: benchmarks measure, tests check.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,10 +20,13 @@ import torch.nn.functional as F
 import torch_adreno
 from torch_adreno.models import MODELS
 
+#: A variant is "eager" or the options of torch.compile(backend="adreno").
+Variant = str | Mapping[str, Any]
+
 
 @dataclass
 class StepStats:
-    """Timings (ms) of ``steps`` training steps after warm-up, and one profiled step's counts."""
+    """Step times (ms) after warm-up, and the counts of one profiled step."""
 
     model: str
     variant: str
@@ -37,63 +42,83 @@ class StepStats:
     bytes_kernel_written: int | None = None
     device_time_ms: float | None = None
     host_fallback_ops: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _timed(fn: Callable[[], None], steps: int) -> list[float]:
-    times = []
-    for _ in range(steps):
+def _loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(m(x), y)
+
+
+class _Runner:
+    """One variant: its own copy of the model (same seed), optimizer and compiled step."""
+
+    def __init__(self, model_name: str, variant: Variant, optimizer: str, seed: int) -> None:
+        spec = MODELS[model_name]
+        torch.manual_seed(seed)
+        self.model = spec.make()
+        self.x, self.y = spec.batch(torch.Generator().manual_seed(seed))
+        self.eager = variant == "eager"
+        self.options = {} if self.eager else dict(variant)  # type: ignore[arg-type]
+        self.step_loss: Callable[..., torch.Tensor] = _loss if self.eager else torch.compile(
+            _loss, backend="adreno", options=self.options, dynamic=False)
+        params = list(self.model.parameters())
+        self.opt: torch.optim.Optimizer = (torch.optim.SGD(params, lr=0.01) if optimizer == "sgd"
+                                           else torch.optim.Adam(params, lr=1e-3))
+        self.compile_s: float | None = None
+        self.times: list[float] = []
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.step_loss(self.model, self.x, self.y).backward()
+        self.opt.step()
+
+    def timed_step(self) -> None:
         start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+        self.step()
+        self.times.append((time.perf_counter() - start) * 1e3)
 
 
-def measure_training_step(model_name: str, variant: str, steps: int = 20, warmup: int = 2,
-                          options: dict[str, Any] | None = None, optimizer: str = "sgd",
-                          seed: int = 0) -> StepStats:
-    """Median step time of forward + loss + backward + optimizer step.
+def variant_name(variant: Variant) -> str:
+    if variant == "eager":
+        return "eager"
+    options = dict(variant)  # type: ignore[arg-type]
+    return "adreno" + "".join(f" {k}={v}" for k, v in sorted(options.items()) if k != "device")
 
-    ``variant`` is ``"eager"`` (PyTorch on the host) or ``"adreno"`` (model and loss compiled
-    together with ``options``). The same seed gives both the same weights and batch.
-    """
-    spec = MODELS[model_name]
-    torch.manual_seed(seed)
-    model = spec.make()
-    x, y = spec.batch(torch.Generator().manual_seed(seed))
 
-    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(m(x), y)
-
-    step_loss = loss_fn if variant == "eager" else torch.compile(
-        loss_fn, backend="adreno", options=options or {}, dynamic=False)
-    params = list(model.parameters())
-    opt: torch.optim.Optimizer = (torch.optim.SGD(params, lr=0.01) if optimizer == "sgd"
-                                  else torch.optim.Adam(params, lr=1e-3))
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        step_loss(model, x, y).backward()
-        opt.step()
-
-    start = time.perf_counter()
-    step()
-    compile_s = time.perf_counter() - start if variant != "eager" else None
-    for _ in range(max(0, warmup - 1)):
-        step()
-    times = _timed(step, steps)
-    stats = StepStats(model_name, variant, steps, statistics.median(times), min(times), max(times), compile_s)
-    if variant != "eager":
-        with torch_adreno.profile() as prof:
-            step()
-        stats.kernel_launches = prof.kernel_launches
-        stats.bytes_host_to_device = prof.bytes_host_to_device
-        stats.bytes_device_to_host = prof.bytes_device_to_host
-        stats.bytes_kernel_read = prof.bytes_kernel_read
-        stats.bytes_kernel_written = prof.bytes_kernel_written
-        stats.device_time_ms = prof.device_time_us / 1e3
-        stats.host_fallback_ops = len(prof.host_fallback_ops)
-    return stats
+def compare_variants(model_name: str, variants: Mapping[str, Variant], steps: int = 20, warmup: int = 2,
+                     optimizer: str = "sgd", seed: int = 0) -> list[StepStats]:
+    """Median step time (forward, loss, backward, optimizer step) of each variant, interleaved."""
+    runners = {}
+    for name, variant in variants.items():
+        torch._dynamo.reset()
+        runner = _Runner(model_name, variant, optimizer, seed)
+        start = time.perf_counter()
+        runner.step()
+        if not runner.eager:
+            runner.compile_s = time.perf_counter() - start
+        for _ in range(max(0, warmup - 1)):
+            runner.step()
+        runners[name] = runner
+    for _ in range(steps):
+        for runner in runners.values():
+            runner.timed_step()
+    results = []
+    for name, runner in runners.items():
+        t = runner.times
+        stats = StepStats(model_name, name, steps, statistics.median(t), min(t), max(t), runner.compile_s,
+                          options={k: v for k, v in runner.options.items()})
+        if not runner.eager:
+            with torch_adreno.profile() as prof:
+                runner.step()
+            stats.kernel_launches = prof.kernel_launches
+            stats.bytes_host_to_device = prof.bytes_host_to_device
+            stats.bytes_device_to_host = prof.bytes_device_to_host
+            stats.bytes_kernel_read = prof.bytes_kernel_read
+            stats.bytes_kernel_written = prof.bytes_kernel_written
+            stats.device_time_ms = prof.device_time_us / 1e3
+            stats.host_fallback_ops = len(prof.host_fallback_ops)
+        results.append(stats)
+    return results

@@ -36,18 +36,31 @@ __kernel void KERNEL_NAME(KERNEL_PARAMS)
         row_sum[wm] = 0.0f;
 #endif
 
-    for (INDEX_T k = 0; k < SIZE_K; ++k) {
-        const float8 bv = (float8)(LOAD_B(b, k, ns[0]), LOAD_B(b, k, ns[1]), LOAD_B(b, k, ns[2]),
-                                   LOAD_B(b, k, ns[3]), LOAD_B(b, k, ns[4]), LOAD_B(b, k, ns[5]),
-                                   LOAD_B(b, k, ns[6]), LOAD_B(b, k, ns[7]));
-        for (int wm = 0; wm < WPT_M; ++wm) {
-            const float a = LOAD_A(b, ms[wm], k);
-#if ROW_SUM
-            row_sum[wm] += a;
-#endif
-            acc[wm] = a * bv + acc[wm];
-        }
+#define K_LOOP(SUM_ROWS)                                                                          \
+    for (INDEX_T k = 0; k < SIZE_K; ++k) {                                                        \
+        const float8 bv = (float8)(LOAD_B(b, k, ns[0]), LOAD_B(b, k, ns[1]), LOAD_B(b, k, ns[2]), \
+                                   LOAD_B(b, k, ns[3]), LOAD_B(b, k, ns[4]), LOAD_B(b, k, ns[5]), \
+                                   LOAD_B(b, k, ns[6]), LOAD_B(b, k, ns[7]));                     \
+        for (int wm = 0; wm < WPT_M; ++wm) {                                                      \
+            const float a = LOAD_A(b, ms[wm], k);                                                 \
+            SUM_ROWS(wm, a);                                                                      \
+            acc[wm] = a * bv + acc[wm];                                                           \
+        }                                                                                         \
     }
+#define NO_ROW_SUM(wm, a)
+#define ADD_ROW_SUM(wm, a) row_sum[wm] += (a)
+
+#if ROW_SUM
+    // Only the first column block sums rows: a separate copy of the loop keeps the others lean.
+    if (n0 == 0) {
+        K_LOOP(ADD_ROW_SUM)
+    } else {
+        K_LOOP(NO_ROW_SUM)
+    }
+#else
+    K_LOOP(NO_ROW_SUM)
+#endif
+
 #if ROW_SUM
     // The fused reduction of A over k: one column block stores it.
     if (n0 == 0) {
@@ -69,3 +82,6 @@ __kernel void KERNEL_NAME(KERNEL_PARAMS)
 }
 
 #undef LANES
+#undef K_LOOP
+#undef NO_ROW_SUM
+#undef ADD_ROW_SUM
