@@ -16,11 +16,15 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@pytest.mark.parametrize("zero_copy", [False, True])
 @pytest.mark.parametrize("model_name", ["mlp", "lenet"])
-def test_step_moves_only_batch_parameters_outputs_and_gradients(model_name):
+def test_step_moves_only_batch_parameters_outputs_and_gradients(model_name, zero_copy):
+    """Copies: exactly batch + output gradient + changed parameters up, output + gradients down.
+    Zero-copy: the same bytes, used in place (nothing copied)."""
     spec = MODELS[model_name]
     model = spec.make()
-    compiled = torch.compile(model, backend="adreno")
+    compiled = torch.compile(model, backend="adreno", options={"zero_copy": zero_copy})
+    copied = not zero_copy
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(0)
     params = list(model.parameters())
@@ -33,21 +37,23 @@ def test_step_moves_only_batch_parameters_outputs_and_gradients(model_name):
             loss.backward()
             opt.step()
         assert prof.host_fallback_ops == []
-        assert prof.transfer_bytes("d2h", "saved_activation") == 0
-        assert prof.transfer_bytes("h2d", "saved_activation") == 0
+        assert prof.transfer_bytes("d2h", "saved_activation", copied=None) == 0
+        assert prof.transfer_bytes("h2d", "saved_activation", copied=None) == 0
         # Up: the batch, the gradient of the output, and the parameters the optimizer changed
         # (all of them, each step; nothing when unchanged, see below).
-        assert prof.transfer_bytes("h2d", "input") == _nbytes([x, out])
-        assert prof.transfer_bytes("h2d", "parameter") == _nbytes(params)
+        assert prof.transfer_bytes("h2d", "input", copied) == _nbytes([x, out])
+        assert prof.transfer_bytes("h2d", "parameter", copied) == _nbytes(params)
         # Down: the output and one gradient per parameter; no saved activation.
-        assert prof.bytes_device_to_host == _nbytes([out, *params])
-        assert prof.transfer_bytes("d2h", "output") == prof.bytes_device_to_host
+        assert prof.transfer_bytes("d2h", "output", copied) == _nbytes([out, *params])
+        assert prof.transfer_bytes("d2h", None, copied) == _nbytes([out, *params])
+        if zero_copy:
+            assert prof.bytes_host_to_device == prof.bytes_device_to_host == 0
 
 
 def test_unchanged_parameters_are_not_uploaded_again():
     spec = MODELS["mlp"]
     model = spec.make()
-    compiled = torch.compile(model, backend="adreno")
+    compiled = torch.compile(model, backend="adreno", options={"zero_copy": False})
     x, _ = spec.batch(torch.Generator().manual_seed(0))
     with torch.no_grad():
         compiled(x)
@@ -96,7 +102,7 @@ def test_device_tensor_used_on_host_is_materialised_and_counted():
         torch.compile(model, backend="adreno")(x)
     assert saved
     with torch_adreno.profile() as prof:
-        host = saved[0] * 1.0
+        host = saved[0] * 1.0  # saved activations are device buffers, never shared host memory
     assert type(host) is torch.Tensor
     assert prof.transfer_bytes("d2h", "saved_activation") == _nbytes([saved[0]])
     torch.testing.assert_close(host, saved[0].to_host())

@@ -67,13 +67,14 @@ def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: 
                   static_inputs: Sequence[int] = ()) -> Executable:
     """Run one FX graph through every stage of the pipeline."""
     runtime = get_runtime(config.device)
+    residency = get_residency(runtime, config.zero_copy)
     graph = lower_graph(gm, config, name, num_host_outputs)
     fused = fuse(graph, config)
-    plan = plan_memory(fused, runtime.profile)
+    plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy)
     program = render_program(fused, plan, runtime.profile)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
-    return Executable(program, runtime, get_residency(runtime), static_inputs)
+    return Executable(program, runtime, residency, static_inputs)
 
 
 def _static_input_indices() -> list[int]:
@@ -110,6 +111,9 @@ def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
         inference_compiler=inference_compiler,
         decompositions=decomposition_table(),
         partition_fn=partition,
+        # In-place updates of inputs (an optimizer step, BatchNorm statistics in eval-free graphs)
+        # stay in the graph, so the device writes the new values where the inputs live.
+        keep_inference_input_mutations=True,
     )
 
 

@@ -36,6 +36,15 @@ def _path(value: Any) -> str | None:
     raise ValueError(f"must be a directory path, got {value!r}")
 
 
+def _auto_bool(value: Any) -> str | bool:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _bool(value)
+    except ValueError:
+        raise ValueError(f"must be 'auto', True or False, got {value!r}") from None
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -78,6 +87,16 @@ OPTIONS: dict[str, OptionSpec] = {
             "fuse IR nodes into fewer kernels (default True); False gives one kernel per node, the "
             "baseline fusion is measured against",
         ),
+        OptionSpec(
+            "memory_reuse", _bool, True, "TORCH_ADRENO_MEMORY_REUSE",
+            "let intermediates whose lifetimes do not overlap share device memory, and update in place "
+            "where legal (default True); False gives every intermediate its own bytes",
+        ),
+        OptionSpec(
+            "zero_copy", _auto_bool, "auto", "TORCH_ADRENO_ZERO_COPY",
+            "use host tensors' memory in place on the device instead of copying ('auto', the default: "
+            "on unified-memory devices such as phones and PoCL; True forces it; False always copies)",
+        ),
     )
 }
 
@@ -89,6 +108,8 @@ class Config:
     device: str | int | None = None
     fallback: str = "error"
     fusion: bool = True
+    memory_reuse: bool = True
+    zero_copy: str | bool = "auto"
     debug_dir: str | None = None
 
     @classmethod

@@ -1,31 +1,40 @@
-"""Memory planning: FusedGraph -> MemoryPlan, where every buffer of a graph lives on the device.
+"""Memory planning: FusedGraph -> MemoryPlan, where every buffer of a graph lives.
 
 * Graph inputs are bound at call time (parameters stay resident between calls).
-* Outputs that stay on the device for a later graph (saved activations) escape the call, so each
-  call gets fresh storage for them.
-* Everything else (intermediates, outputs copied back to the host) lives in arenas allocated once
-  per compiled graph: aligned sub-ranges of device buffers no larger than the device's maximum
-  single allocation.
+* Outputs that stay on the device for a later graph (saved activations) escape the call: each call
+  gets fresh storage for them (``PER_CALL``), released when the later graph is done with them.
+* Outputs the caller reads on the host are written straight into host memory on unified-memory
+  devices (``HOST``: phones, PoCL; no copy), else they live in the arena and are copied back.
+* Everything else lives in arenas allocated once per compiled graph: aligned sub-ranges of device
+  buffers no larger than the device's maximum single allocation.
 
-Invariant (tested): two arena buffers whose lifetimes overlap never share bytes. This plan gives
-every arena buffer its own range (no reuse), the baseline against which reuse is measured.
+Reuse: buffers whose lifetimes (first to last kernel touching them) do not overlap share arena
+bytes, placed greedily largest first, each at the lowest aligned offset free for its whole
+lifetime. In place: a pointwise kernel that reads a buffer for the last time, element for
+element where it writes another of the same size, writes into the same bytes.
+
+Invariant (tested): two arena buffers live at the same time never overlap, except a buffer and the
+in-place result that replaces it element by element.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch_adreno import ir
 from torch_adreno.errors import DeviceMemoryError
-from torch_adreno.fusion import FusedGraph
+from torch_adreno.fusion import FusedGraph, PointwiseKernel
 from torch_adreno.target import DeviceProfile
 
 
 class StorageKind(enum.Enum):
     INPUT = "input"
     PER_CALL = "per_call"
+    HOST = "host"
     ARENA = "arena"
+    #: The new value of a mutated input, written straight into that input's own storage.
+    INPUT_ALIAS = "input_alias"
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,8 @@ class Allocation:
     offset: int = 0
     first_use: int = -1
     last_use: int = -1
+    #: The buffer whose bytes this one takes over in place (same arena range), if any.
+    in_place_of: str | None = None
 
 
 @dataclass
@@ -46,6 +57,10 @@ class MemoryPlan:
     allocations: dict[str, Allocation]
     arena_bytes: list[int]
     alignment: int
+    reuse: bool
+    #: Arena bytes the same buffers would need with no reuse at all (each its own range).
+    unshared_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def planned_arena_bytes(self) -> int:
@@ -55,12 +70,31 @@ class MemoryPlan:
     def per_call_bytes(self) -> int:
         return sum(a.nbytes for a in self.allocations.values() if a.kind is StorageKind.PER_CALL)
 
+    @property
+    def host_bytes(self) -> int:
+        return sum(a.nbytes for a in self.allocations.values() if a.kind is StorageKind.HOST)
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        """Device bytes one call needs beyond its inputs: the arenas plus what escapes the call."""
+        return self.planned_arena_bytes + self.per_call_bytes + self.host_bytes
+
+    def storage_root(self, buffer: str) -> str:
+        """The buffer whose storage ``buffer`` uses (itself unless it was planned in place)."""
+        alloc = self.allocations[buffer]
+        while alloc.in_place_of is not None:
+            alloc = self.allocations[alloc.in_place_of]
+        return alloc.buffer
+
     def describe(self) -> str:
-        lines = [f"memory plan: {len(self.arena_bytes)} arena(s), {self.planned_arena_bytes} bytes; "
-                 f"{self.per_call_bytes} bytes per call"]
-        for a in sorted(self.allocations.values(), key=lambda a: (a.kind.value, a.arena, a.offset)):
+        lines = [f"memory plan ({'reuse' if self.reuse else 'no reuse'}): {len(self.arena_bytes)} arena(s), "
+                 f"{self.planned_arena_bytes} bytes (without sharing: {self.unshared_bytes}); "
+                 f"{self.per_call_bytes} bytes per call on the device, {self.host_bytes} written to host memory"]
+        for a in sorted(self.allocations.values(), key=lambda a: (a.kind.value, a.arena, a.offset, a.first_use)):
             where = f"arena{a.arena}+{a.offset}" if a.kind is StorageKind.ARENA else a.kind.value
-            lines.append(f"  {a.buffer}: {a.nbytes} B at {where}, live [{a.first_use}, {a.last_use}]")
+            extra = f", in place of {a.in_place_of}" if a.in_place_of else ""
+            lines.append(f"  {a.buffer}: {a.nbytes} B at {where}, live [{a.first_use}, {a.last_use}]{extra}")
+        lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -82,36 +116,142 @@ def live_ranges(fused: FusedGraph) -> dict[str, tuple[int, int]]:
     return ranges
 
 
-def plan_memory(fused: FusedGraph, profile: DeviceProfile) -> MemoryPlan:
+def _can_overwrite(fused: FusedGraph, index: int, out: str, src: str, ranges: dict[str, tuple[int, int]]) -> bool:
+    """Whether kernel ``index`` may write ``out`` into ``src``'s bytes: a pointwise kernel that reads
+    ``src`` for the last time, only at the very element where it writes ``out``."""
+    group = fused.groups[index]
+    spec = group.spec
+    if not isinstance(spec, PointwiseKernel) or src not in group.reads or ranges[src][1] != index:
+        return False
+    a, b = fused.graph.buffers[src], fused.graph.buffers[out]
+    if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    stores = [s for s in spec.stores if s.buffer == out]
+    if len(stores) != 1 or any(s.when is not None for s in spec.stores):
+        return False  # (guarded stores read their inputs when they store)
+    exprs = [s.value for s in spec.stores] + [e for s in spec.stores for e in s.index]
+    return all(tuple(ld.index) == tuple(stores[0].index) for e in exprs for ld in ir.loads(e) if ld.buffer == src)
+
+
+def _in_place_candidates(fused: FusedGraph, arena: set[str], ranges: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """result -> the intermediate whose bytes it takes over (see :func:`_can_overwrite`)."""
+    replaced: dict[str, str] = {}
+    taken: set[str] = set()
+    for index, group in enumerate(fused.groups):
+        for out in group.writes:
+            if out not in arena or ranges[out][0] != index:
+                continue
+            for name in group.reads:
+                if name in arena and name not in taken and _can_overwrite(fused, index, out, name, ranges):
+                    replaced[out] = name
+                    taken.add(name)
+                    break
+    return replaced
+
+
+def _place(items: list[tuple[str, int, int, int]], alignment: int, limit: int) -> tuple[dict[str, tuple[int, int]], list[int]]:
+    """Greedy by size: largest first, each at the lowest aligned offset of the first arena where no
+    buffer of overlapping lifetime sits. Returns name -> (arena, offset) and the arena sizes."""
+    placed: dict[str, tuple[int, int]] = {}
+    spans: list[list[tuple[int, int, int, int]]] = []  # per arena: (offset, end, first, last)
+    for name, nbytes, first, last in sorted(items, key=lambda t: (-t[1], t[2], t[0])):
+        for arena, arena_spans in enumerate([*spans, []]):
+            busy = sorted((o, e) for o, e, f, l in arena_spans if f <= last and first <= l)
+            offset = 0
+            for o, e in busy:
+                if offset + nbytes <= o:
+                    break
+                offset = max(offset, _align(e, alignment))
+            if offset + nbytes <= limit:
+                if arena == len(spans):
+                    spans.append([])
+                spans[arena].append((offset, offset + nbytes, first, last))
+                placed[name] = (arena, offset)
+                break
+    sizes = [max((e for _, e, _, _ in arena_spans), default=0) for arena_spans in spans]
+    return placed, sizes
+
+
+def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
+                shared_outputs: bool | None = None) -> MemoryPlan:
+    """Plan every buffer of ``fused``. ``shared_outputs``: write outputs the caller reads straight
+    into host memory (zero-copy; default: where the device's memory is unified)."""
     graph = fused.graph
+    if shared_outputs is None:
+        shared_outputs = profile.unified_memory
     alignment = max(profile.base_addr_align_bytes, 4)
     inputs = graph.input_buffers()
     escaping = {o.buffer for o in graph.outputs if o.buffer is not None and o.role is ir.OutputRole.DEVICE}
+    to_host = {o.buffer for o in graph.outputs if o.buffer is not None and o.role is ir.OutputRole.HOST}
     ranges = live_ranges(fused)
-    allocations: dict[str, Allocation] = {}
-    arena_bytes: list[int] = []
     exists = inputs | fused.stored_buffers()
-    for name, buf in graph.buffers.items():
+    kinds: dict[str, StorageKind] = {}
+    for name in graph.buffers:
         if name not in exists:
             continue  # fused away: computed in registers, never stored
-        first, last = ranges.get(name, (-1, -1))
-        nbytes = max(buf.nbytes, 1)
         if name in inputs:
-            allocations[name] = Allocation(name, StorageKind.INPUT, nbytes, first_use=first, last_use=last)
+            kinds[name] = StorageKind.INPUT
         elif name in escaping:
-            allocations[name] = Allocation(name, StorageKind.PER_CALL, nbytes, first_use=first, last_use=last)
+            kinds[name] = StorageKind.PER_CALL
+        elif name in to_host and shared_outputs:
+            kinds[name] = StorageKind.HOST
         else:
-            if nbytes > profile.max_alloc_bytes:
-                raise DeviceMemoryError(
-                    f"buffer {name} needs {nbytes} bytes, more than the device's largest single "
-                    f"allocation ({profile.max_alloc_bytes} bytes); use a smaller batch"
-                )
-            arena = next((i for i, used in enumerate(arena_bytes)
-                          if _align(used, alignment) + nbytes <= profile.max_alloc_bytes), None)
-            if arena is None:
+            kinds[name] = StorageKind.ARENA
+        nbytes = graph.buffers[name].nbytes
+        if kinds[name] is not StorageKind.INPUT and nbytes > profile.max_alloc_bytes:
+            raise DeviceMemoryError(
+                f"buffer {name} of {graph.name} needs {nbytes} bytes, more than the device's largest single "
+                f"allocation ({profile.max_alloc_bytes} bytes); use a smaller batch"
+            )
+    written_by = {w: i for i, g in enumerate(fused.groups) for w in g.writes}
+    mutated_in_place: dict[str, str] = {}
+    for target, value in graph.mutations.items():
+        if reuse and kinds.get(value) is StorageKind.ARENA and value in written_by \
+                and _can_overwrite(fused, written_by[value], value, target, ranges):
+            kinds[value] = StorageKind.INPUT_ALIAS
+            mutated_in_place[value] = target
+    arena = {n for n, k in kinds.items() if k is StorageKind.ARENA}
+    replaced = _in_place_candidates(fused, arena, ranges) if reuse else {}
+    # An in-place result continues its input's range: plan them as one item.
+    root_of = {}
+    for name in arena:
+        root = name
+        while root in replaced:
+            root = replaced[root]
+        root_of[name] = root
+    span: dict[str, tuple[int, int, int]] = {}
+    for name in arena:
+        root = root_of[name]
+        first, last = ranges.get(name, (-1, -1))
+        nbytes = max(graph.buffers[name].nbytes, 1)
+        f0, l0, b0 = span.get(root, (first, last, nbytes))
+        span[root] = (min(f0, first), max(l0, last), max(b0, nbytes))
+    items = [(root, nbytes, first, last) for root, (first, last, nbytes) in span.items()]
+    unshared = sum(_align(max(graph.buffers[n].nbytes, 1), alignment) for n in arena)
+    if reuse:
+        placed, arena_bytes = _place(items, alignment, profile.max_alloc_bytes)
+    else:
+        placed, arena_bytes = {}, []
+        for root, nbytes, first, last in sorted(items, key=lambda t: (t[2], t[0])):
+            # No sharing: each buffer its own range, arenas filled in order up to the allocation limit.
+            if not arena_bytes or _align(arena_bytes[-1], alignment) + nbytes > profile.max_alloc_bytes:
                 arena_bytes.append(0)
-                arena = len(arena_bytes) - 1
-            offset = _align(arena_bytes[arena], alignment)
-            arena_bytes[arena] = offset + nbytes
-            allocations[name] = Allocation(name, StorageKind.ARENA, nbytes, arena, offset, first, last)
-    return MemoryPlan(allocations, arena_bytes, alignment)
+            offset = _align(arena_bytes[-1], alignment)
+            arena_bytes[-1] = offset + nbytes
+            placed[root] = (len(arena_bytes) - 1, offset)
+    allocations: dict[str, Allocation] = {}
+    for name, kind in kinds.items():
+        first, last = ranges.get(name, (-1, -1))
+        nbytes = max(graph.buffers[name].nbytes, 1)
+        if kind is StorageKind.ARENA:
+            arena_index, offset = placed[root_of[name]]
+            allocations[name] = Allocation(name, kind, nbytes, arena_index, offset, first, last, replaced.get(name))
+        else:
+            allocations[name] = Allocation(name, kind, nbytes, first_use=first, last_use=last,
+                                           in_place_of=mutated_in_place.get(name))
+    plan = MemoryPlan(allocations, arena_bytes, alignment, reuse, unshared)
+    plan.notes.extend(f"{out} overwrites {src} in place" for out, src in replaced.items())
+    plan.notes.extend(f"{value} updates input {target} in its own storage" for value, target in mutated_in_place.items())
+    plan.notes.extend(f"{value} is copied into input {target} after the last kernel"
+                      for target, value in graph.mutations.items() if value not in mutated_in_place)
+    return plan

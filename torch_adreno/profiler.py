@@ -97,11 +97,17 @@ class profile:
 
     @property
     def bytes_host_to_device(self) -> int:
-        return sum(t.nbytes for t in self.transfers if t.direction == "h2d")
+        """Bytes copied from host to device (zero-copy sharing moves none)."""
+        return sum(t.nbytes for t in self.transfers if t.direction == "h2d" and t.copied)
 
     @property
     def bytes_device_to_host(self) -> int:
-        return sum(t.nbytes for t in self.transfers if t.direction == "d2h")
+        return sum(t.nbytes for t in self.transfers if t.direction == "d2h" and t.copied)
+
+    @property
+    def bytes_shared(self) -> int:
+        """Bytes the device used in host memory in place (zero-copy), both directions."""
+        return sum(t.nbytes for t in self.transfers if not t.copied)
 
     @property
     def host_fallback_ops(self) -> list[str]:
@@ -119,8 +125,11 @@ class profile:
     def device_time_us(self) -> float:
         return sum(k.device_time_us or 0.0 for k in self.kernels)
 
-    def transfer_bytes(self, direction: str, reason: str | None = None) -> int:
-        return sum(t.nbytes for t in self.transfers if t.direction == direction and (reason is None or t.reason == reason))
+    def transfer_bytes(self, direction: str, reason: str | None = None, copied: bool | None = True) -> int:
+        """Bytes of transfers in ``direction`` for ``reason``: copied ones (default), shared ones
+        (``copied=False``) or both (``copied=None``)."""
+        return sum(t.nbytes for t in self.transfers if t.direction == direction
+                   and (reason is None or t.reason == reason) and (copied is None or t.copied == copied))
 
     def table(self, sort_by: str = "device_time", row_limit: int = 30) -> str:
         """A readable summary: totals, then kernels grouped by name."""
@@ -141,6 +150,7 @@ class profile:
             f"kernel launches: {self.kernel_launches}   device time: {self.device_time_us / 1e3:.3f} ms   "
             f"kernel bytes read/written: {self.bytes_kernel_read}/{self.bytes_kernel_written}",
             f"host->device: {self.bytes_host_to_device} B   device->host: {self.bytes_device_to_host} B   "
+            f"shared in place: {self.bytes_shared} B   "
             f"host fallback ops: {len(self.host_ops)} {sorted(set(self.host_fallback_ops)) or ''}",
             "",
             f"{'kernel':<44} {'calls':>6} {'time us':>10} {'bytes':>12}  fx nodes",

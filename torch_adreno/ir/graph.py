@@ -200,12 +200,15 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     inputs: list[str | None] = field(default_factory=list)
     outputs: list[GraphOutput] = field(default_factory=list)
+    #: In-place updates of inputs (an optimizer step): input buffer -> buffer holding its new value.
+    mutations: dict[str, str] = field(default_factory=dict)
 
     def input_buffers(self) -> set[str]:
         return {b for b in self.inputs if b is not None}
 
     def output_buffers(self) -> set[str]:
-        return {o.buffer for o in self.outputs if o.buffer is not None}
+        """Buffers whose values leave the graph: its outputs and the new values of mutated inputs."""
+        return {o.buffer for o in self.outputs if o.buffer is not None} | set(self.mutations.values())
 
     def producers(self) -> dict[str, Node]:
         return {out: n for n in self.nodes for out in node_outputs(n)}
@@ -242,6 +245,8 @@ def format_graph(graph: Graph) -> str:
         b = graph.buffers[name]
         lines.append(f"  buffer {name} {b.dtype.value}{list(b.shape)}")
     lines.extend(_format_node(n) for n in graph.nodes)
+    for target, value in graph.mutations.items():
+        lines.append(f"  mutate {target} := {value}")
     for pos, out in enumerate(graph.outputs):
         reshaped = f" viewed as {list(out.shape)}" if out.shape is not None else ""
         lines.append(f"  output {pos}: {out.buffer}{reshaped} ({out.role.value})")

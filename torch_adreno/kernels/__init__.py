@@ -62,7 +62,9 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
             continue
         name = kernel_name(graph.name, index, group)
         header = header_comment(name, group.origins, _describe(group))
-        params = make_params(graph, group.writes, group.reads)
+        storage = {name: plan.storage_root(name) for name in [*group.writes, *group.reads]
+                   if name in plan.allocations}
+        params = make_params(graph, group.writes, group.reads, storage)
         options: tuple[str, ...] = ()
         macros: tuple[str, ...] = ("INDEX_T",)
         if isinstance(spec, PointwiseKernel):

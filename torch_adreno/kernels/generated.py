@@ -21,17 +21,26 @@ from torch_adreno.target import DeviceProfile
 INT32_LIMIT = 2**31 - 1
 
 
-def make_params(graph: ir.Graph, writes: Sequence[str], reads: Sequence[str]) -> dict[str, Param]:
-    """Kernel parameters: written buffers first (out0, out1, ...), then read ones (in0, ...)."""
+def make_params(graph: ir.Graph, writes: Sequence[str], reads: Sequence[str],
+                storage_of: Mapping[str, str] | None = None) -> dict[str, Param]:
+    """Kernel parameters: written buffers first (out0, out1, ...), then read ones (in0, ...).
+
+    ``storage_of`` maps a buffer to the buffer whose bytes it uses; parameters sharing bytes are
+    declared without ``restrict``.
+    """
     params: dict[str, Param] = {}
+    storage_of = storage_of or {}
+    names = list(dict.fromkeys(writes)) + [r for r in reads if r not in writes]
+    roots = [storage_of.get(n, n) for n in names]
+    shared = {n for n, root in zip(names, roots, strict=True) if roots.count(root) > 1}
     for i, name in enumerate(dict.fromkeys(writes)):
         b = graph.buffers[name]
-        params[name] = Param(name, f"out{i}", b.dtype, b.shape, True)
+        params[name] = Param(name, f"out{i}", b.dtype, b.shape, True, name in shared)
     n_out = len(params)
     for name in reads:
         if name not in params:
             b = graph.buffers[name]
-            params[name] = Param(name, f"in{len(params) - n_out}", b.dtype, b.shape, False)
+            params[name] = Param(name, f"in{len(params) - n_out}", b.dtype, b.shape, False, name in shared)
     return params
 
 
@@ -69,7 +78,12 @@ def buffer_bytes(graph: ir.Graph, names: Sequence[str]) -> int:
 
 def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None = None,
                  ranges: tuple[int, ...] | None = None, loop_vars: tuple[ir.Expr, ...] | None = None) -> None:
-    """Emit ``stores``; a store over the kernel's own shape at its own index writes at ``linear``."""
+    """Emit ``stores``; a store over the kernel's own shape at its own index writes at ``linear``.
+
+    Every value is computed before the first store is made, so a store may overwrite, in place, an
+    element that another store of the same iteration still reads (the memory plan relies on it).
+    """
+    statements = []
     for store in stores:
         guarded = store.when is not None
         condition = writer.expr(store.when) if store.when is not None else None
@@ -79,11 +93,10 @@ def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None
             offset = linear
         else:
             offset = writer.expr(writer.flat_index(store.buffer, store.index), guarded)
-        if condition is not None:
-            writer.emit(f"if ({condition})")
-            writer.emit("    " + writer.store_statement(store.buffer, offset, value))
-        else:
-            writer.store(store.buffer, offset, value)
+        statement = writer.store_statement(store.buffer, offset, value)
+        statements.append(f"if ({condition}) {statement}" if condition is not None else statement)
+    for statement in statements:
+        writer.emit(statement)
 
 
 def render_pointwise(name: str, header: str, spec: PointwiseKernel, params: dict[str, Param],

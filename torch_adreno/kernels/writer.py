@@ -25,12 +25,15 @@ class Param:
     dtype: ir.DType
     shape: tuple[int, ...]
     written: bool
+    #: Another parameter of the kernel uses the same bytes (an in-place update): no ``restrict``.
+    aliased: bool = False
 
     def declaration(self) -> str:
         ctype = STORAGE_CTYPE[self.dtype]
+        qualifier = "" if self.aliased else " restrict"
         if self.written:
-            return f"__global {ctype}* restrict {self.c_name}"
-        return f"__global const {ctype}* restrict {self.c_name}"
+            return f"__global {ctype}*{qualifier} {self.c_name}"
+        return f"__global const {ctype}*{qualifier} {self.c_name}"
 
 
 @dataclass

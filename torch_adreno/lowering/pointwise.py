@@ -9,6 +9,7 @@ import torch
 from torch.fx import Node
 
 from torch_adreno import ir
+from torch_adreno.errors import UnsupportedOpError
 from torch_adreno.lowering.context import LoweringContext, LoweringError, Value, ir_dtype, register
 
 aten = torch.ops.aten
@@ -290,3 +291,32 @@ def _to_copy(ctx: LoweringContext, node: Node, x: Value, **kwargs: Any) -> Value
         raise LoweringError(f"{node.name}: expected a tensor")
     out = ctx.meta()
     return ctx.pointwise(out.shape, out.dtype, lambda idx: ir.cast(x.load(idx), out.dtype))
+
+
+@register(torch.ops.prims.fma.default)
+def _fma(ctx: LoweringContext, node: Node, a: Value, b: Value, c: Value) -> Value:
+    out = ctx.meta()
+    return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call(
+        "add", ir.call("mul", ctx.load(a, i, out.shape, out.dtype), ctx.load(b, i, out.shape, out.dtype)),
+        ctx.load(c, i, out.shape, out.dtype)))
+
+
+@register(aten.copy.default)
+def _copy(ctx: LoweringContext, node: Node, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+    """Functional copy: ``src``'s values (broadcast, cast) in ``dst``'s shape and dtype."""
+    out = ctx.meta()
+    return ctx.pointwise(out.shape, out.dtype, lambda i: ctx.load(src, i, out.shape, out.dtype))
+
+
+@register(aten.copy_.default)
+def _copy_(ctx: LoweringContext, node: Node, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+    """An in-place update of a graph input (kept in the graph by AOTAutograd: an optimizer step,
+    BatchNorm running statistics): the input's new value is recorded as a mutation."""
+    if not isinstance(dst, ir.View) or not dst.is_identity() or dst.buffer not in ctx.graph.input_buffers():
+        raise UnsupportedOpError(f"{node.name}: copy_ into anything but a whole graph input is not supported")
+    out = ctx.meta()
+    value = ctx.pointwise(out.shape, out.dtype, lambda i: ctx.load(src, i, out.shape, out.dtype))
+    if dst.buffer in ctx.graph.mutations:
+        raise UnsupportedOpError(f"{node.name}: graph input {dst.buffer} is updated twice")
+    ctx.graph.mutations[dst.buffer] = value.buffer
+    return value

@@ -12,12 +12,16 @@ __all__ = [
     "select_device",
 ]
 
-_residencies: dict[int, Residency] = {}
+_residencies: dict[tuple[int, bool], Residency] = {}
 
 
-def get_residency(runtime: DeviceRuntime) -> Residency:
-    """The residency table of a device runtime (one per device, shared by all graphs)."""
-    res = _residencies.get(id(runtime))
+def get_residency(runtime: DeviceRuntime, zero_copy: str | bool = "auto") -> Residency:
+    """The residency table of a device runtime and sharing mode (shared by all graphs).
+
+    ``zero_copy="auto"`` shares host memory in place where the device's memory is unified.
+    """
+    shared = runtime.profile.unified_memory if zero_copy == "auto" else bool(zero_copy)
+    res = _residencies.get((id(runtime), shared))
     if res is None:
-        res = _residencies[id(runtime)] = Residency(runtime)
+        res = _residencies[(id(runtime), shared)] = Residency(runtime, shared)
     return res

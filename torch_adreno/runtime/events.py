@@ -25,14 +25,16 @@ class LaunchRecord:
 
 @dataclass(frozen=True)
 class TransferRecord:
-    """A host<->device copy. ``direction`` is "h2d" or "d2h"; ``reason`` says what was moved:
-    "input", "parameter", "output", "saved_activation" or "host_fallback"."""
+    """Data crossing between host and device. ``direction`` is "h2d" or "d2h"; ``reason`` says what:
+    "input", "parameter", "output", "saved_activation", "mutation" or "host_fallback". ``copied``
+    is False when the device used the host memory in place (zero-copy): no bytes moved."""
 
     graph: str
     direction: str
     nbytes: int
     buffer: str
     reason: str
+    copied: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,10 @@ class _Bus:
         for s in self.subscribers:
             s.on_launch(record)
 
-    def transfer(self, graph: str, direction: str, nbytes: int, buffer: str, reason: str) -> None:
+    def transfer(self, graph: str, direction: str, nbytes: int, buffer: str, reason: str,
+                 copied: bool = True) -> None:
         if self.subscribers:
-            record = TransferRecord(graph, direction, nbytes, buffer, reason)
+            record = TransferRecord(graph, direction, nbytes, buffer, reason, copied)
             for s in self.subscribers:
                 s.on_transfer(record)
 

@@ -24,7 +24,7 @@ from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download
 from torch_adreno.runtime.events import BUS, HostOpRecord, LaunchRecord
-from torch_adreno.runtime.residency import Residency, host_array
+from torch_adreno.runtime.residency import Residency, host_array, shared_buffer, sync_shared
 
 
 @dataclass
@@ -52,8 +52,14 @@ class Executable:
         self._arenas = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in plan.arena_bytes]
         self._static: dict[str, Any] = {}
         for name, alloc in plan.allocations.items():
-            if alloc.kind is StorageKind.ARENA:
+            root = plan.storage_root(name)
+            if alloc.kind is StorageKind.ARENA and root == name:
                 self._static[name] = self._arenas[alloc.arena].get_sub_region(alloc.offset, alloc.nbytes)
+        for name, alloc in plan.allocations.items():
+            # In-place results bind the very buffer object they overwrite.
+            if alloc.kind is StorageKind.ARENA and plan.storage_root(name) != name:
+                self._static[name] = self._static[plan.storage_root(name)]
+        self.allocated_bytes = sum(max(n, 1) for n in plan.arena_bytes)
         self._steps: list[_Launch | HostStep] = []
         built = build_kernels(runtime, program.kernels)
         for step in program.steps:
@@ -124,9 +130,17 @@ class Executable:
     def __call__(self, args: list[Any]) -> list[Any]:
         storage = dict(self._static)
         storage.update(self._bind_inputs(args))
+        host_outputs: dict[str, torch.Tensor] = {}
         for name, alloc in self.program.plan.allocations.items():
             if alloc.kind is StorageKind.PER_CALL:
                 storage[name] = self.runtime.pool.allocate(alloc.nbytes)
+            elif alloc.kind is StorageKind.HOST:
+                buf = self.graph.buffers[name]
+                host_outputs[name] = torch.empty(buf.shape, dtype=IR_TO_TORCH[buf.dtype])
+                storage[name] = shared_buffer(self.runtime, host_outputs[name])
+            elif alloc.kind is StorageKind.INPUT_ALIAS:
+                assert alloc.in_place_of is not None
+                storage[name] = storage[alloc.in_place_of]
         queue = self.runtime.queue
         record = BUS.active
         for step in self._steps:
@@ -140,9 +154,24 @@ class Executable:
             event = cl.enqueue_nd_range_kernel(queue, step.kernel, step.source.global_size, step.source.local_size)
             if record:
                 BUS.launch(LaunchRecord(self.graph.name, step.source, event))
-        return self._collect_outputs(args, storage)
+        self._apply_mutations(args, storage)
+        return self._collect_outputs(args, storage, host_outputs)
 
-    def _collect_outputs(self, args: Sequence[Any], storage: dict[str, Any]) -> list[Any]:
+    def _apply_mutations(self, args: Sequence[Any], storage: dict[str, Any]) -> None:
+        """New values of mutated inputs into the inputs' storage, and their host copies made right."""
+        plan = self.program.plan
+        for target, value in self.graph.mutations.items():
+            if plan.allocations[value].kind is not StorageKind.INPUT_ALIAS:
+                nbytes = self.graph.buffers[value].nbytes
+                if nbytes:
+                    cl.enqueue_copy(self.runtime.queue, storage[target], storage[value], byte_count=nbytes)
+            arg = args[self._input_positions[target]]
+            if isinstance(arg, DeviceTensor):
+                raise ValueError(f"{self.graph.name}: input {target} is updated in place but lives only on the device")
+            self.residency.write_back(arg, storage[target], self.graph.name, target)
+
+    def _collect_outputs(self, args: Sequence[Any], storage: dict[str, Any],
+                         host_outputs: dict[str, torch.Tensor]) -> list[Any]:
         outputs: list[Any] = []
         pending: list[cl.Event] = []
         for out in self.graph.outputs:
@@ -159,6 +188,12 @@ class Executable:
             if out.role is ir.OutputRole.DEVICE:
                 outputs.append(DeviceTensor(storage[out.buffer], self.runtime, shape, dtype, self.graph.name,
                                             out.buffer))
+                continue
+            if out.buffer in host_outputs:
+                # Written by the kernels straight into host memory: make it coherent, copy nothing.
+                sync_shared(self.runtime, storage[out.buffer], buf.nbytes, write=False)
+                BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output", copied=False)
+                outputs.append(host_outputs[out.buffer].reshape(shape))
                 continue
             tensor, event = download(self.runtime, storage[out.buffer], shape, dtype, wait=False)
             BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output")

@@ -1,13 +1,16 @@
-"""Residency of host tensors on the device: upload once, again only when the host changed them.
+"""Host tensors on the device: shared in place where memory is unified, else uploaded and kept.
 
-A host tensor's device copy is reused while the tensor is the same object with the same storage
-pointer and the same version counter (PyTorch bumps ``_version`` on every in-place change, which
-is how an optimizer step invalidates a parameter's copy). Parameters and buffers (static inputs)
-stay resident for the tensor's lifetime; other inputs (batches) are kept in a small
-most-recently-used set, enough for the backward to reuse what the forward uploaded.
+Zero-copy (unified-memory devices: phones, PoCL): a host tensor's own memory becomes the OpenCL
+buffer (``CL_MEM_USE_HOST_PTR``); kernels read and write it in place and nothing is copied. A
+map/unmap pair after the host changed the tensor (and after the device wrote it) is the
+coherence step OpenCL requires; on such devices it moves no data.
 
-Contract: changes that bypass the version counter (writing through ``.data``, through a NumPy
-view of the tensor, or from C code) are invisible; call :func:`invalidate` after such a change.
+Copies (discrete GPUs, or ``zero_copy=False``): a tensor is uploaded once and again only when its
+version counter moved (PyTorch bumps ``_version`` on every in-place change: an optimizer step
+invalidates a parameter's copy). Parameters and buffers (static inputs) stay resident for the
+tensor's lifetime; other inputs (batches) live in a small most-recently-used set, enough for the
+backward to reuse what the forward uploaded. Contract: changes that bypass the version counter
+(writing through ``.data``, a NumPy view, C code) are not seen; call :meth:`invalidate`.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ TRANSIENT_SLOTS = 16
 @dataclass
 class _Entry:
     ref: weakref.ref[torch.Tensor]
-    version: int
+    version: int | None
     data_ptr: int
     nbytes: int
     buffer: cl.Buffer
+    shared: bool
 
 
 def host_array(tensor: torch.Tensor) -> np.ndarray:
-    """A contiguous NumPy view (or copy) of a CPU tensor's elements, in storage dtype."""
+    """A NumPy view of a contiguous CPU tensor's elements (a copy if it is not contiguous)."""
     t = tensor.detach()
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
@@ -51,11 +55,29 @@ def version_of(tensor: torch.Tensor) -> int | None:
         return None
 
 
-class Residency:
-    """Device copies of host tensors for one device runtime."""
+def sync_shared(runtime: DeviceRuntime, buffer: cl.Buffer, nbytes: int, write: bool) -> None:
+    """Make a host-pointer buffer coherent: after host writes (``write``) or before host reads."""
+    if nbytes == 0:
+        return
+    flags = cl.map_flags.WRITE if write else cl.map_flags.READ
+    mapped, _ = cl.enqueue_map_buffer(runtime.queue, buffer, flags, 0, (nbytes,), np.uint8, is_blocking=True)
+    mapped.base.release(runtime.queue)
 
-    def __init__(self, runtime: DeviceRuntime) -> None:
+
+def shared_buffer(runtime: DeviceRuntime, tensor: torch.Tensor) -> cl.Buffer:
+    """An OpenCL buffer over the tensor's own memory (the tensor must be contiguous)."""
+    array = host_array(tensor)
+    if array.nbytes == 0:
+        return cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 1)
+    return cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=array)
+
+
+class Residency:
+    """Device views (shared) or copies of host tensors, for one device runtime."""
+
+    def __init__(self, runtime: DeviceRuntime, zero_copy: bool) -> None:
         self.runtime = runtime
+        self.zero_copy = zero_copy
         self._pinned: dict[int, _Entry] = {}
         self._transient: OrderedDict[int, _Entry] = OrderedDict()
 
@@ -63,13 +85,14 @@ class Residency:
         return len(self._pinned) + len(self._transient)
 
     def resident_bytes(self) -> int:
-        return sum(e.nbytes for e in [*self._pinned.values(), *self._transient.values()])
+        """Device bytes held as copies (shared buffers occupy host memory only)."""
+        return sum(e.nbytes for e in [*self._pinned.values(), *self._transient.values()] if not e.shared)
 
     def _lookup(self, key: int) -> _Entry | None:
         return self._pinned.get(key) or self._transient.get(key)
 
     def buffer_for(self, tensor: torch.Tensor, *, pinned: bool, graph: str, buffer: str) -> cl.Buffer:
-        """The device copy of ``tensor``, uploading it if absent or stale (counted)."""
+        """The device buffer for ``tensor``: its shared memory, or an up-to-date copy (counted)."""
         if tensor.device.type != "cpu":
             raise TypeError(
                 f"input {buffer} of {graph} is on {tensor.device}; the adreno backend takes CPU tensors "
@@ -78,30 +101,57 @@ class Residency:
         key = id(tensor)
         version = version_of(tensor)
         nbytes = tensor.numel() * tensor.element_size()
+        shared = self.zero_copy and tensor.is_contiguous()
         entry = self._lookup(key)
-        if (entry is not None and entry.ref() is tensor and version is not None and entry.version == version
-                and entry.data_ptr == tensor.data_ptr() and entry.nbytes == nbytes):
+        same_object = (entry is not None and entry.ref() is tensor and entry.data_ptr == tensor.data_ptr()
+                       and entry.nbytes == nbytes and entry.shared == shared)
+        if same_object and entry is not None and version is not None and entry.version == version:
             if key in self._transient:
                 self._transient.move_to_end(key)
             return entry.buffer
-        if entry is not None and entry.ref() is tensor and entry.nbytes == nbytes:
-            device_buffer = entry.buffer
+        reason = "parameter" if pinned else "input"
+        if shared:
+            device_buffer = entry.buffer if same_object and entry is not None else shared_buffer(self.runtime, tensor)
+            if same_object:
+                sync_shared(self.runtime, device_buffer, nbytes, write=True)
+            BUS.transfer(graph, "h2d", nbytes, buffer, reason, copied=False)
         else:
-            device_buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+            if same_object and entry is not None:
+                device_buffer = entry.buffer
+            else:
+                device_buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+            if nbytes:
+                cl.enqueue_copy(self.runtime.queue, device_buffer, host_array(tensor), is_blocking=True)
+            BUS.transfer(graph, "h2d", nbytes, buffer, reason)
+        if version is not None:
+            self._remember(tensor, key, version, nbytes, device_buffer, shared, pinned)
+        return device_buffer
+
+    def write_back(self, tensor: torch.Tensor, device_buffer: Any, graph: str, buffer: str) -> None:
+        """The device updated ``tensor`` (an optimizer step): make the host copy right again."""
+        nbytes = tensor.numel() * tensor.element_size()
+        entry = self._lookup(id(tensor))
+        if entry is not None and entry.shared and entry.buffer is device_buffer:
+            sync_shared(self.runtime, device_buffer, nbytes, write=False)
+            return
         if nbytes:
-            cl.enqueue_copy(self.runtime.queue, device_buffer, host_array(tensor), is_blocking=True)
-        BUS.transfer(graph, "h2d", nbytes, buffer, "parameter" if pinned else "input")
-        if version is None:
-            return device_buffer
+            if not tensor.is_contiguous():
+                raise RuntimeError(f"{graph}: cannot write the new value of non-contiguous input {buffer} back")
+            cl.enqueue_copy(self.runtime.queue, host_array(tensor), device_buffer, is_blocking=True)
+        BUS.transfer(graph, "d2h", nbytes, buffer, "mutation")
+
+    def _remember(self, tensor: torch.Tensor, key: int, version: int, nbytes: int, device_buffer: cl.Buffer,
+                  shared: bool, pinned: bool) -> None:
+        was_pinned = key in self._pinned
         self._forget(key)
-        new = _Entry(weakref.ref(tensor, self._make_finalizer(key)), version, tensor.data_ptr(), nbytes, device_buffer)
-        if pinned or key in self._pinned:
+        new = _Entry(weakref.ref(tensor, self._make_finalizer(key)), version, tensor.data_ptr(), nbytes,
+                     device_buffer, shared)
+        if pinned or was_pinned:
             self._pinned[key] = new
         else:
             self._transient[key] = new
             while len(self._transient) > TRANSIENT_SLOTS:
                 self._transient.popitem(last=False)
-        return device_buffer
 
     def _make_finalizer(self, key: int) -> Any:
         owner = weakref.ref(self)
