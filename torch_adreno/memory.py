@@ -156,7 +156,7 @@ def _place(items: list[tuple[str, int, int, int]], alignment: int, limit: int) -
     spans: list[list[tuple[int, int, int, int]]] = []  # per arena: (offset, end, first, last)
     for name, nbytes, first, last in sorted(items, key=lambda t: (-t[1], t[2], t[0])):
         for arena, arena_spans in enumerate([*spans, []]):
-            busy = sorted((o, e) for o, e, f, l in arena_spans if f <= last and first <= l)
+            busy = sorted((o, e) for o, e, f, end in arena_spans if f <= last and first <= end)
             offset = 0
             for o, e in busy:
                 if offset + nbytes <= o:
@@ -232,7 +232,7 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
         placed, arena_bytes = _place(items, alignment, profile.max_alloc_bytes)
     else:
         placed, arena_bytes = {}, []
-        for root, nbytes, first, last in sorted(items, key=lambda t: (t[2], t[0])):
+        for root, nbytes, _first, _last in sorted(items, key=lambda t: (t[2], t[0])):
             # No sharing: each buffer its own range, arenas filled in order up to the allocation limit.
             if not arena_bytes or _align(arena_bytes[-1], alignment) + nbytes > profile.max_alloc_bytes:
                 arena_bytes.append(0)

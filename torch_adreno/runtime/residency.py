@@ -60,8 +60,9 @@ def sync_shared(runtime: DeviceRuntime, buffer: cl.Buffer, nbytes: int, write: b
     if nbytes == 0:
         return
     flags = cl.map_flags.WRITE if write else cl.map_flags.READ
-    mapped, _ = cl.enqueue_map_buffer(runtime.queue, buffer, flags, 0, (nbytes,), np.uint8, is_blocking=True)
-    mapped.base.release(runtime.queue)
+    result: Any = cl.enqueue_map_buffer(runtime.queue, buffer, flags, 0, (nbytes,), np.dtype(np.uint8),
+                                        is_blocking=True)
+    result[0].base.release(runtime.queue)
 
 
 def shared_buffer(runtime: DeviceRuntime, tensor: torch.Tensor) -> cl.Buffer:
