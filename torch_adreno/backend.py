@@ -64,13 +64,14 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
 
 
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
-                  static_inputs: Sequence[int] = ()) -> Executable:
+                  static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset()) -> Executable:
     """Run one FX graph through every stage of the pipeline."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     graph = lower_graph(gm, config, name, num_host_outputs)
     fused = fuse(graph, config)
-    plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy)
+    plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
+                       donated=donated)
     program = render_program(fused, plan, runtime.profile)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
@@ -93,6 +94,11 @@ def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         # Outputs of the forward beyond these are saved for the backward and stay on the device.
         fw.meta["adreno_num_host_outputs"] = kwargs["num_fwd_outputs"]
+        # Saved tensors the forward computes (not its own inputs passed through) arrive in the
+        # backward as device buffers of their own: their bytes can serve it after their last use.
+        computed = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+        bw.meta["adreno_donated_inputs"] = frozenset(
+            n.name for n in bw.graph.nodes if n.op == "placeholder" and n.name in computed)
         return fw, bw
 
     def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
@@ -100,7 +106,8 @@ def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
                              _static_input_indices())
 
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
-        return compile_graph(gm, config, f"backward_{region}", None)
+        return compile_graph(gm, config, f"backward_{region}", None,
+                             donated=gm.meta.get("adreno_donated_inputs", frozenset()))
 
     def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
         return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices())
@@ -117,6 +124,45 @@ def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
     )
 
 
+#: Distinct input shapes one symbolic graph is specialised for before it is an error (a changing
+#: sequence length or batch size costs one compile per distinct shape).
+MAX_SPECIALIZATIONS = 16
+
+
+def _is_symbolic(value: Any) -> bool:
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return True
+    return isinstance(value, torch.Tensor) and any(not isinstance(s, int) for s in value.shape)
+
+
+class ShapeSpecialized:
+    """A graph Dynamo traced with symbolic shapes (after it saw a second batch size), compiled once
+    per distinct concrete input signature at its first call: kernels are generated for static
+    shapes. At most :data:`MAX_SPECIALIZATIONS` signatures."""
+
+    def __init__(self, gm: GraphModule, config: Config) -> None:
+        self.gm = gm
+        self.config = config
+        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    @staticmethod
+    def signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else (type(a), a)
+                     for a in args)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.signature(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            if len(self.compiled) >= MAX_SPECIALIZATIONS:
+                raise OptionError(
+                    f"a graph was called with more than {MAX_SPECIALIZATIONS} distinct input shapes; the adreno "
+                    "backend compiles one program per shape: pad inputs to a few fixed shapes"
+                )
+            fn = self.compiled[key] = make_backend(self.config)(self.gm, list(args))
+        return fn(*args)
+
+
 def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
                    **kwargs: Any) -> Any:
     """The ``torch.compile`` backend entry point (``backend="adreno"``)."""
@@ -126,4 +172,6 @@ def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str
             "torch.compile(model, backend='adreno', options={...})"
         )
     config = Config.from_options(options)
+    if any(_is_symbolic(x) for x in example_inputs):
+        return ShapeSpecialized(gm, config)
     return make_backend(config)(gm, example_inputs)

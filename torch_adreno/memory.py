@@ -35,6 +35,8 @@ class StorageKind(enum.Enum):
     ARENA = "arena"
     #: The new value of a mutated input, written straight into that input's own storage.
     INPUT_ALIAS = "input_alias"
+    #: Bytes of a saved activation (an input from the forward) that the backward no longer needs.
+    DONATED = "donated"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Allocation:
     last_use: int = -1
     #: The buffer whose bytes this one takes over in place (same arena range), if any.
     in_place_of: str | None = None
+    #: For DONATED storage: the input whose bytes (from ``offset``) this buffer uses.
+    donor: str | None = None
 
 
 @dataclass
@@ -91,7 +95,8 @@ class MemoryPlan:
                  f"{self.planned_arena_bytes} bytes (without sharing: {self.unshared_bytes}); "
                  f"{self.per_call_bytes} bytes per call on the device, {self.host_bytes} written to host memory"]
         for a in sorted(self.allocations.values(), key=lambda a: (a.kind.value, a.arena, a.offset, a.first_use)):
-            where = f"arena{a.arena}+{a.offset}" if a.kind is StorageKind.ARENA else a.kind.value
+            where = (f"arena{a.arena}+{a.offset}" if a.kind is StorageKind.ARENA
+                     else f"{a.donor}+{a.offset} (donated)" if a.kind is StorageKind.DONATED else a.kind.value)
             extra = f", in place of {a.in_place_of}" if a.in_place_of else ""
             lines.append(f"  {a.buffer}: {a.nbytes} B at {where}, live [{a.first_use}, {a.last_use}]{extra}")
         lines.extend(f"  note: {n}" for n in self.notes)
@@ -149,19 +154,44 @@ def _in_place_candidates(fused: FusedGraph, arena: set[str], ranges: dict[str, t
     return replaced
 
 
-def _place(items: list[tuple[str, int, int, int]], alignment: int, limit: int) -> tuple[dict[str, tuple[int, int]], list[int]]:
-    """Greedy by size: largest first, each at the lowest aligned offset of the first arena where no
-    buffer of overlapping lifetime sits. Returns name -> (arena, offset) and the arena sizes."""
-    placed: dict[str, tuple[int, int]] = {}
+def _free_offset(spans: list[tuple[int, int, int, int]], nbytes: int, first: int, last: int,
+                 alignment: int) -> int:
+    """Lowest aligned offset where ``nbytes`` are free during [first, last] among ``spans``."""
+    busy = sorted((o, e) for o, e, f, end in spans if f <= last and first <= end)
+    offset = 0
+    for o, e in busy:
+        if offset + nbytes <= o:
+            break
+        offset = max(offset, _align(e, alignment))
+    return offset
+
+
+def _place(items: list[tuple[str, int, int, int]], alignment: int, limit: int,
+           donors: list[tuple[str, int, int]], in_donor: dict[str, str]) -> tuple[dict[str, tuple[int | str, int]], list[int]]:
+    """Greedy by size: largest first. Each goes, best fit, into a donated input already dead for
+    its whole lifetime, else at the lowest aligned offset of the first arena where no buffer of
+    overlapping lifetime sits. Returns name -> (arena index or donor, offset), and arena sizes."""
+    placed: dict[str, tuple[int | str, int]] = {}
     spans: list[list[tuple[int, int, int, int]]] = []  # per arena: (offset, end, first, last)
+    donor_spans = {name: [(0, size, -1, last_use)] for name, size, last_use in donors}
+    donor_size = {name: size for name, size, _ in donors}
+    for name, nbytes, first, last in items:
+        if name in in_donor:  # written in place over the donor's last read
+            donor_spans[in_donor[name]].append((0, nbytes, first, last))
+            placed[name] = (in_donor[name], 0)
     for name, nbytes, first, last in sorted(items, key=lambda t: (-t[1], t[2], t[0])):
+        if name in placed:
+            continue
+        for donor in sorted(donor_spans, key=lambda d: (donor_size[d], d)):
+            offset = _free_offset(donor_spans[donor], nbytes, first, last, alignment)
+            if offset + nbytes <= donor_size[donor]:
+                donor_spans[donor].append((offset, offset + nbytes, first, last))
+                placed[name] = (donor, offset)
+                break
+        if name in placed:
+            continue
         for arena, arena_spans in enumerate([*spans, []]):
-            busy = sorted((o, e) for o, e, f, end in arena_spans if f <= last and first <= end)
-            offset = 0
-            for o, e in busy:
-                if offset + nbytes <= o:
-                    break
-                offset = max(offset, _align(e, alignment))
+            offset = _free_offset(arena_spans, nbytes, first, last, alignment)
             if offset + nbytes <= limit:
                 if arena == len(spans):
                     spans.append([])
@@ -173,9 +203,10 @@ def _place(items: list[tuple[str, int, int, int]], alignment: int, limit: int) -
 
 
 def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
-                shared_outputs: bool | None = None) -> MemoryPlan:
+                shared_outputs: bool | None = None, donated: frozenset[str] = frozenset()) -> MemoryPlan:
     """Plan every buffer of ``fused``. ``shared_outputs``: write outputs the caller reads straight
-    into host memory (zero-copy; default: where the device's memory is unified)."""
+    into host memory (zero-copy; default: where the device's memory is unified). ``donated``:
+    inputs (saved activations) whose bytes may be reused once the graph has read them last."""
     graph = fused.graph
     if shared_outputs is None:
         shared_outputs = profile.unified_memory
@@ -228,10 +259,20 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
         span[root] = (min(f0, first), max(l0, last), max(b0, nbytes))
     items = [(root, nbytes, first, last) for root, (first, last, nbytes) in span.items()]
     unshared = sum(_align(max(graph.buffers[n].nbytes, 1), alignment) for n in arena)
+    donors = [(name, graph.buffers[name].nbytes, ranges[name][1]) for name in sorted(donated & inputs)
+              if name in ranges and name not in graph.mutations and graph.buffers[name].nbytes > 0] if reuse else []
+    in_donor: dict[str, str] = {}
+    for donor, size, last_use in donors:
+        for root, nbytes, first, _ in items:
+            if first == last_use and nbytes <= size and root not in in_donor \
+                    and _can_overwrite(fused, first, root, donor, ranges):
+                in_donor[root] = donor
+                break
     if reuse:
-        placed, arena_bytes = _place(items, alignment, profile.max_alloc_bytes)
+        placed, arena_bytes = _place(items, alignment, profile.max_alloc_bytes, donors, in_donor)
     else:
-        placed, arena_bytes = {}, []
+        placed: dict[str, tuple[int | str, int]] = {}
+        arena_bytes = []
         for root, nbytes, _first, _last in sorted(items, key=lambda t: (t[2], t[0])):
             # No sharing: each buffer its own range, arenas filled in order up to the allocation limit.
             if not arena_bytes or _align(arena_bytes[-1], alignment) + nbytes > profile.max_alloc_bytes:
@@ -244,13 +285,19 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
         first, last = ranges.get(name, (-1, -1))
         nbytes = max(graph.buffers[name].nbytes, 1)
         if kind is StorageKind.ARENA:
-            arena_index, offset = placed[root_of[name]]
-            allocations[name] = Allocation(name, kind, nbytes, arena_index, offset, first, last, replaced.get(name))
+            where, offset = placed[root_of[name]]
+            if isinstance(where, str):
+                allocations[name] = Allocation(name, StorageKind.DONATED, nbytes, -1, offset, first, last,
+                                               replaced.get(name), donor=where)
+            else:
+                allocations[name] = Allocation(name, kind, nbytes, where, offset, first, last, replaced.get(name))
         else:
             allocations[name] = Allocation(name, kind, nbytes, first_use=first, last_use=last,
                                            in_place_of=mutated_in_place.get(name))
     plan = MemoryPlan(allocations, arena_bytes, alignment, reuse, unshared)
     plan.notes.extend(f"{out} overwrites {src} in place" for out, src in replaced.items())
+    plan.notes.extend(f"{d} is released after kernel {last}: its bytes serve later buffers"
+                      for d, _, last in donors if any(a.donor == d for a in allocations.values()))
     plan.notes.extend(f"{value} updates input {target} in its own storage" for value, target in mutated_in_place.items())
     plan.notes.extend(f"{value} is copied into input {target} after the last kernel"
                       for target, value in graph.mutations.items() if value not in mutated_in_place)

@@ -19,7 +19,7 @@ from typing import Any
 import pyopencl as cl
 
 from torch_adreno.runtime import events
-from torch_adreno.runtime.events import HostOpRecord, LaunchRecord, TransferRecord
+from torch_adreno.runtime.events import GraphRunRecord, HostOpRecord, LaunchRecord, TransferRecord
 
 
 @dataclass
@@ -47,9 +47,13 @@ class profile:
         self.kernels: list[KernelRecord] = []
         self.transfers: list[TransferRecord] = []
         self.host_ops: list[HostOpRecord] = []
+        self.graph_runs: list[GraphRunRecord] = []
         self._active = False
 
     # -- subscriber interface ------------------------------------------------------------------
+
+    def on_graph(self, record: GraphRunRecord) -> None:
+        self.graph_runs.append(record)
 
     def on_launch(self, record: LaunchRecord) -> None:
         k = record.kernel
@@ -120,6 +124,15 @@ class profile:
     @property
     def bytes_kernel_written(self) -> int:
         return sum(k.bytes_written for k in self.kernels)
+
+    @property
+    def peak_device_bytes(self) -> dict[str, dict[str, int]]:
+        """Per compiled graph run here: ``planned`` (with reuse), ``unshared`` (what the same
+        buffers need without reuse) and ``allocated`` device bytes."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.graph_runs:
+            out[r.graph] = {"planned": r.planned_bytes, "unshared": r.unshared_bytes, "allocated": r.allocated_bytes}
+        return out
 
     @property
     def device_time_us(self) -> float:

@@ -12,9 +12,9 @@ import threading
 from dataclasses import dataclass
 
 import pyopencl as cl
-import pyopencl.tools as cl_tools
 
 from torch_adreno.errors import DeviceNotFoundError
+from torch_adreno.runtime.pool import BufferPool
 from torch_adreno.target import DeviceProfile
 
 ENV_DEVICE = "TORCH_ADRENO_DEVICE"
@@ -120,7 +120,7 @@ class DeviceRuntime:
         self.context = cl.Context([entry.device])
         self.queue = cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.profile = profile_of(entry, self.context)
-        self.pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(self.queue))
+        self.pool = BufferPool(self.context)
 
     def __repr__(self) -> str:
         return f"DeviceRuntime({self.entry.label})"

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_map
 
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS
+from torch_adreno.runtime.pool import Block
 
 _NUMPY_STORAGE = {
     torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.uint8,
@@ -38,23 +39,42 @@ def download(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype:
 
 
 class DeviceTensor(torch.Tensor):
-    """A tensor of ``shape``/``dtype`` whose elements are in ``cl_buffer`` (contiguous)."""
+    """A tensor of ``shape``/``dtype`` whose elements are in a pooled device buffer (contiguous).
 
-    cl_buffer: Any
+    A backward graph may reuse the bytes of a saved activation after its last use (memory reuse):
+    it then marks the tensor ``consumed``, and any later use raises instead of reading garbage.
+    """
+
+    block: Block
     runtime: DeviceRuntime
     graph: str
     buffer_name: str
+    consumed_by: str | None
 
     @staticmethod
-    def __new__(cls, cl_buffer: Any, runtime: DeviceRuntime, shape: tuple[int, ...], dtype: torch.dtype,
+    def __new__(cls, block: Block, runtime: DeviceRuntime, shape: tuple[int, ...], dtype: torch.dtype,
                 graph: str, buffer_name: str) -> DeviceTensor:
         self = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=torch.device("cpu"),
                                                  requires_grad=False)
-        self.cl_buffer = cl_buffer
+        self.block = block
         self.runtime = runtime
         self.graph = graph
         self.buffer_name = buffer_name
+        self.consumed_by = None
         return self
+
+    @property
+    def cl_buffer(self) -> Any:
+        self.check_live()
+        return self.block.buffer
+
+    def check_live(self) -> None:
+        if self.consumed_by is not None:
+            raise RuntimeError(
+                f"tensor {self.buffer_name} saved by {self.graph} was already used by {self.consumed_by}, which "
+                "reused its memory after its last use; running a backward twice (retain_graph=True) or reading "
+                "saved tensors afterwards needs torch.compile(..., options={'memory_reuse': False})"
+            )
 
     def to_host(self) -> torch.Tensor:
         """The tensor's values as an ordinary host tensor (a counted device-to-host copy)."""

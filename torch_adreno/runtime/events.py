@@ -38,6 +38,18 @@ class TransferRecord:
 
 
 @dataclass(frozen=True)
+class GraphRunRecord:
+    """One call of a compiled graph, with its memory: planned bytes (arenas + what escapes the call
+    + outputs written to host memory), the same without any sharing, and device bytes allocated
+    (arenas, once per graph, plus this call's escaping buffers)."""
+
+    graph: str
+    planned_bytes: int
+    unshared_bytes: int
+    allocated_bytes: int
+
+
+@dataclass(frozen=True)
 class HostOpRecord:
     graph: str
     op: str
@@ -45,6 +57,7 @@ class HostOpRecord:
 
 
 class Subscriber(Protocol):
+    def on_graph(self, record: GraphRunRecord) -> None: ...
     def on_launch(self, record: LaunchRecord) -> None: ...
     def on_transfer(self, record: TransferRecord) -> None: ...
     def on_host_op(self, record: HostOpRecord) -> None: ...
@@ -57,6 +70,10 @@ class _Bus:
     @property
     def active(self) -> bool:
         return bool(self.subscribers)
+
+    def graph(self, record: GraphRunRecord) -> None:
+        for s in self.subscribers:
+            s.on_graph(record)
 
     def launch(self, record: LaunchRecord) -> None:
         for s in self.subscribers:

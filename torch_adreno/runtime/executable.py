@@ -23,7 +23,7 @@ from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download
-from torch_adreno.runtime.events import BUS, HostOpRecord, LaunchRecord
+from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
 from torch_adreno.runtime.residency import Residency, host_array, shared_buffer, sync_shared
 
 
@@ -75,6 +75,7 @@ class Executable:
                     dynamic.append((i, name))
             self._steps.append(_Launch(kernel, step, dynamic, 0 in step.global_size))
         self._input_positions = {name: pos for pos, name in enumerate(self.graph.inputs) if name is not None}
+        self._donors = sorted({a.donor for a in plan.allocations.values() if a.donor is not None})
 
     @property
     def kernel_launches(self) -> int:
@@ -98,6 +99,7 @@ class Executable:
             value = args[pos]
             self._check_input(name, value)
             if isinstance(value, DeviceTensor):
+                value.check_live()
                 if value.runtime is not self.runtime:
                     raise ValueError(f"{self.graph.name}: input {name} lives on another device ({value.runtime})")
                 bound[name] = value.cl_buffer
@@ -131,9 +133,16 @@ class Executable:
         storage = dict(self._static)
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
-        for name, alloc in self.program.plan.allocations.items():
+        blocks: dict[str, Any] = {}
+        plan = self.program.plan
+        for name, alloc in plan.allocations.items():
             if alloc.kind is StorageKind.PER_CALL:
-                storage[name] = self.runtime.pool.allocate(alloc.nbytes)
+                blocks[name] = self.runtime.pool.allocate(alloc.nbytes)
+                storage[name] = blocks[name].buffer
+            elif alloc.kind is StorageKind.DONATED and plan.storage_root(name) == name:
+                assert alloc.donor is not None
+                donor = self._donor_storage(alloc.donor, args, storage, blocks)
+                storage[name] = donor.get_sub_region(alloc.offset, alloc.nbytes)
             elif alloc.kind is StorageKind.HOST:
                 buf = self.graph.buffers[name]
                 host_outputs[name] = torch.empty(buf.shape, dtype=IR_TO_TORCH[buf.dtype])
@@ -141,8 +150,16 @@ class Executable:
             elif alloc.kind is StorageKind.INPUT_ALIAS:
                 assert alloc.in_place_of is not None
                 storage[name] = storage[alloc.in_place_of]
+        for name, alloc in plan.allocations.items():
+            if alloc.kind is StorageKind.DONATED and plan.storage_root(name) != name:
+                storage[name] = storage[plan.storage_root(name)]
         queue = self.runtime.queue
         record = BUS.active
+        if record:
+            plan = self.program.plan
+            unshared = plan.unshared_bytes + plan.per_call_bytes + plan.host_bytes
+            BUS.graph(GraphRunRecord(self.graph.name, plan.planned_peak_bytes, unshared,
+                                     self.allocated_bytes + plan.per_call_bytes))
         for step in self._steps:
             if isinstance(step, HostStep):
                 self._run_host_step(step, storage)
@@ -155,7 +172,24 @@ class Executable:
             if record:
                 BUS.launch(LaunchRecord(self.graph.name, step.source, event))
         self._apply_mutations(args, storage)
-        return self._collect_outputs(args, storage, host_outputs)
+        outputs = self._collect_outputs(args, storage, host_outputs, blocks)
+        for donor in self._donors:
+            arg = args[self._input_positions[donor]]
+            if isinstance(arg, DeviceTensor):
+                arg.consumed_by = self.graph.name
+        return outputs
+
+    def _donor_storage(self, donor: str, args: Sequence[Any], storage: dict[str, Any],
+                       blocks: dict[str, Any]) -> Any:
+        """The bytes planned inside a saved activation: the activation's own buffer when it came as a
+        device tensor; when AOTAutograd handed a host tensor instead (a view of a forward input it
+        rebuilt), a scratch block of the same size, so the host tensor is never overwritten."""
+        if isinstance(args[self._input_positions[donor]], DeviceTensor):
+            return storage[donor]
+        key = f"scratch:{donor}"
+        if key not in blocks:
+            blocks[key] = self.runtime.pool.allocate(self.graph.buffers[donor].nbytes)
+        return blocks[key].buffer
 
     def _apply_mutations(self, args: Sequence[Any], storage: dict[str, Any]) -> None:
         """New values of mutated inputs into the inputs' storage, and their host copies made right."""
@@ -171,7 +205,7 @@ class Executable:
             self.residency.write_back(arg, storage[target], self.graph.name, target)
 
     def _collect_outputs(self, args: Sequence[Any], storage: dict[str, Any],
-                         host_outputs: dict[str, torch.Tensor]) -> list[Any]:
+                         host_outputs: dict[str, torch.Tensor], blocks: dict[str, Any]) -> list[Any]:
         outputs: list[Any] = []
         pending: list[cl.Event] = []
         for out in self.graph.outputs:
@@ -186,7 +220,7 @@ class Executable:
             buf = self.graph.buffers[out.buffer]
             dtype = IR_TO_TORCH[buf.dtype]
             if out.role is ir.OutputRole.DEVICE:
-                outputs.append(DeviceTensor(storage[out.buffer], self.runtime, shape, dtype, self.graph.name,
+                outputs.append(DeviceTensor(blocks[out.buffer], self.runtime, shape, dtype, self.graph.name,
                                             out.buffer))
                 continue
             if out.buffer in host_outputs:
