@@ -268,11 +268,11 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
                     and _can_overwrite(fused, first, root, donor, ranges):
                 in_donor[root] = donor
                 break
+    placed: dict[str, tuple[int | str, int]] = {}
+    arena_bytes: list[int] = []
     if reuse:
         placed, arena_bytes = _place(items, alignment, profile.max_alloc_bytes, donors, in_donor)
     else:
-        placed: dict[str, tuple[int | str, int]] = {}
-        arena_bytes = []
         for root, nbytes, _first, _last in sorted(items, key=lambda t: (t[2], t[0])):
             # No sharing: each buffer its own range, arenas filled in order up to the allocation limit.
             if not arena_bytes or _align(arena_bytes[-1], alignment) + nbytes > profile.max_alloc_bytes:
