@@ -131,8 +131,20 @@ class profile:
         buffers need without reuse) and ``allocated`` device bytes."""
         out: dict[str, dict[str, int]] = {}
         for r in self.graph_runs:
-            out[r.graph] = {"planned": r.planned_bytes, "unshared": r.unshared_bytes, "allocated": r.allocated_bytes}
+            out[r.graph] = {"planned": r.planned_bytes, "unshared": r.unshared_bytes, "allocated": r.allocated_bytes,
+                            "escaping": r.escaping_bytes}
         return out
+
+    def step_peak_device_bytes(self, which: str = "planned") -> int:
+        """Peak device bytes of the graphs run here, in order, taking ``which`` ("planned" or
+        "unshared") bytes for each and keeping what each leaves on the device (saved activations,
+        freed when the backward that uses them is done: the graphs after it) alive meanwhile."""
+        peak, carried = 0, 0
+        for r in self.graph_runs:
+            own = r.planned_bytes if which == "planned" else r.unshared_bytes
+            peak = max(peak, carried + own)
+            carried = r.escaping_bytes if r.escaping_bytes else 0
+        return peak
 
     @property
     def device_time_us(self) -> float:

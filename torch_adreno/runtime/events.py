@@ -47,6 +47,8 @@ class GraphRunRecord:
     planned_bytes: int
     unshared_bytes: int
     allocated_bytes: int
+    #: Of ``planned_bytes``: what outlives the call on the device (saved activations).
+    escaping_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ class Executable:
             plan = self.program.plan
             unshared = plan.unshared_bytes + plan.per_call_bytes + plan.host_bytes
             BUS.graph(GraphRunRecord(self.graph.name, plan.planned_peak_bytes, unshared,
-                                     self.allocated_bytes + plan.per_call_bytes))
+                                     self.allocated_bytes + plan.per_call_bytes, plan.per_call_bytes))
         for step in self._steps:
             if isinstance(step, HostStep):
                 self._run_host_step(step, storage)

@@ -1,0 +1,118 @@
+"""Device memory and host<->device traffic of a training step, per reference model.
+
+* Peak device memory of the step (forward, then backward while the saved activations live), as
+  planned with memory reuse and without, next to eager PyTorch's torch.cuda.max_memory_allocated
+  for the same step where CUDA is available.
+* Bytes copied host->device and device->host per step with the optimizer on the host and with
+  ``torch.compile(opt.step, backend="adreno")``, with copies and with zero-copy sharing, next to
+  the minimum (batch + labels + loss).
+
+    python benchmarks/memory.py --models resnet_mini transformer
+
+Appends JSON lines to benchmarks/results/memory.jsonl (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import RESULTS, append_jsonl, run_context  # noqa: E402
+
+import torch_adreno  # noqa: E402
+from torch_adreno.models import MODELS  # noqa: E402
+
+
+def _loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(m(x), y)
+
+
+def measure(model_name: str, options: dict[str, Any], optimizer_on_device: bool) -> dict[str, Any]:
+    torch._dynamo.reset()
+    spec = MODELS[model_name]
+    torch.manual_seed(0)
+    model = spec.make()
+    x, y = spec.batch(torch.Generator().manual_seed(0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step_loss = torch.compile(_loss, backend="adreno", options=options, dynamic=False)
+    step = torch.compile(opt.step, backend="adreno", options=options) if optimizer_on_device else opt.step
+    for _ in range(2):
+        opt.zero_grad()
+        step_loss(model, x, y).backward()
+        step()
+    with torch_adreno.profile() as prof:
+        opt.zero_grad()
+        loss = step_loss(model, x, y)
+        loss.backward()
+        step()
+    minimum = x.numel() * x.element_size() + y.numel() * y.element_size() + loss.element_size()
+    return {
+        "model": model_name, "options": options, "optimizer_on_device": optimizer_on_device,
+        "bytes_host_to_device": prof.bytes_host_to_device, "bytes_device_to_host": prof.bytes_device_to_host,
+        "bytes_shared": prof.bytes_shared, "minimum_bytes": minimum,
+        "copied_over_minimum": (prof.bytes_host_to_device + prof.bytes_device_to_host) / minimum,
+        "step_peak_planned": prof.step_peak_device_bytes("planned"),
+        "step_peak_unshared": prof.step_peak_device_bytes("unshared"),
+        "graphs": prof.peak_device_bytes, "saved_activation_bytes_crossing":
+            prof.transfer_bytes("d2h", "saved_activation", copied=None) + prof.transfer_bytes("h2d", "saved_activation", copied=None),
+    }
+
+
+def eager_cuda_peak(model_name: str) -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    spec = MODELS[model_name]
+    torch.manual_seed(0)
+    model = copy.deepcopy(spec.make()).cuda()
+    x, y = (t.cuda() for t in spec.batch(torch.Generator().manual_seed(0)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(2):
+        opt.zero_grad()
+        _loss(model, x, y).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    opt.zero_grad()
+    _loss(model, x, y).backward()
+    opt.step()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS / "memory.jsonl")
+    args = parser.parse_args()
+    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
+    base = {"device": device} if device is not None else {}
+    context = run_context(device)
+    print(f"{'model':<12} {'peak MB reuse/none':>20} {'ratio':>6} {'eager CUDA MB':>14}   "
+          f"copied bytes/step over minimum: host opt, device opt (copies) | device opt (zero-copy)")
+    for model in args.models:
+        rows = [measure(model, {**base, "zero_copy": False}, False),
+                measure(model, {**base, "zero_copy": False}, True),
+                measure(model, {**base, "zero_copy": True}, True)]
+        eager_peak = eager_cuda_peak(model)
+        for r in rows:
+            r["eager_cuda_peak_bytes"] = eager_peak
+        append_jsonl(args.out, [{**r, **context, "benchmark": "memory"} for r in rows])
+        a = rows[0]
+        eager = f"{eager_peak / 1e6:.1f}" if eager_peak else "n/a"
+        print(f"{model:<12} {a['step_peak_planned'] / 1e6:>9.1f}/{a['step_peak_unshared'] / 1e6:<9.1f} "
+              f"{a['step_peak_planned'] / a['step_peak_unshared']:>6.2f} {eager:>14}   "
+              + ", ".join(f"{r['copied_over_minimum']:.1f}x" for r in rows[:2]) + f" | {rows[2]['copied_over_minimum']:.2f}x"
+              + f"  (minimum {a['minimum_bytes']} B)")
+
+
+if __name__ == "__main__":
+    main()
