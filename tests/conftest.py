@@ -16,3 +16,20 @@ def _fresh_dynamo():
     torch.manual_seed(0)
     yield
     torch._dynamo.reset()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked unified_memory are skipped, with the reason, on a discrete device."""
+    from torch_adreno.runtime import get_runtime
+
+    marked = [i for i in items if i.get_closest_marker("unified_memory")]
+    if not marked:
+        return
+    try:
+        unified = get_runtime(None).profile.unified_memory
+    except Exception:  # no device: the device tests report that themselves
+        return
+    if not unified:
+        skip = pytest.mark.skip(reason="zero-copy without transfers needs a unified-memory device")
+        for item in marked:
+            item.add_marker(skip)

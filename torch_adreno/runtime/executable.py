@@ -226,7 +226,8 @@ class Executable:
             if out.buffer in host_outputs:
                 # Written by the kernels straight into host memory: make it coherent, copy nothing.
                 sync_shared(self.runtime, storage[out.buffer], buf.nbytes, write=False)
-                BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output", copied=False)
+                BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output",
+                             copied=not self.runtime.profile.unified_memory)
                 outputs.append(host_outputs[out.buffer].reshape(shape))
                 continue
             tensor, event = download(self.runtime, storage[out.buffer], shape, dtype, wait=False)

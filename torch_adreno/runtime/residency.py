@@ -115,7 +115,8 @@ class Residency:
             device_buffer = entry.buffer if same_object and entry is not None else shared_buffer(self.runtime, tensor)
             if same_object:
                 sync_shared(self.runtime, device_buffer, nbytes, write=True)
-            BUS.transfer(graph, "h2d", nbytes, buffer, reason, copied=False)
+            # On a discrete GPU, host memory used in place still crosses the bus: count it as copied.
+            BUS.transfer(graph, "h2d", nbytes, buffer, reason, copied=not self.runtime.profile.unified_memory)
         else:
             if same_object and entry is not None:
                 device_buffer = entry.buffer
