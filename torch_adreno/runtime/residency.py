@@ -38,6 +38,16 @@ class _Entry:
     nbytes: int
     buffer: cl.Buffer
     shared: bool
+    #: For shared entries: a view keeping the host memory alive until the buffer over it is released.
+    memory: np.ndarray | None = None
+
+    def release(self) -> None:
+        """Release the OpenCL buffer before the host memory under it may go (drivers that pin
+        host memory must not find it freed). Called once the tensor has died; every call that
+        used the buffer has waited for its kernels by then."""
+        if self.shared:
+            self.buffer.release()
+        self.memory = None
 
 
 def host_array(tensor: torch.Tensor) -> np.ndarray:
@@ -145,15 +155,16 @@ class Residency:
     def _remember(self, tensor: torch.Tensor, key: int, version: int, nbytes: int, device_buffer: cl.Buffer,
                   shared: bool, pinned: bool) -> None:
         was_pinned = key in self._pinned
-        self._forget(key)
+        self._pinned.pop(key, None)
+        self._transient.pop(key, None)
         new = _Entry(weakref.ref(tensor, self._make_finalizer(key)), version, tensor.data_ptr(), nbytes,
-                     device_buffer, shared)
+                     device_buffer, shared, host_array(tensor) if shared else None)
         if pinned or was_pinned:
             self._pinned[key] = new
         else:
             self._transient[key] = new
             while len(self._transient) > TRANSIENT_SLOTS:
-                self._transient.popitem(last=False)
+                self._transient.popitem(last=False)  # still alive: its memory outlives the buffer
 
     def _make_finalizer(self, key: int) -> Any:
         owner = weakref.ref(self)
@@ -166,6 +177,7 @@ class Residency:
                 entry = table.get(key)
                 if entry is not None and entry.ref is ref:
                     del table[key]
+                    entry.release()
 
         return forget
 
