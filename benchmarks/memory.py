@@ -97,11 +97,11 @@ def main() -> None:
     base = {"device": device} if device is not None else {}
     context = run_context(device)
     print(f"{'model':<12} {'peak MB reuse/none':>20} {'ratio':>6} {'eager CUDA MB':>14}   "
-          f"copied bytes/step over minimum: host opt, device opt (copies) | device opt (zero-copy)")
+          f"copied bytes/step over minimum: host opt, device opt (copies) | device opt (zero-copy where unified)")
     for model in args.models:
         rows = [measure(model, {**base, "zero_copy": False}, False),
                 measure(model, {**base, "zero_copy": False}, True),
-                measure(model, {**base, "zero_copy": True}, True)]
+                measure(model, {**base, "zero_copy": "auto"}, True)]
         eager_peak = eager_cuda_peak(model)
         for r in rows:
             r["eager_cuda_peak_bytes"] = eager_peak

@@ -17,7 +17,7 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@pytest.mark.parametrize("zero_copy", [False, True])
+@pytest.mark.parametrize("zero_copy", [False, pytest.param(True, marks=pytest.mark.unified_memory)])
 @pytest.mark.parametrize("model_name", ["mlp", "lenet"])
 def test_step_moves_only_batch_parameters_outputs_and_gradients(model_name, zero_copy):
     """Copies: exactly batch + output gradient + changed parameters up, output + gradients down.

@@ -90,7 +90,7 @@ def test_arenas_respect_the_largest_allocation():
 @pytest.mark.device
 @pytest.mark.parametrize("case", ["gemm_epilogue", "log_softmax_nll", "mean_var", "conv_bias_relu_pool"])
 @pytest.mark.parametrize("reuse", [True, False])
-@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("zero_copy", [pytest.param(True, marks=pytest.mark.unified_memory), False])
 def test_numerics_with_and_without_reuse_and_sharing(case, reuse, zero_copy):
     fn, *shapes = FUSION_CASES[case]
     assert_matches_eager(fn, *[torch.randn(*s) for s in shapes], atol=1e-4,
@@ -105,7 +105,7 @@ def _optimizer(name, params):
 
 @pytest.mark.device
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
-@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("zero_copy", [pytest.param(True, marks=pytest.mark.unified_memory), False])
 def test_on_device_optimizer_keeps_host_copies_right(opt_name, zero_copy):
     spec = MODELS["lenet"]
     model = spec.make()

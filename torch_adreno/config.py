@@ -95,7 +95,8 @@ OPTIONS: dict[str, OptionSpec] = {
         OptionSpec(
             "zero_copy", _auto_bool, "auto", "TORCH_ADRENO_ZERO_COPY",
             "use host tensors' memory in place on the device instead of copying ('auto', the default: "
-            "on unified-memory devices such as phones and PoCL; True forces it; False always copies)",
+            "on unified-memory devices such as phones and PoCL; True requires such a device; False "
+            "always copies)",
         ),
     )
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torch_adreno.errors import OptionError
 from torch_adreno.runtime.device import DeviceRuntime, get_runtime, list_devices, select_device
 from torch_adreno.runtime.device_tensor import DeviceTensor
 from torch_adreno.runtime.executable import Executable
@@ -21,6 +22,11 @@ def get_residency(runtime: DeviceRuntime, zero_copy: str | bool = "auto") -> Res
     ``zero_copy="auto"`` shares host memory in place where the device's memory is unified.
     """
     shared = runtime.profile.unified_memory if zero_copy == "auto" else bool(zero_copy)
+    if shared and not runtime.profile.unified_memory:
+        raise OptionError(
+            f"zero_copy=True needs a device with unified memory; {runtime.entry.label} has its own memory, so "
+            "host memory used in place would still cross the bus: use zero_copy='auto' or False"
+        )
     res = _residencies.get((id(runtime), shared))
     if res is None:
         res = _residencies[(id(runtime), shared)] = Residency(runtime, shared)

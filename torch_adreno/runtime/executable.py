@@ -75,6 +75,9 @@ class Executable:
                     dynamic.append((i, name))
             self._steps.append(_Launch(kernel, step, dynamic, 0 in step.global_size))
         self._input_positions = {name: pos for pos, name in enumerate(self.graph.inputs) if name is not None}
+        # The buffers of the last call stay referenced until the next call binds new ones: a kernel
+        # object never points at a released buffer (some drivers fault when it does).
+        self._last_call: dict[str, Any] = {}
         self._donors = sorted({a.donor for a in plan.allocations.values() if a.donor is not None})
 
     @property
@@ -173,6 +176,7 @@ class Executable:
                 BUS.launch(LaunchRecord(self.graph.name, step.source, event))
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)
+        self._last_call = storage
         for donor in self._donors:
             arg = args[self._input_positions[donor]]
             if isinstance(arg, DeviceTensor):
