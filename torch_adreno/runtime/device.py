@@ -7,6 +7,7 @@ case-insensitive substring of "platform: device".
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from dataclasses import dataclass
@@ -128,6 +129,18 @@ class DeviceRuntime:
 
 _runtimes: dict[int, DeviceRuntime] = {}
 _lock = threading.Lock()
+
+
+@atexit.register
+def _shutdown() -> None:
+    """Finish every queue and hand pooled buffers back while the OpenCL driver is still loaded:
+    some drivers fault when objects are released during interpreter teardown."""
+    for rt in list(_runtimes.values()):
+        try:
+            rt.queue.finish()
+            rt.pool.release_free()
+        except cl.Error:
+            pass
 
 
 def get_runtime(spec: str | int | None = None) -> DeviceRuntime:
