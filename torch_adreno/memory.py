@@ -5,13 +5,14 @@
   gets fresh storage for them (``PER_CALL``), released when the later graph is done with them.
 * Outputs the caller reads on the host are written straight into host memory on unified-memory
   devices (``HOST``: phones, PoCL; no copy), else they live in the arena and are copied back.
-* Everything else lives in arenas allocated once per compiled graph: aligned sub-ranges of device
-  buffers no larger than the device's maximum single allocation.
+* Everything else lives in slots allocated once per compiled graph (``ARENA``: device buffers,
+  each at most the device's largest single allocation).
 
-Reuse: buffers whose lifetimes (first to last kernel touching them) do not overlap share arena
-bytes, placed greedily largest first, each at the lowest aligned offset free for its whole
-lifetime. In place: a pointwise kernel that reads a buffer for the last time, element for
-element where it writes another of the same size, writes into the same bytes.
+Reuse: buffers whose lifetimes (first to last kernel touching them) do not overlap share one
+device buffer (a slot), assigned greedily largest first; in the backward, a saved activation is
+such a slot once read for the last time. In place: a pointwise kernel that reads a buffer for the
+last time, element for element where it writes another of the same size, writes into the same
+bytes. Every buffer starts at its slot's first byte: no partially overlapping sub-buffers.
 
 Invariant (tested): two arena buffers live at the same time never overlap, except a buffer and the
 in-place result that replaces it element by element.
@@ -154,52 +155,43 @@ def _in_place_candidates(fused: FusedGraph, arena: set[str], ranges: dict[str, t
     return replaced
 
 
-def _free_offset(spans: list[tuple[int, int, int, int]], nbytes: int, first: int, last: int,
-                 alignment: int) -> int:
-    """Lowest aligned offset where ``nbytes`` are free during [first, last] among ``spans``."""
-    busy = sorted((o, e) for o, e, f, end in spans if f <= last and first <= end)
-    offset = 0
-    for o, e in busy:
-        if offset + nbytes <= o:
-            break
-        offset = max(offset, _align(e, alignment))
-    return offset
-
-
-def _place(items: list[tuple[str, int, int, int]], alignment: int, limit: int,
-           donors: list[tuple[str, int, int]], in_donor: dict[str, str]) -> tuple[dict[str, tuple[int | str, int]], list[int]]:
-    """Greedy by size: largest first. Each goes, best fit, into a donated input already dead for
-    its whole lifetime, else at the lowest aligned offset of the first arena where no buffer of
-    overlapping lifetime sits. Returns name -> (arena index or donor, offset), and arena sizes."""
+def _place(items: list[tuple[str, int, int, int]], donors: list[tuple[str, int, int]],
+           in_donor: dict[str, str]) -> tuple[dict[str, tuple[int | str, int]], list[int]]:
+    """Assign buffers to storage slots, largest first: a slot (one device buffer) is shared by
+    buffers whose lifetimes do not overlap. A donated input is a slot that becomes free after its
+    last read. Every buffer starts at its slot's first byte, so no two views of one allocation
+    ever overlap partially (some drivers fault on overlapping sub-buffers).
+    Returns name -> (slot index or donor, 0) and the slot sizes."""
     placed: dict[str, tuple[int | str, int]] = {}
-    spans: list[list[tuple[int, int, int, int]]] = []  # per arena: (offset, end, first, last)
-    donor_spans = {name: [(0, size, -1, last_use)] for name, size, last_use in donors}
+    slots: list[tuple[int, list[tuple[int, int]]]] = []  # (size, [(first, last)])
+    donor_busy = {name: [(-1, last_use)] for name, _, last_use in donors}
     donor_size = {name: size for name, size, _ in donors}
-    for name, nbytes, first, last in items:
+
+    def free(busy: list[tuple[int, int]], first: int, last: int) -> bool:
+        return all(last < f or l < first for f, l in busy)
+
+    for name, _, first, last in items:
         if name in in_donor:  # written in place over the donor's last read
-            donor_spans[in_donor[name]].append((0, nbytes, first, last))
+            donor_busy[in_donor[name]].append((first, last))
             placed[name] = (in_donor[name], 0)
     for name, nbytes, first, last in sorted(items, key=lambda t: (-t[1], t[2], t[0])):
         if name in placed:
             continue
-        for donor in sorted(donor_spans, key=lambda d: (donor_size[d], d)):
-            offset = _free_offset(donor_spans[donor], nbytes, first, last, alignment)
-            if offset + nbytes <= donor_size[donor]:
-                donor_spans[donor].append((offset, offset + nbytes, first, last))
-                placed[name] = (donor, offset)
-                break
-        if name in placed:
+        fitting = [d for d in donor_busy if donor_size[d] >= nbytes and free(donor_busy[d], first, last)]
+        if fitting:
+            donor = min(fitting, key=lambda d: (donor_size[d], d))
+            donor_busy[donor].append((first, last))
+            placed[name] = (donor, 0)
             continue
-        for arena, arena_spans in enumerate([*spans, []]):
-            offset = _free_offset(arena_spans, nbytes, first, last, alignment)
-            if offset + nbytes <= limit:
-                if arena == len(spans):
-                    spans.append([])
-                spans[arena].append((offset, offset + nbytes, first, last))
-                placed[name] = (arena, offset)
+        for index, (size, busy) in enumerate(slots):
+            if size >= nbytes and free(busy, first, last):
+                busy.append((first, last))
+                placed[name] = (index, 0)
                 break
-    sizes = [max((e for _, e, _, _ in arena_spans), default=0) for arena_spans in spans]
-    return placed, sizes
+        else:
+            slots.append((nbytes, [(first, last)]))
+            placed[name] = (len(slots) - 1, 0)
+    return placed, [size for size, _ in slots]
 
 
 def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
@@ -271,15 +263,11 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
     placed: dict[str, tuple[int | str, int]] = {}
     arena_bytes: list[int] = []
     if reuse:
-        placed, arena_bytes = _place(items, alignment, profile.max_alloc_bytes, donors, in_donor)
+        placed, arena_bytes = _place(items, donors, in_donor)
     else:
         for root, nbytes, _first, _last in sorted(items, key=lambda t: (t[2], t[0])):
-            # No sharing: each buffer its own range, arenas filled in order up to the allocation limit.
-            if not arena_bytes or _align(arena_bytes[-1], alignment) + nbytes > profile.max_alloc_bytes:
-                arena_bytes.append(0)
-            offset = _align(arena_bytes[-1], alignment)
-            arena_bytes[-1] = offset + nbytes
-            placed[root] = (len(arena_bytes) - 1, offset)
+            placed[root] = (len(arena_bytes), 0)
+            arena_bytes.append(_align(nbytes, alignment))
     allocations: dict[str, Allocation] = {}
     for name, kind in kinds.items():
         first, last = ranges.get(name, (-1, -1))

@@ -50,15 +50,11 @@ class Executable:
         self.static_inputs = set(static_inputs)
         plan = program.plan
         self._arenas = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in plan.arena_bytes]
-        self._static: dict[str, Any] = {}
-        for name, alloc in plan.allocations.items():
-            root = plan.storage_root(name)
-            if alloc.kind is StorageKind.ARENA and root == name:
-                self._static[name] = self._arenas[alloc.arena].get_sub_region(alloc.offset, alloc.nbytes)
-        for name, alloc in plan.allocations.items():
-            # In-place results bind the very buffer object they overwrite.
-            if alloc.kind is StorageKind.ARENA and plan.storage_root(name) != name:
-                self._static[name] = self._static[plan.storage_root(name)]
+        # One device buffer per slot; every buffer of a slot binds that very object (no sub-buffers).
+        self._static: dict[str, Any] = {
+            name: self._arenas[alloc.arena] for name, alloc in plan.allocations.items()
+            if alloc.kind is StorageKind.ARENA
+        }
         self.allocated_bytes = sum(max(n, 1) for n in plan.arena_bytes)
         self._steps: list[_Launch | HostStep] = []
         built = build_kernels(runtime, program.kernels)
@@ -142,10 +138,9 @@ class Executable:
             if alloc.kind is StorageKind.PER_CALL:
                 blocks[name] = self.runtime.pool.allocate(alloc.nbytes)
                 storage[name] = blocks[name].buffer
-            elif alloc.kind is StorageKind.DONATED and plan.storage_root(name) == name:
+            elif alloc.kind is StorageKind.DONATED:
                 assert alloc.donor is not None
-                donor = self._donor_storage(alloc.donor, args, storage, blocks)
-                storage[name] = donor.get_sub_region(alloc.offset, alloc.nbytes)
+                storage[name] = self._donor_storage(alloc.donor, args, storage, blocks)
             elif alloc.kind is StorageKind.HOST:
                 buf = self.graph.buffers[name]
                 host_outputs[name] = torch.empty(buf.shape, dtype=IR_TO_TORCH[buf.dtype])
@@ -153,9 +148,6 @@ class Executable:
             elif alloc.kind is StorageKind.INPUT_ALIAS:
                 assert alloc.in_place_of is not None
                 storage[name] = storage[alloc.in_place_of]
-        for name, alloc in plan.allocations.items():
-            if alloc.kind is StorageKind.DONATED and plan.storage_root(name) != name:
-                storage[name] = storage[plan.storage_root(name)]
         queue = self.runtime.queue
         record = BUS.active
         if record:
