@@ -25,10 +25,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context  # noqa: E402
+from common import RESULTS, append_jsonl, run_context
 
-import torch_adreno  # noqa: E402
-from torch_adreno.models import MODELS  # noqa: E402
+import torch_adreno
+from torch_adreno.models import MODELS
 
 
 def _loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

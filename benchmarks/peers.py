@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context  # noqa: E402
+from common import RESULTS, append_jsonl, run_context
 
-from torch_adreno.benchmark import compare_variants  # noqa: E402
-from torch_adreno.models import MODELS  # noqa: E402
+from torch_adreno.benchmark import compare_variants
+from torch_adreno.models import MODELS
 
 
 def _loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

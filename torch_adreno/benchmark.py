@@ -42,6 +42,8 @@ class StepStats:
     bytes_kernel_written: int | None = None
     device_time_ms: float | None = None
     host_fallback_ops: int | None = None
+    peak_device_bytes: int | None = None
+    bytes_shared: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -56,6 +58,8 @@ class _Runner:
     """One variant: its own copy of the model (same seed), optimizer and compiled step."""
 
     def __init__(self, model_name: str, variant: Variant, optimizer: str, seed: int) -> None:
+        variant = dict(variant) if variant != "eager" else variant  # type: ignore[arg-type]
+        on_device = variant != "eager" and bool(variant.pop("optimizer_on_device", False))  # type: ignore[union-attr]
         spec = MODELS[model_name]
         torch.manual_seed(seed)
         self.model = spec.make()
@@ -67,13 +71,16 @@ class _Runner:
         params = list(self.model.parameters())
         self.opt: torch.optim.Optimizer = (torch.optim.SGD(params, lr=0.01) if optimizer == "sgd"
                                            else torch.optim.Adam(params, lr=1e-3))
+        self.opt_step: Callable[[], Any] = (torch.compile(self.opt.step, backend="adreno", options=self.options)
+                                            if on_device else self.opt.step)
+        self.reported_options = {**self.options, "optimizer_on_device": on_device} if not self.eager else {}
         self.compile_s: float | None = None
         self.times: list[float] = []
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         self.step_loss(self.model, self.x, self.y).backward()
-        self.opt.step()
+        self.opt_step()
 
     def timed_step(self) -> None:
         start = time.perf_counter()
@@ -109,7 +116,7 @@ def compare_variants(model_name: str, variants: Mapping[str, Variant], steps: in
     for name, runner in runners.items():
         t = runner.times
         stats = StepStats(model_name, name, steps, statistics.median(t), min(t), max(t), runner.compile_s,
-                          options={k: v for k, v in runner.options.items()})
+                          options=runner.reported_options)
         if not runner.eager:
             with torch_adreno.profile() as prof:
                 runner.step()
@@ -120,5 +127,47 @@ def compare_variants(model_name: str, variants: Mapping[str, Variant], steps: in
             stats.bytes_kernel_written = prof.bytes_kernel_written
             stats.device_time_ms = prof.device_time_us / 1e3
             stats.host_fallback_ops = len(prof.host_fallback_ops)
+            stats.peak_device_bytes = prof.step_peak_device_bytes("planned")
+            stats.bytes_shared = prof.bytes_shared
         results.append(stats)
     return results
+
+
+#: The suite's configurations: eager on the host, then the backend from no fusion and no reuse up
+#: to everything (fusion, memory reuse and the optimizer step compiled too).
+SUITE_VARIANTS: dict[str, Variant] = {
+    "eager": "eager",
+    "unfused": {"fusion": False, "memory_reuse": False},
+    "fused": {"fusion": True, "memory_reuse": False},
+    "fused+reuse": {"fusion": True, "memory_reuse": True},
+    "fused+reuse+device-opt": {"fusion": True, "memory_reuse": True, "optimizer_on_device": True},
+}
+
+
+def cuda_step(model_name: str, steps: int, compiled: bool, seed: int = 0) -> StepStats | None:
+    """PyTorch's own CUDA path for the same step (eager, or torch.compile with inductor)."""
+    if not torch.cuda.is_available():
+        return None
+    spec = MODELS[model_name]
+    torch.manual_seed(seed)
+    model = spec.make().cuda()
+    x, y = (t.cuda() for t in spec.batch(torch.Generator().manual_seed(seed)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.compile(_loss) if compiled else _loss
+    start = time.perf_counter()
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model, x, y).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model, x, y).backward()
+        opt.step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return StepStats(model_name, "inductor CUDA" if compiled else "eager CUDA", steps, statistics.median(times),
+                     min(times), max(times), compile_s if compiled else None)

@@ -1,4 +1,4 @@
-"""``python -m torch_adreno <command>``: devices, train (the digits demo), ops."""
+"""``python -m torch_adreno <command>``: devices, train (the digits demo), ops, bench."""
 
 from __future__ import annotations
 
@@ -126,6 +126,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if accuracy > 0.9 else 2
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from torch_adreno.models import MODELS
+    from torch_adreno.suite import run_suite, summary_table
+
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        print(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+        return 2
+    records = run_suite(args.models, args.steps, Path(args.out), args.device, args.variants)
+    print(summary_table(records))
+    print(f"JSON lines: {Path(args.out) / 'suite.jsonl'}; plot: {Path(args.out) / 'suite.png'}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_adreno", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,6 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--table", action="store_true", help="print the per-kernel profile of the last step")
     train.set_defaults(fn=cmd_train)
+    bench = sub.add_parser("bench", help="the fusion-gain suite: reference models x configurations -> JSON + plots")
+    bench.add_argument("--models", nargs="+", default=["mlp", "lenet", "resnet_mini", "transformer"])
+    bench.add_argument("--variants", nargs="+", default=None,
+                       help="eager, unfused, fused, fused+reuse, fused+reuse+device-opt (default: all)")
+    bench.add_argument("--steps", type=int, default=20)
+    bench.add_argument("--device", default=None)
+    bench.add_argument("--out", default="benchmarks/results")
+    bench.set_defaults(fn=cmd_bench)
     args = parser.parse_args(argv)
     if getattr(args, "device", None) is not None and str(args.device).isdigit():
         args.device = int(args.device)

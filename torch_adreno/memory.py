@@ -168,7 +168,7 @@ def _place(items: list[tuple[str, int, int, int]], donors: list[tuple[str, int, 
     donor_size = {name: size for name, size, _ in donors}
 
     def free(busy: list[tuple[int, int]], first: int, last: int) -> bool:
-        return all(last < f or l < first for f, l in busy)
+        return all(last < start or end < first for start, end in busy)
 
     for name, _, first, last in items:
         if name in in_donor:  # written in place over the donor's last read

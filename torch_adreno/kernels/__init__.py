@@ -8,6 +8,9 @@ source opens with the FX nodes it came from.
 
 from __future__ import annotations
 
+import math
+
+from torch_adreno import ir
 from torch_adreno.fusion import (
     FusedGraph,
     FusionGroup,
@@ -52,6 +55,28 @@ def _describe(group: FusionGroup) -> str:
     return f"gemm batch={g.batch} m={g.m} n={g.n} k={g.k}, {len(spec.stores)} store(s)"
 
 
+def _float_ops(expr: ir.Expr) -> int:
+    return sum(1 for e in ir.walk(expr) if isinstance(e, ir.Call) and e.dtype.is_float and e.op != "cast")
+
+
+def estimate_flops(group: FusionGroup) -> int:
+    """Float operations of one launch: 2mnk per GEMM (plus its epilogue), per-element expression
+    ops times the elements of pointwise and reduction loops."""
+    spec = group.spec
+    if isinstance(spec, GemmKernel):
+        g = spec.gemm
+        epilogue = sum(_float_ops(s.value) for s in spec.stores)
+        return 2 * g.batch * g.m * g.n * g.k + g.batch * g.m * g.n * epilogue
+    if isinstance(spec, PointwiseKernel):
+        return math.prod(spec.ranges) * sum(_float_ops(s.value) for s in spec.stores)
+    if isinstance(spec, ReductionKernel):
+        inner = sum(_float_ops(a.value) + 1 for a in spec.accumulators())
+        inner += sum(_float_ops(s.value) for p in spec.phases for s in p.stores)
+        outer = sum(_float_ops(s.value) for s in spec.outer_stores)
+        return math.prod(spec.outer) * (spec.inner_numel * inner + outer)
+    return 0
+
+
 def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) -> KernelProgram:
     steps: list[Step] = []
     graph = fused.graph
@@ -76,5 +101,5 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
             macros = GEMM_MACROS
         steps.append(KernelSource(name, group.kind, source, options, tuple(params), global_size, local_size,
                                   group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
-                                  macros))
+                                  macros, estimate_flops(group)))
     return KernelProgram(graph, plan, steps)

@@ -31,6 +31,8 @@ class KernelSource:
     bytes_written: int
     #: Macros the source defines; undefined after it when several kernels share one program.
     macros: tuple[str, ...] = ("INDEX_T",)
+    #: Floating-point operations of one launch (a multiply-add counts two), estimated from the IR.
+    flops: int = 0
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ fusion stage, not lowering, decides what shares a kernel.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +85,9 @@ def module_path(node: Node) -> str | None:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
     if not stack:
         return None
-    path = list(stack.values())[-1][0]
-    return str(path).removeprefix("L['self'].").replace("L['self']", "") or None
+    path = str(list(stack.values())[-1][0])
+    # Dynamo names the root module after the compiled function's argument: L['self'], L['model'].
+    return re.sub(r"^L\['[^']*'\]\.?", "", path) or None
 
 
 def origin_of(node: Node) -> ir.Origin:

@@ -35,6 +35,8 @@ class TransferRecord:
     buffer: str
     reason: str
     copied: bool = True
+    #: The copy's OpenCL event (times the copy lane of a trace), when there was one.
+    event: Any = None
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,9 @@ class _Bus:
             s.on_launch(record)
 
     def transfer(self, graph: str, direction: str, nbytes: int, buffer: str, reason: str,
-                 copied: bool = True) -> None:
+                 copied: bool = True, event: Any = None) -> None:
         if self.subscribers:
-            record = TransferRecord(graph, direction, nbytes, buffer, reason, copied)
+            record = TransferRecord(graph, direction, nbytes, buffer, reason, copied, event)
             for s in self.subscribers:
                 s.on_transfer(record)
 

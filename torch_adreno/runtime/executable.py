@@ -227,7 +227,7 @@ class Executable:
                 outputs.append(host_outputs[out.buffer].reshape(shape))
                 continue
             tensor, event = download(self.runtime, storage[out.buffer], shape, dtype, wait=False)
-            BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output")
+            BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output", event=event)
             if event is not None:
                 pending.append(event)
             outputs.append(tensor)

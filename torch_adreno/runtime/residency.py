@@ -132,9 +132,10 @@ class Residency:
                 device_buffer = entry.buffer
             else:
                 device_buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+            event = None
             if nbytes:
-                cl.enqueue_copy(self.runtime.queue, device_buffer, host_array(tensor), is_blocking=True)
-            BUS.transfer(graph, "h2d", nbytes, buffer, reason)
+                event = cl.enqueue_copy(self.runtime.queue, device_buffer, host_array(tensor), is_blocking=True)
+            BUS.transfer(graph, "h2d", nbytes, buffer, reason, event=event)
         if version is not None:
             self._remember(tensor, key, version, nbytes, device_buffer, shared, pinned)
         return device_buffer

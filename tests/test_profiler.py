@@ -1,0 +1,94 @@
+"""The profile's records and summaries, the Chrome trace, the roofline, and the benchmark suite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_adreno
+from torch_adreno.models import MODELS
+
+pytestmark = pytest.mark.device
+
+
+@pytest.fixture
+def lenet_profile():
+    spec = MODELS["lenet"]
+    model = spec.make()
+    x, y = spec.batch()
+    step = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno", options={"zero_copy": False})
+    step(model, x, y).backward()
+    with torch_adreno.profile() as prof:
+        step(model, x, y).backward()
+    return prof
+
+
+def test_totals_are_sums_of_records(lenet_profile):
+    prof = lenet_profile
+    assert prof.kernel_launches == len(prof.kernels) > 0
+    assert prof.bytes_kernel_read == sum(k.bytes_read for k in prof.kernels)
+    assert prof.bytes_kernel_written == sum(k.bytes_written for k in prof.kernels)
+    assert prof.flops == sum(k.flops for k in prof.kernels) > 0
+    assert all(k.device_time_us is not None and k.device_time_us >= 0 for k in prof.kernels)
+    assert prof.device_time_us == pytest.approx(sum(k.device_time_us for k in prof.kernels))
+    copied = [t for t in prof.transfers if t.copied]
+    assert prof.bytes_host_to_device + prof.bytes_device_to_host == sum(t.nbytes for t in copied)
+    assert prof.wall_time_us >= prof.device_time_us
+    for group_by in ("kernel", "op", "module", "graph"):
+        rows = prof.grouped(group_by)
+        assert sum(r["time"] for r in rows.values()) == pytest.approx(prof.device_time_us)
+        assert sum(r["bytes"] for r in rows.values()) == pytest.approx(prof.bytes_kernel_read + prof.bytes_kernel_written)
+
+
+def test_records_name_fx_nodes_modules_and_source_lines(lenet_profile):
+    kernels = lenet_profile.kernels
+    assert all(k.fx_nodes and k.aten_ops for k in kernels)
+    modules = {m for k in kernels for m in k.modules}
+    assert {"conv1", "conv2", "fc1"} <= modules
+    assert any("models.py" in line for k in kernels for line in k.source_lines)
+
+
+def test_table_by_module_ranks_the_slowest_module(lenet_profile):
+    text = lenet_profile.table(sort_by="device_time", group_by="module")
+    first_row = text.splitlines()[5]
+    slowest = max(lenet_profile.grouped("module").items(), key=lambda kv: kv[1]["time"])[0]
+    assert first_row.startswith(slowest)
+    with pytest.raises(ValueError, match="sort_by"):
+        lenet_profile.table(sort_by="colour")
+    with pytest.raises(ValueError, match="group_by"):
+        lenet_profile.table(group_by="colour")
+
+
+def test_roofline_classifies_kernels(lenet_profile):
+    peaks = lenet_profile.device_peaks()
+    assert peaks.bandwidth_gbs > 0 and peaks.gflops > 0
+    text = lenet_profile.table(roofline=True)
+    assert "memory (" in text or "compute (" in text
+
+
+def test_chrome_trace_has_kernel_and_copy_lanes(lenet_profile, tmp_path):
+    path = lenet_profile.export_chrome_trace(tmp_path / "trace.json")
+    trace = json.loads(path.read_text())["traceEvents"]
+    kernels = [e for e in trace if e.get("ph") == "X" and e["tid"] == 0]
+    copies = [e for e in trace if e.get("ph") == "X" and e["tid"] == 1]
+    assert len(kernels) == lenet_profile.kernel_launches
+    assert copies and all(e["args"]["bytes"] >= 0 for e in copies)
+    assert all(e["dur"] > 0 and e["ts"] >= 0 and "fx_nodes" in e["args"] for e in kernels)
+    names = {e["args"]["name"] for e in trace if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert names == {"kernels", "copies"}
+
+
+def test_suite_runs_end_to_end_on_a_tiny_configuration(tmp_path):
+    from torch_adreno.suite import run_suite, summary_table
+
+    records = run_suite(["mlp"], steps=2, out_dir=tmp_path, variants=["eager", "unfused", "fused+reuse"],
+                        progress=False)
+    variants = {r["variant"] for r in records}
+    assert {"eager", "unfused", "fused+reuse"} <= variants
+    lines = (tmp_path / "suite.jsonl").read_text().splitlines()
+    assert len(lines) == len(records) and all(json.loads(line)["model"] == "mlp" for line in lines)
+    assert (tmp_path / "suite.png").stat().st_size > 1000
+    assert "fused+reuse" in summary_table(records)
