@@ -142,6 +142,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_opinfo(args: argparse.Namespace) -> int:
+    from torch_adreno.opinfo import format_reports, sweep
+
+    reports = sweep(args.ops, args.samples)
+    print(format_reports(reports))
+    if args.failures:
+        for r in reports:
+            for o in r.outcomes:
+                if not o.passed:
+                    print(f"{o.op}[{o.index}]: {o.reason}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_adreno", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--device", default=None)
     bench.add_argument("--out", default="benchmarks/results")
     bench.set_defaults(fn=cmd_bench)
+    opinfo = sub.add_parser("opinfo", help="PyTorch's OpInfo samples for every claimed op: pass/fail per op")
+    opinfo.add_argument("--ops", nargs="+", default=None, help="OpInfo names (default: every claimed op)")
+    opinfo.add_argument("--samples", type=int, default=None, help="samples per op (default: all)")
+    opinfo.add_argument("--failures", action="store_true", help="list every failing sample with its reason")
+    opinfo.set_defaults(fn=cmd_opinfo)
     args = parser.parse_args(argv)
     if getattr(args, "device", None) is not None and str(args.device).isdigit():
         args.device = int(args.device)

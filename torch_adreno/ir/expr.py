@@ -20,11 +20,12 @@ class DType(enum.Enum):
     I64 = "i64"
     I32 = "i32"
     BOOL = "b8"
+    U8 = "u8"
     INDEX = "idx"
 
     @property
     def itemsize(self) -> int:
-        return {"f32": 4, "i64": 8, "i32": 4, "b8": 1, "idx": 8}[self.value]
+        return {"f32": 4, "i64": 8, "i32": 4, "b8": 1, "u8": 1, "idx": 8}[self.value]
 
     @property
     def is_float(self) -> bool:
@@ -32,7 +33,7 @@ class DType(enum.Enum):
 
     @property
     def is_integer(self) -> bool:
-        return self in (DType.I64, DType.I32, DType.INDEX)
+        return self in (DType.I64, DType.I32, DType.U8, DType.INDEX)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -121,6 +121,14 @@ class View:
         old = [call("mod", new_vars[lead + d], index(s)) for d, s in enumerate(self.shape)]
         return self._remap(shape, old)
 
+    def flip(self, dims: Sequence[int]) -> View:
+        """Reversed along ``dims``, as an index map."""
+        rank = len(self.shape)
+        flipped = {d % rank for d in dims} if rank else set()
+        new_vars = placeholder_vars(self.shape)
+        old = [call("sub", index(self.shape[d] - 1), v) if d in flipped else v for d, v in enumerate(new_vars)]
+        return self._remap(self.shape, old)
+
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> View:
         dim %= len(self.shape)
         size = self.shape[dim]

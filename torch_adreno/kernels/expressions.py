@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from torch_adreno.ir import DType
 
 #: C type of values of each dtype inside a kernel (booleans compute as int, are stored as uchar).
-VALUE_CTYPE = {DType.F32: "float", DType.I64: "long", DType.I32: "int", DType.BOOL: "int"}
+VALUE_CTYPE = {DType.F32: "float", DType.I64: "long", DType.I32: "int", DType.BOOL: "int", DType.U8: "int"}
 #: C type of buffer elements of each dtype.
-STORAGE_CTYPE = {DType.F32: "float", DType.I64: "long", DType.I32: "int", DType.BOOL: "uchar"}
+STORAGE_CTYPE = {DType.F32: "float", DType.I64: "long", DType.I32: "int", DType.BOOL: "uchar", DType.U8: "uchar"}
 
 Renderer = Callable[[Sequence[str], Sequence[DType], DType], str]
 

@@ -32,6 +32,7 @@ _TORCH_TO_IR = {
     torch.int64: ir.DType.I64,
     torch.int32: ir.DType.I32,
     torch.bool: ir.DType.BOOL,
+    torch.uint8: ir.DType.U8,
 }
 IR_TO_TORCH = {v: k for k, v in _TORCH_TO_IR.items()}
 

@@ -320,3 +320,18 @@ def _copy_(ctx: LoweringContext, node: Node, dst: Value, src: Value, non_blockin
         raise UnsupportedOpError(f"{node.name}: graph input {dst.buffer} is updated twice")
     ctx.graph.mutations[dst.buffer] = value.buffer
     return value
+
+
+@register(aten.round.decimals)
+def _round_decimals(ctx: LoweringContext, node: Node, x: Value, *, decimals: int = 0) -> Value:
+    """round(x * 10**d) / 10**d, as PyTorch computes it (dividing first for negative d)."""
+    out = ctx.meta()
+    scale = ir.const(10.0 ** abs(decimals), out.dtype)
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        v = ctx.load(x, i, out.shape, out.dtype)
+        if decimals >= 0:
+            return ir.call("div", ir.call("round", ir.call("mul", v, scale)), scale)
+        return ir.call("mul", ir.call("round", ir.call("div", v, scale)), scale)
+
+    return ctx.pointwise(out.shape, out.dtype, body)

@@ -171,3 +171,32 @@ def _var_mean(ctx: LoweringContext, node: Node, x: Value, dims: Any = None, *, c
     v = _tensor(x, node)
     out = ctx.meta(index=0)
     return _variance(ctx, v, normalize_dims(dims, len(v.shape)), _correction(correction), out.shape, out.dtype)
+
+
+@register(aten.max.default, aten.min.default)
+def _max_all(ctx: LoweringContext, node: Node, x: Value) -> Value:
+    v = _tensor(x, node)
+    out = ctx.meta()
+    op = "max" if node.target is aten.max.default else "min"
+    return reduce_dims(ctx, v, list(range(len(v.shape))), op, out.dtype, out.shape)
+
+
+@register(aten.cumsum.default, aten.cumprod.default)
+def _scan(ctx: LoweringContext, node: Node, x: Value, dim: int, *, dtype: Any = None) -> Value:
+    """Inclusive prefix sum or product along ``dim``: a reduction over the elements up to each
+    position (quadratic in the scanned length, exact in order like PyTorch's sequential scan is
+    not: sums reassociate)."""
+    v = _tensor(x, node)
+    out = ctx.meta()
+    if not v.shape:
+        return ctx.pointwise((), out.dtype, lambda i: ir.cast(v.load([]), out.dtype))
+    dim %= len(v.shape)
+    op = "sum" if node.target is aten.cumsum.default else "prod"
+    identity = ir.const(0 if op == "sum" else 1, out.dtype)
+
+    def body(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+        pos = list(i)
+        pos[dim] = r[0]
+        return ir.where(ir.call("le", r[0], i[dim]), ir.cast(v.load(pos), out.dtype), identity)
+
+    return ctx.reduction(out.shape, (v.shape[dim],), op, out.dtype, body)

@@ -117,9 +117,10 @@ def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *,
     dim %= max(len(src.shape), 1)
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        if not src.shape:
+            return src.load([])
         pos = list(i)
-        if src.shape:
-            pos[dim] = _as_index(index_view.load(i), src.shape[dim])
+        pos[dim] = _as_index(index_view.load(i), src.shape[dim])
         return src.load(pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)
@@ -181,7 +182,12 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
     base, index_view = _view(x, node.name), _view(idx, node.name)
     out = ctx.meta()
     if not out.shape:
-        raise LoweringError(f"{node.name}: scatter into a 0-dim tensor is not supported")
+        # A 0-dim scatter writes the single element when its 0-dim index says 0 (or -1).
+        def scalar(i: tuple[ir.Expr, ...]) -> ir.Expr:
+            value = ir.cast(src.load([]), out.dtype) if isinstance(src, ir.View) else ir.const(src, out.dtype)
+            return ir.where(ir.call("eq", _as_index(index_view.load([]), 1), ir.index(0)), value, base.load([]))
+
+        return ctx.pointwise((), out.dtype, scalar)
     dim %= len(out.shape)
     n_targets = index_view.shape[dim]
 
@@ -332,70 +338,171 @@ def _stack(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int 
     return ctx.pointwise(out.shape, out.dtype, body)
 
 
+def _broadcast_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for d, size in enumerate(shape):
+            pos = rank - len(shape) + d
+            if size != 1:
+                out[pos] = size
+    return out
+
+
+class _Advanced:
+    """Positions of an advanced index (``x[i, :, j]``): which dims are indexed, the broadcast shape
+    ``B`` of the index tensors, and how result dims map to (B, remaining dims)."""
+
+    def __init__(self, node: Node, x: ir.View, indices: Sequence[Value]) -> None:
+        if any(isinstance(ix, ir.View) and ix.dtype is ir.DType.BOOL for ix in indices):
+            raise UnsupportedOpError(f"{node.name}: boolean-mask indexing has a data-dependent shape")
+        self.x = x
+        self.tensors = {d: ix for d, ix in enumerate(indices) if ix is not None}
+        if not self.tensors or not all(isinstance(ix, ir.View) for ix in self.tensors.values()):
+            raise UnsupportedOpError(f"{node.name}: indexing needs at least one index tensor")
+        self.positions = sorted(self.tensors)
+        self.batch = _broadcast_shape([ix.shape for ix in self.tensors.values()])  # type: ignore[union-attr]
+        self.rest = [d for d in range(len(x.shape)) if d not in self.tensors]
+        self.adjacent = self.positions == list(range(self.positions[0], self.positions[-1] + 1))
+
+    def result_shape(self) -> list[int]:
+        if self.adjacent:
+            first = self.positions[0]
+            return ([self.x.shape[d] for d in self.rest if d < first] + self.batch
+                    + [self.x.shape[d] for d in self.rest if d > first])
+        return self.batch + [self.x.shape[d] for d in self.rest]
+
+    def split(self, i: Sequence[ir.Expr]) -> tuple[list[ir.Expr], dict[int, ir.Expr]]:
+        """Result index -> (batch index, {remaining dim: its index})."""
+        nb = len(self.batch)
+        if self.adjacent:
+            first = self.positions[0]
+            before = [d for d in self.rest if d < first]
+            after = [d for d in self.rest if d > first]
+            rest = dict(zip(before, i[:len(before)], strict=True))
+            rest.update(zip(after, i[len(before) + nb:], strict=True))
+            return list(i[len(before):len(before) + nb]), rest
+        return list(i[:nb]), dict(zip(self.rest, i[nb:], strict=True))
+
+    def join(self, b: Sequence[ir.Expr], rest: dict[int, ir.Expr]) -> list[ir.Expr]:
+        """(batch index, remaining dims) -> result index."""
+        if self.adjacent:
+            first = self.positions[0]
+            return ([rest[d] for d in self.rest if d < first] + list(b) + [rest[d] for d in self.rest if d > first])
+        return list(b) + [rest[d] for d in self.rest]
+
+    def source(self, b: Sequence[ir.Expr], rest: dict[int, ir.Expr]) -> list[ir.Expr]:
+        """The element of ``x`` that batch index ``b`` and remaining dims ``rest`` select."""
+        pos = []
+        for d, size in enumerate(self.x.shape):
+            if d in self.tensors:
+                ix = self.tensors[d]
+                assert isinstance(ix, ir.View)
+                pos.append(_as_index(ix.expand(self.batch).load(b), size))
+            else:
+                pos.append(rest[d])
+        return pos
+
+
+@register(aten.index.Tensor)
+def _index(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Value]) -> Value:
+    """Advanced indexing ``x[idx0, :, idx1]``: a gather through the index tensors."""
+    src = _view(x, node.name)
+    adv = _Advanced(node, src, indices)
+    out = ctx.meta()
+    if list(out.shape) != adv.result_shape():
+        raise UnsupportedOpError(f"{node.name}: indexing of shape {list(out.shape)} is not lowered")
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        b, rest = adv.split(i)
+        return src.load(adv.source(b, rest))
+
+    return ctx.pointwise(out.shape, out.dtype, body)
+
+
 @register(aten.index_put.default)
 def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Value], values: Value,
                accumulate: bool = False) -> Value:
-    """``x[indices] = values`` (or ``+=``) for one index tensor on the leading dimension: each output
-    row gathers the values aimed at it (a sum over the index positions; the last one wins without
-    accumulate, like PyTorch's sequential CPU order)."""
+    """``x[indices] = values`` (or ``+=``): each output element gathers the values aimed at it, a
+    sum over the index positions (without accumulate the last one wins, like PyTorch's sequential
+    CPU order). One index on the leading dimension with accumulate (embedding gradients) is a GEMM
+    with a one-hot left operand instead, so the matching runs at GEMM speed."""
     base = _view(x, node.name)
-    if len(indices) != 1 or not isinstance(indices[0], ir.View):
-        raise UnsupportedOpError(f"{node.name}: index_put with {len(indices)} index tensors is not lowered")
-    ids = _view(indices[0], node.name)
     out = ctx.meta()
-    if ids.dtype is ir.DType.BOOL:
-        raise UnsupportedOpError(f"{node.name}: index_put with a boolean mask is not lowered")
-    src = _view(values, node.name).expand(list(ids.shape) + list(out.shape[1:]))
-    flat_ids = ids.reshape([ids.numel])
-    flat_src = src.reshape([ids.numel, *out.shape[1:]])
-    rows = out.shape[0]
+    masks = [ix for ix in indices if isinstance(ix, ir.View) and ix.dtype is ir.DType.BOOL]
+    if len(masks) == 1 and len(indices) == 1 and isinstance(values, ir.View) and values.numel == 1:
+        # x[mask] = v with one value: masked_fill, no data-dependent shape.
+        mask = masks[0]
 
-    def aimed_here(i: tuple[ir.Expr, ...], j: ir.Expr) -> ir.Expr:
-        return ir.call("eq", _as_index(flat_ids.load([j]), rows), i[0])
+        def fill(i: tuple[ir.Expr, ...]) -> ir.Expr:
+            m = mask.expand(out.shape).load(i) if len(mask.shape) == len(out.shape) else \
+                mask.load(i[:len(mask.shape)])
+            v = ir.cast(values.reshape([]).load([]), out.dtype)
+            old = base.load(i)
+            return ir.where(ir.call("ne", m, ir.const(0, ir.DType.BOOL)), ir.call("add", old, v) if accumulate else v, old)
 
-    if accumulate and out.dtype.is_float:
-        # sum_j onehot[j, row] * values[j, col]: a GEMM with a one-hot left operand, so the row
-        # matching runs at GEMM speed instead of once per output element and index. (An inf in
-        # the values would meet the zeros of the one-hot and give NaN where PyTorch keeps inf.)
-        cols = math.prod(out.shape[1:])
-        tail = list(out.shape[1:])
+        return ctx.pointwise(out.shape, out.dtype, fill)
+    adv = _Advanced(node, base, indices)
+    src = _view(values, node.name).expand(adv.result_shape())
+    batch = math.prod(adv.batch)
+    if accumulate and out.dtype.is_float and adv.positions == [0] and len(adv.batch) >= 1:
+        ids = adv.tensors[0]
+        assert isinstance(ids, ir.View)
+        flat_ids = ids.expand(adv.batch).reshape([batch])
+        flat_src = src.reshape([batch, *out.shape[1:]])
+        rows, tail = out.shape[0], list(out.shape[1:])
+        cols = math.prod(tail)
 
         def onehot(b: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
+            # (An inf among the values would meet the zeros of the one-hot and give NaN.)
             return ir.where(ir.call("eq", _as_index(flat_ids.load([k]), rows), m), ir.const(1.0, out.dtype),
                             ir.const(0.0, out.dtype))
 
         def value(b: ir.Expr, k: ir.Expr, n: ir.Expr) -> ir.Expr:
             return ir.cast(flat_src.load([k, *_unravel(n, tail)]), out.dtype)
 
-        added = ctx.gemm(out.shape, out.dtype, 1, rows, cols, ids.numel, onehot, value,
+        added = ctx.gemm(out.shape, out.dtype, 1, rows, cols, batch, onehot, value,
                          lambda b, m, n: [m, *_unravel(n, tail)])
         return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("add", base.load(i), added.load(i)))
+
+    def hit(i: tuple[ir.Expr, ...], j: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
+        b = _unravel(j, adv.batch)
+        rest = {d: i[d] for d in adv.rest}
+        cond: ir.Expr = ir.const(True, ir.DType.BOOL)
+        for d in adv.positions:
+            ix = adv.tensors[d]
+            assert isinstance(ix, ir.View)
+            match = ir.call("eq", _as_index(ix.expand(adv.batch).load(b), out.shape[d]), i[d])
+            cond = match if isinstance(cond, ir.Const) else ir.call("logical_and", cond, match)
+        return cond, adv.join(b, rest)
+
     if accumulate:
         def contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-            return ir.where(aimed_here(i, r[0]), ir.cast(flat_src.load([r[0], *i[1:]]), out.dtype),
-                            ir.const(0, out.dtype))
+            cond, pos = hit(i, r[0])
+            return ir.where(cond, ir.cast(src.load(pos), out.dtype), ir.const(0, out.dtype))
 
-        added = ctx.reduction(out.shape, (ids.numel,), "sum", out.dtype, contributions)
+        added = ctx.reduction(out.shape, (batch,), "sum", out.dtype, contributions)
         return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("add", base.load(i), added.load(i)))
 
     def last(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-        return ir.where(aimed_here(i, r[0]), ir.cast(r[0], ir.DType.I64), ir.const(-1, ir.DType.I64))
+        cond, _ = hit(i, r[0])
+        return ir.where(cond, ir.cast(r[0], ir.DType.I64), ir.const(-1, ir.DType.I64))
 
-    winner = ctx.reduction(out.shape[:1], (ids.numel,), "max", ir.DType.I64, lambda i, r: last(i, r))
+    winner = ctx.reduction(out.shape, (batch,), "max", ir.DType.I64, last)
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        j = winner.load(i[:1])
-        found = ir.call("ge", j, ir.const(0, ir.DType.I64))
-        return ir.where(found, ir.cast(flat_src.load([ir.cast(j, ir.DType.INDEX), *i[1:]]), out.dtype), base.load(i))
+        j = winner.load(i)
+        _, pos = hit(i, ir.cast(j, ir.DType.INDEX))
+        return ir.where(ir.call("ge", j, ir.const(0, ir.DType.I64)), ir.cast(src.load(pos), out.dtype), base.load(i))
 
     return ctx.pointwise(out.shape, out.dtype, body)
-
-
-@register(aten.repeat.default)
-def _repeat(ctx: LoweringContext, node: Node, x: Value, repeats: Sequence[int]) -> Value:
-    return _view(x, node.name).repeat(repeats)
 
 
 def _unravel(linear: ir.Expr, shape: Sequence[int]) -> list[ir.Expr]:
     return [ir.call("mod", ir.call("floordiv", linear, ir.index(stride)), ir.index(size))
             for size, stride in zip(shape, ir.contiguous_strides(shape), strict=True)]
+
+
+@register(aten.flip.default)
+def _flip(ctx: LoweringContext, node: Node, x: Value, dims: Sequence[int]) -> Value:
+    return _view(x, node.name).flip(dims)

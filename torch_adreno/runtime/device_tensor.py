@@ -21,7 +21,7 @@ from torch_adreno.runtime.events import BUS
 from torch_adreno.runtime.pool import Block
 
 _NUMPY_STORAGE = {
-    torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.uint8,
+    torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.uint8, torch.uint8: np.uint8,
 }
 
 

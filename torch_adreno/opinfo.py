@@ -1,0 +1,218 @@
+"""PyTorch's own OpInfo samples through the backend: material we did not write, per claimed op.
+
+For every ATen op the lowering registry claims, the OpInfo entries of ``op_db`` that exercise it
+(matched by ATen name, plus the ``nn.functional`` entries that lower to the claimed op) run their
+float32 samples compiled with ``backend="adreno"`` — forward, and backward where the op supports
+autograd — and are compared with eager PyTorch. Dynamo is reset between samples (its recompile
+limit would otherwise send later samples to eager silently) and every sample must have compiled
+at least one graph through the backend, or it does not count as a pass.
+
+    python -m torch_adreno opinfo                 # the full sweep: pass/fail counts per op
+    python -m torch_adreno opinfo --ops add mm --samples 3
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+import torch_adreno.backend as backend_module
+from torch_adreno.errors import AdrenoError, UnsupportedOpError
+
+#: float32 comparison used for every sample (OpInfo's per-op overrides target other backends);
+#: our reductions and GEMMs reassociate sums, hence more than assert_close's float32 default.
+RTOL, ATOL = 1e-4, 1e-5
+
+#: OpInfo entries that reach claimed ATen ops through decomposition (name -> claimed op).
+FUNCTIONAL = {
+    "nn.functional.conv1d": "convolution", "nn.functional.conv2d": "convolution",
+    "nn.functional.linear": "addmm", "nn.functional.embedding": "embedding",
+    "nn.functional.max_pool2d": "max_pool2d_with_indices", "nn.functional.relu": "relu",
+    "nn.functional.softmax": "amax", "nn.functional.log_softmax": "amax", "softmax": "amax",
+    "log_softmax": "amax", "nn.functional.cross_entropy": "gather", "nn.functional.nll_loss": "gather",
+    "nn.functional.layer_norm": "var_mean", "nn.functional.batch_norm": "var_mean",
+    "nn.functional.gelu": "erf", "nn.functional.silu": "sigmoid", "nn.functional.mse_loss": "mean",
+    "nn.functional.hardtanh": "clamp", "nn.functional.relu6": "clamp", "nn.functional.leaky_relu": "where",
+    "nn.functional.elu": "expm1", "nn.functional.hardswish": "clamp", "nn.functional.hardsigmoid": "clamp",
+    "nn.functional.binary_cross_entropy_with_logits": "log1p", "nn.functional.dropout": "mul",
+    "to": "_to_copy", "nn.functional.threshold": "where", "chunk": "split_with_sizes",
+}
+
+#: Samples known to fail, with the reason: (OpInfo name, sample index or None for all) -> reason.
+EXPECTED_FAILURES: dict[tuple[str, int | None], str] = {}
+
+
+@dataclass
+class Outcome:
+    op: str
+    index: int
+    passed: bool
+    reason: str = ""
+
+
+@dataclass
+class OpReport:
+    op: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def passed(self) -> int:
+        return sum(o.passed for o in self.outcomes)
+
+    @property
+    def failed(self) -> int:
+        return sum(not o.passed for o in self.outcomes)
+
+
+def _opinfo_name(op: Any) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def claimed_opinfos() -> list[Any]:
+    """The op_db entries exercising ops the lowering registry claims."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from torch_adreno.lowering import supported_ops
+
+    claimed = {s.split(".")[1] for s in supported_ops() if s.startswith(("aten.", "prims."))}
+    chosen = []
+    for op in op_db:
+        target = FUNCTIONAL.get(op.name, op.aten_name)
+        if target in claimed and torch.float32 in op.supported_dtypes("cpu"):
+            chosen.append(op)
+    return chosen
+
+
+@contextlib.contextmanager
+def _count_compiles() -> Iterator[list[int]]:
+    count = [0]
+    original = backend_module.compile_graph
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    backend_module.compile_graph = counting  # type: ignore[assignment]
+    try:
+        yield count
+    finally:
+        backend_module.compile_graph = original  # type: ignore[assignment]
+
+
+def _leaves(value: Any) -> list[Any]:
+    return tree_flatten(value)[0]
+
+
+def _grads(out: Any, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+    total = None
+    for i, o in enumerate(_leaves(out)):
+        if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point() and o.numel():
+            w = torch.linspace(0.5, 1.5, o.numel()).reshape(o.shape) * (i + 1)
+            term = (o * w).sum()
+            total = term if total is None else total + term
+    if total is None:
+        return []
+    return list(torch.autograd.grad(total, inputs, allow_unused=True))
+
+
+def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None = None) -> Outcome:
+    """One sample, compiled vs eager; the reason says what failed."""
+    name = _opinfo_name(op)
+    expected = EXPECTED_FAILURES.get((name, index)) or EXPECTED_FAILURES.get((name, None))
+    flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+    slots = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+    tensors = [flat[i] for i in slots]
+
+    def call(*ts: torch.Tensor) -> Any:
+        values = list(flat)
+        for slot, t in zip(slots, ts, strict=True):
+            values[slot] = t
+        inp, args, kwargs = tree_unflatten(values, spec)
+        return op.op(inp, *args, **kwargs)
+
+    def prepared() -> list[torch.Tensor]:
+        return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+
+    grad = op.supports_autograd and any(t.requires_grad for t in tensors)
+    torch._dynamo.reset()
+    try:
+        eager_inputs = prepared()
+        expected_out = call(*eager_inputs)
+        diff = [t for t in eager_inputs if t.requires_grad]
+        expected_grads = _grads(expected_out, diff) if grad and diff else []
+    except Exception as err:  # the sample is not valid in eager either: not ours to judge
+        return Outcome(name, index, True, f"skipped: eager raises {type(err).__name__}")
+    compiled = torch.compile(call, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)
+    try:
+        with _count_compiles() as compiles:
+            ours_inputs = prepared()
+            out = compiled(*ours_inputs)
+            diff = [t for t in ours_inputs if t.requires_grad]
+            grads = _grads(out, diff) if grad and diff else []
+        if compiles[0] == 0:
+            return Outcome(name, index, False, "no graph reached the backend")
+        for a, b in zip(_leaves(out), _leaves(expected_out), strict=True):
+            if isinstance(b, torch.Tensor):
+                torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
+            elif isinstance(b, float) and math.isnan(b):
+                assert isinstance(a, float) and math.isnan(a)
+            else:
+                assert a == b, (a, b)
+        for a, b in zip(grads, expected_grads, strict=True):
+            if b is not None:
+                torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
+        result = Outcome(name, index, True)
+    except UnsupportedOpError as err:
+        result = Outcome(name, index, False, "unsupported: " + str(err).split("\n")[0])
+    except AdrenoError as err:
+        result = Outcome(name, index, False, f"{type(err).__name__}: " + str(err).split("\n")[0])
+    except AssertionError as err:
+        result = Outcome(name, index, False, "mismatch: " + " ".join(str(err).split())[:200])
+    except Exception as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(frames)
+                      if "torch_adreno" in f.filename), "")
+        result = Outcome(name, index, False, f"{type(err).__name__} {where}: " + " ".join(str(err).split())[:200])
+    if expected is not None and not result.passed:
+        result.passed, result.reason = True, f"expected failure: {expected}"
+    return result
+
+
+def samples(op: Any, limit: int | None) -> Iterator[tuple[int, Any]]:
+    generated = op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd)
+    for index, sample in enumerate(generated):
+        if limit is not None and index >= limit:
+            return
+        yield index, sample
+
+
+def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True) -> list[OpReport]:
+    """Run the samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op."""
+    from tqdm import tqdm
+
+    ops = [op for op in claimed_opinfos() if names is None or op.name in names or _opinfo_name(op) in names]
+    reports = []
+    for op in tqdm(ops, desc="OpInfo sweep", unit="op", disable=not progress):
+        report = OpReport(_opinfo_name(op))
+        for index, sample in samples(op, limit):
+            report.outcomes.append(run_sample(op, index, sample))
+        reports.append(report)
+    return reports
+
+
+def format_reports(reports: Sequence[OpReport]) -> str:
+    lines = [f"{'op':<40} {'pass':>5} {'fail':>5}  first failure"]
+    for r in reports:
+        first = next((o.reason for o in r.outcomes if not o.passed), "")
+        lines.append(f"{r.op:<40} {r.passed:>5} {r.failed:>5}  {first[:110]}")
+    passed = sum(r.passed for r in reports)
+    total = sum(len(r.outcomes) for r in reports)
+    lines.append(f"total: {passed}/{total} samples pass ({100 * passed / max(total, 1):.1f}%) over {len(reports)} OpInfo entries")
+    return "\n".join(lines)
