@@ -167,3 +167,64 @@ def test_bigger_reference_models_train_like_eager(model_name):
     if reference64 is None:
         for (name, b), rb in zip(model.named_buffers(), reference.buffers(), strict=True):
             torch.testing.assert_close(b, rb, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"buffer {n}: {m}")
+
+
+@pytest.mark.parametrize("model_name", ["mobilenet_mini", "lstm"])
+def test_mobilenet_and_lstm_train_like_eager(model_name):
+    """Depthwise convolutions with ReLU6 and an adaptive pool; a two-layer LSTM (RNN tracing is
+    enabled by importing the backend, so the LSTM runs on the device, not eagerly on the host).
+
+    mobilenet_mini is sensitive in float32 (depthwise convs feeding BatchNorm): eager's own loss
+    drifts 1.2e-4 relative from a float64 run by step 15 at lr=0.01 (1e-3 at lr=0.05), measured;
+    ours stays within 9e-5 of float64. So its losses are held to 1e-4 of the float64 loss (or to
+    eager float32's own error, where that is larger); the LSTM's to 1e-4 of eager float32.
+    """
+    lr = 0.01 if model_name == "mobilenet_mini" else 0.05
+    spec = MODELS[model_name]
+    model = spec.make()
+    reference = copy.deepcopy(model)
+    reference64 = copy.deepcopy(model).double() if model_name == "mobilenet_mini" else None
+    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno")
+    models = [m for m in (model, reference, reference64) if m is not None]
+    opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in models]
+    gen = torch.Generator().manual_seed(5)
+    for step in range(STEPS):
+        x, y = spec.batch(gen)
+        for opt in opts:
+            opt.zero_grad()
+        with torch_adreno.profile() as prof:
+            loss = step_fn(model, x, y)
+            loss.backward()
+        ref_loss = F.cross_entropy(reference(x), y)
+        ref_loss.backward()
+        if reference64 is None:
+            assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
+        else:
+            exact = F.cross_entropy(reference64(x.double() if x.is_floating_point() else x), y)
+            exact.backward()
+            ours, eager = abs(loss.item() - exact.item()), abs(ref_loss.item() - exact.item())
+            assert ours <= max(1e-4 * abs(exact.item()), 2 * eager), (step, ours, eager)
+        for opt in opts:
+            opt.step()
+        assert prof.host_fallback_ops == [] and prof.kernel_launches > 0
+
+
+def test_partial_batch_and_new_sequence_length_recompile_boundedly():
+    """A final partial batch and a changed sequence length: Dynamo retraces with symbolic shapes;
+    the backend compiles one program per distinct concrete shape (bounded, see README)."""
+    spec = MODELS["transformer"]
+    model = spec.make()
+    reference = copy.deepcopy(model)
+    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno")
+    gen = torch.Generator().manual_seed(6)
+    shapes = [(16, 64), (16, 64), (5, 64), (16, 32), (5, 64), (3, 17)]
+    for batch, seq in shapes:
+        x = torch.randint(0, 1000, (batch, seq), generator=gen)
+        y = torch.randint(0, 10, (batch,), generator=gen)
+        loss = step_fn(model, x, y)
+        loss.backward()
+        ref_loss = F.cross_entropy(reference(x), y)
+        ref_loss.backward()
+        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (batch, seq)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)

@@ -8,6 +8,8 @@ runtime -> profiler.
 
 from __future__ import annotations
 
+import torch
+
 from torch_adreno.backend import adreno_backend
 from torch_adreno.config import OPTIONS, Config
 from torch_adreno.errors import (
@@ -45,3 +47,7 @@ def _register() -> None:
 
 
 _register()
+
+# Dynamo skips frames holding nn.LSTM / nn.GRU unless RNN tracing is enabled: such a model would
+# run eagerly on the host without a word. A user of this backend wants it on the device.
+torch._dynamo.config.allow_rnn = True

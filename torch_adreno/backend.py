@@ -70,6 +70,7 @@ EXTRA_DECOMPOSITIONS = [
     aten.binary_cross_entropy_with_logits.default,
     aten.smooth_l1_loss.default,
     aten.huber_loss.default,
+    aten.repeat.default,
 ]
 
 #: Entries of the core ATen table we must not use, with the reason.
@@ -187,7 +188,7 @@ class ShapeSpecialized:
                     f"a graph was called with more than {MAX_SPECIALIZATIONS} distinct input shapes; the adreno "
                     "backend compiles one program per shape: pad inputs to a few fixed shapes"
                 )
-            fn = self.compiled[key] = make_backend(self.config)(self.gm, list(args))
+            fn = self.compiled[key] = trace_and_compile(self.config, self.gm, list(args))
         return fn(*args)
 
 
@@ -202,4 +203,16 @@ def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str
     config = Config.from_options(options)
     if any(_is_symbolic(x) for x in example_inputs):
         return ShapeSpecialized(gm, config)
-    return make_backend(config)(gm, example_inputs)
+    return trace_and_compile(config, gm, example_inputs)
+
+
+def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]) -> Any:
+    # With MKL-DNN enabled, AOTAutograd traces nn.LSTM into one opaque CPU kernel
+    # (mkldnn_rnn_layer); without it, into the matmuls and gates our lowerings cover.
+    # (torch.backends.mkldnn.flags would also touch the TF32 setting and warn on every compile.)
+    mkldnn_was_enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        return make_backend(config)(gm, example_inputs)
+    finally:
+        torch._C._set_mkldnn_enabled(mkldnn_was_enabled)

@@ -131,6 +131,58 @@ class Transformer(nn.Module):
         return self.head(x.mean(1))
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2 block: 1x1 expansion, 3x3 depthwise, 1x1 projection, BatchNorm and ReLU6, with a
+    residual connection when shapes allow."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = in_channels * expand
+        self.residual = stride == 1 and in_channels == out_channels
+        self.block = nn.Sequential(
+            nn.Conv2d(in_channels, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        return x + out if self.residual else out
+
+
+class MobileNetMini(nn.Module):
+    """A MobileNetV2-style network for 3x32x32 inputs: stem conv, four inverted residual blocks
+    (depthwise convolutions, ReLU6), 1x1 head conv, adaptive average pool, Linear -> 10."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
+        self.blocks = nn.Sequential(
+            InvertedResidual(16, 16, 1, 2), InvertedResidual(16, 24, 2, 4),
+            InvertedResidual(24, 24, 1, 4), InvertedResidual(24, 32, 2, 4),
+        )
+        self.head = nn.Sequential(nn.Conv2d(32, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(self.head(self.blocks(self.stem(x)))).flatten(1))
+
+
+class LSTMClassifier(nn.Module):
+    """Token sequence classifier: embedding, two-layer batch-first LSTM, last hidden state -> Linear."""
+
+    def __init__(self, vocab: int = 500, dim: int = 32, hidden: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, hidden, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(hidden, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(tokens))
+        return self.fc(out[:, -1])
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A reference model with its batch: ``make()`` builds the module, ``batch(g)`` inputs+labels."""
@@ -157,4 +209,6 @@ MODELS: dict[str, ModelSpec] = {
     "lenet": ModelSpec("lenet", LeNet, (64, 1, 28, 28), 10),
     "resnet_mini": ModelSpec("resnet_mini", ResNetMini, (32, 3, 32, 32), 10),
     "transformer": ModelSpec("transformer", Transformer, (16, 64), 10, vocabulary=1000),
+    "mobilenet_mini": ModelSpec("mobilenet_mini", MobileNetMini, (16, 3, 32, 32), 10),
+    "lstm": ModelSpec("lstm", LSTMClassifier, (16, 20), 10, vocabulary=500),
 }
