@@ -99,11 +99,11 @@ def _count_compiles() -> Iterator[list[int]]:
         count[0] += 1
         return original(*args, **kwargs)
 
-    backend_module.compile_graph = counting  # type: ignore[assignment]
+    backend_module.compile_graph = counting
     try:
         yield count
     finally:
-        backend_module.compile_graph = original  # type: ignore[assignment]
+        backend_module.compile_graph = original
 
 
 def _leaves(value: Any) -> list[Any]:

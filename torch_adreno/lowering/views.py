@@ -184,7 +184,11 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
     if not out.shape:
         # A 0-dim scatter writes the single element when its 0-dim index says 0 (or -1).
         def scalar(i: tuple[ir.Expr, ...]) -> ir.Expr:
-            value = ir.cast(src.load([]), out.dtype) if isinstance(src, ir.View) else ir.const(src, out.dtype)
+            if isinstance(src, ir.View):
+                value = ir.cast(src.load([]), out.dtype)
+            else:
+                assert isinstance(src, (int, float, bool)), "scatter's value is a tensor or a number"
+                value = ir.const(src, out.dtype)
             return ir.where(ir.call("eq", _as_index(index_view.load([]), 1), ir.index(0)), value, base.load([]))
 
         return ctx.pointwise((), out.dtype, scalar)
