@@ -20,6 +20,7 @@ from torch.fx import GraphModule
 
 from torch_adreno import debug
 from torch_adreno.config import Config
+from torch_adreno.decompositions import OWN_DECOMPOSITIONS
 from torch_adreno.errors import OptionError
 from torch_adreno.fusion import fuse
 from torch_adreno.kernels import render_program
@@ -40,6 +41,8 @@ EXTRA_DECOMPOSITIONS = [
     aten._native_batch_norm_legit_functional.default,
     aten._native_batch_norm_legit_no_training.default,
     aten.native_batch_norm_backward.default,
+    aten.native_group_norm.default,
+    aten.native_group_norm_backward.default,
     aten.gelu.default,
     aten.gelu_backward.default,
     aten.leaky_relu.default,
@@ -73,22 +76,13 @@ EXTRA_DECOMPOSITIONS = [
     aten.repeat.default,
 ]
 
-#: Entries of the core ATen table we must not use, with the reason.
-DROPPED_DECOMPOSITIONS = {
-    # Its second output (attention weights) does not match what the undecomposed backward expects
-    # (logsumexp): gradients come out wrong. Attention is lowered from its matmul/softmax parts.
-    aten._scaled_dot_product_flash_attention_for_cpu.default:
-        "second output does not match the backward's expectation (wrong gradients)",
-}
-
 _graph_ids = itertools.count()
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
-    for op in DROPPED_DECOMPOSITIONS:
-        table.pop(op, None)
+    table.update(OWN_DECOMPOSITIONS)
     return table
 
 

@@ -188,7 +188,7 @@ class OpInfo:
     """What the IR knows of an operation: arity and how its result type is formed."""
 
     arity: int
-    result: str  # "same" (type of first arg), "bool", "float", or "given" (cast)
+    result: str  # "same" (type of first arg), "bool", "float", "where" (type of 2nd arg) or "given" (cast)
 
 
 #: Every operation an expression may use. ``kernels/expressions.py`` holds one rendering each.
@@ -206,6 +206,9 @@ OPS: dict[str, OpInfo] = {
         "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     )},
     "logical_not": OpInfo(1, "bool"),
+    # uniform(seed, counter): a float in [0, 1), a pure function of its arguments (counter-based
+    # generator), so recomputing it in several kernels gives the same numbers.
+    "uniform": OpInfo(2, "float"),
     "isnan": OpInfo(1, "bool"),
     "where": OpInfo(3, "where"),
     "cast": OpInfo(1, "given"),
@@ -224,13 +227,30 @@ def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
             raise ValueError("cast needs a target dtype")
         return cast(args[0], dtype)
     if info.result == "bool":
-        return Call(op, args, DType.BOOL)
+        folded = _fold_logical(op, args)
+        return folded if folded is not None else Call(op, args, DType.BOOL)
+    if info.result == "float":
+        return Call(op, args, DType.F32)
     result = args[1].dtype if info.result == "where" else args[0].dtype
     if all(a.dtype is DType.INDEX for a in args):
         simplified = _simplify_index_call(op, args)
         if simplified is not None:
             return simplified
     return Call(op, args, result)
+
+
+def _fold_logical(op: str, args: tuple[Expr, ...]) -> Expr | None:
+    """``x && true`` is ``x``, ``x && false`` is false (and dually for ``||``): masks built from
+    several conditions (a causal mask and a padding guard) often have constant parts."""
+    if op not in ("logical_and", "logical_or"):
+        return None
+    absorbing = op == "logical_or"  # true absorbs ||, false absorbs &&
+    for i, arg in enumerate(args):
+        if isinstance(arg, Const) and arg.dtype is not DType.F32:
+            if bool(arg.value) == absorbing:
+                return Const(absorbing, DType.BOOL)
+            return cast(args[1 - i], DType.BOOL)
+    return None
 
 
 def cast(value: Expr, dtype: DType) -> Expr:

@@ -202,6 +202,10 @@ class Graph:
     outputs: list[GraphOutput] = field(default_factory=list)
     #: In-place updates of inputs (an optimizer step): input buffer -> buffer holding its new value.
     mutations: dict[str, str] = field(default_factory=dict)
+    #: Inputs the caller does not pass: a fresh int64 seed per call for each random op, drawn by
+    #: the runtime from torch's default generator (so torch.manual_seed makes runs repeat). They
+    #: are the last entries of ``inputs``, in this order.
+    random_seeds: list[str] = field(default_factory=list)
 
     def input_buffers(self) -> set[str]:
         return {b for b in self.inputs if b is not None}
@@ -247,6 +251,8 @@ def format_graph(graph: Graph) -> str:
     lines.extend(_format_node(n) for n in graph.nodes)
     for target, value in graph.mutations.items():
         lines.append(f"  mutate {target} := {value}")
+    for seed in graph.random_seeds:
+        lines.append(f"  random seed {seed} (drawn per call)")
     for pos, out in enumerate(graph.outputs):
         reshaped = f" viewed as {list(out.shape)}" if out.shape is not None else ""
         lines.append(f"  output {pos}: {out.buffer}{reshaped} ({out.role.value})")

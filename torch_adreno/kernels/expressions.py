@@ -140,7 +140,12 @@ EXPRESSIONS: dict[str, Renderer] = {
     "isnan": _by_kind("isnan({0})", "0"),
     "where": _fmt("({0} ? {1} : {2})"),
     "cast": _cast,
+    # Defined in random.cl, which a program includes when one of its kernels calls it.
+    "uniform": _fmt("adreno_uniform((ulong)({0}), (ulong)({1}))"),
 }
+
+#: Helper functions some renderings call, with the ``.cl`` file that defines each.
+HELPER_SOURCES = {"adreno_uniform(": "random.cl"}
 
 #: Arguments of these ops that are only evaluated when the op needs them (C short-circuit and the
 #: conditional operator). The code writer must not hoist loads out of them: the guard is what keeps

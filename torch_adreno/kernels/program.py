@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib import resources
 
 from torch_adreno import ir
+from torch_adreno.kernels.expressions import HELPER_SOURCES
 from torch_adreno.memory import MemoryPlan
 
 
@@ -70,7 +72,7 @@ def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
     lines around its source, and every macro it defines is undefined after it; options that are
     not macro definitions apply to the whole program.
     """
-    parts: list[str] = []
+    parts: list[str] = [helper_source(name) for name in helpers_called(kernels)]
     program_options: dict[str, None] = {}
     for k in kernels:
         defined: list[str] = []
@@ -85,6 +87,15 @@ def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
         parts.extend(f"#undef {name}" for name in [*defined, *k.macros])
         parts.append("")
     return "\n".join(parts), tuple(program_options)
+
+
+def helpers_called(kernels: list[KernelSource]) -> list[str]:
+    """The helper ``.cl`` files (see ``HELPER_SOURCES``) that some kernel of ``kernels`` calls."""
+    return sorted({file for call, file in HELPER_SOURCES.items() if any(call in k.source for k in kernels)})
+
+
+def helper_source(file: str) -> str:
+    return resources.files("torch_adreno.kernels").joinpath(file).read_text()
 
 
 def c_identifier(text: str) -> str:

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch_adreno import ir
 from torch_adreno.config import Config
 from torch_adreno.errors import LoweringError, UnsupportedOpError
-from torch_adreno.lowering import conv, linalg, pointwise, pool, reduction, views  # noqa: F401  (registers)
+from torch_adreno.lowering import conv, linalg, pointwise, pool, random, reduction, views  # noqa: F401  (registers)
 from torch_adreno.lowering.context import (
     LOWERINGS,
     LoweringContext,

@@ -149,6 +149,12 @@ class LoweringContext:
         self.graph.inputs.append(name)
         return ir.View.of(buf)
 
+    def random_seed(self) -> ir.View:
+        """A 0-dim int64 input holding a seed the runtime draws for every call (see Graph.random_seeds)."""
+        view = self.add_input((), ir.DType.I64, self.fresh("seed"))
+        self.graph.random_seeds.append(view.buffer)
+        return view
+
     def pointwise(
         self, shape: Sequence[int], dtype: ir.DType, body: Callable[[tuple[ir.Expr, ...]], ir.Expr]
     ) -> ir.View:

@@ -128,7 +128,13 @@ class Executable:
             for o in node.origins:
                 BUS.host_op(HostOpRecord(self.graph.name, node.target, o.node))
 
+    def _draw_random_seeds(self) -> list[torch.Tensor]:
+        # From torch's default generator: torch.manual_seed(n) makes every random op repeat.
+        return [torch.randint(0, 2**62, (), dtype=torch.int64) for _ in self.graph.random_seeds]
+
     def __call__(self, args: list[Any]) -> list[Any]:
+        if self.graph.random_seeds:
+            args = [*args, *self._draw_random_seeds()]
         storage = dict(self._static)
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}

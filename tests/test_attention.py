@@ -1,0 +1,52 @@
+"""scaled_dot_product_attention forward and backward on the device: plain, causal, boolean and
+additive masks, custom scale, inside a model; the backward recomputes the probabilities from the
+saved log-sum-exp instead of keeping the queries x keys matrix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_matches_eager, capture_graphs
+
+g = torch.Generator().manual_seed(11)
+
+
+def _qkv(batch=2, heads=3, queries=5, keys=7, dim=8):
+    return (torch.randn(batch, heads, queries, dim, generator=g), torch.randn(batch, heads, keys, dim, generator=g),
+            torch.randn(batch, heads, keys, dim, generator=g))
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("case", ["plain", "causal", "causal_square", "scale", "bool_mask", "float_mask"])
+def test_sdpa_forward_and_gradients_match_eager(case):
+    q, k, v = _qkv(keys=5 if case == "causal_square" else 7)
+    mask = None
+    if case == "bool_mask":
+        mask = torch.rand(5, 7, generator=g) > 0.3
+        mask[:, 0] = True  # every query sees at least one key
+    elif case == "float_mask":
+        mask = torch.randn(2, 1, 5, 7, generator=g)
+    causal = case.startswith("causal")
+    scale = 0.2 if case == "scale" else None
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+    assert_matches_eager(attention, q, k, v)
+
+
+def test_backward_does_not_keep_the_attention_matrix():
+    q, k, v = (t.requires_grad_() for t in _qkv(queries=16, keys=16))
+    forward = capture_graphs(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)[0]
+    output_node = next(n for n in forward.graph.nodes if n.op == "output")
+    shapes = [tuple(n.meta["val"].shape) for n in output_node.args[0] if hasattr(n, "meta")]
+    assert (2, 3, 16, 16) not in shapes, shapes
+    assert (2, 3, 16) in shapes  # the log-sum-exp per query
+
+
+@pytest.mark.device
+def test_multihead_attention_module_trains_like_eager():
+    layer = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True)
+    x = torch.randn(3, 6, 16, generator=g)
+    assert_matches_eager(layer, x)
