@@ -149,10 +149,11 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
     print(format_reports(reports))
     if args.failures:
         for r in reports:
-            for o in r.outcomes:
+            for o in r.counted:
                 if not o.passed:
                     print(f"{o.op}[{o.index}]: {o.reason}")
-    return 0
+    # Unexpected failures make the command fail, so that it can gate a change.
+    return 1 if any(r.unexpected for r in reports) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
