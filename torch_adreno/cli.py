@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import statistics
 import sys
 import time
@@ -145,8 +147,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_opinfo(args: argparse.Namespace) -> int:
     from torch_adreno.opinfo import format_reports, sweep
 
-    reports = sweep(args.ops, args.samples)
+    index, _, count = args.shard.partition("/")
+    reports = sweep(args.ops, args.samples, shard=(int(index), int(count or 1)))
     print(format_reports(reports))
+    if args.jsonl:
+        with open(args.jsonl, "a") as f:
+            for r in reports:
+                for o in r.outcomes:
+                    f.write(json.dumps(dataclasses.asdict(o)) + "\n")
     if args.failures:
         for r in reports:
             for o in r.counted:
@@ -182,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     opinfo.add_argument("--ops", nargs="+", default=None, help="OpInfo names (default: every claimed op)")
     opinfo.add_argument("--samples", type=int, default=None, help="samples per op (default: all)")
     opinfo.add_argument("--failures", action="store_true", help="list every failing sample with its reason")
+    opinfo.add_argument("--shard", default="0/1", help="i/n: run every n-th op from the i-th (parallel sweeps)")
+    opinfo.add_argument("--jsonl", default=None, help="append one JSON line per sample to this file")
     opinfo.set_defaults(fn=cmd_opinfo)
     args = parser.parse_args(argv)
     if getattr(args, "device", None) is not None and str(args.device).isdigit():

@@ -214,11 +214,16 @@ def samples(op: Any, limit: int | None) -> Iterator[tuple[int, Any]]:
         yield index, sample
 
 
-def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True) -> list[OpReport]:
-    """Run the samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op."""
+def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True,
+          shard: tuple[int, int] = (0, 1)) -> list[OpReport]:
+    """Run the samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op.
+
+    ``shard=(i, n)`` runs every n-th op from the i-th, so that n processes share a sweep.
+    """
     from tqdm import tqdm
 
     ops = [op for op in claimed_opinfos() if names is None or op.name in names or _opinfo_name(op) in names]
+    ops = ops[shard[0]::shard[1]]
     reports = []
     for op in tqdm(ops, desc="OpInfo sweep", unit="op", disable=not progress):
         report = OpReport(_opinfo_name(op))
