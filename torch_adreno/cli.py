@@ -145,16 +145,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_opinfo(args: argparse.Namespace) -> int:
-    from torch_adreno.opinfo import format_reports, sweep
+    from torch_adreno.opinfo import OpReport, format_reports, sweep
 
     index, _, count = args.shard.partition("/")
-    reports = sweep(args.ops, args.samples, shard=(int(index), int(count or 1)))
-    print(format_reports(reports))
-    if args.jsonl:
+
+    def write_jsonl(report: OpReport) -> None:
         with open(args.jsonl, "a") as f:
-            for r in reports:
-                for o in r.outcomes:
-                    f.write(json.dumps(dataclasses.asdict(o)) + "\n")
+            for o in report.outcomes:
+                f.write(json.dumps(dataclasses.asdict(o)) + "\n")
+
+    reports = sweep(args.ops, args.samples, shard=(int(index), int(count or 1)),
+                    on_report=write_jsonl if args.jsonl else None)
+    print(format_reports(reports))
     if args.failures:
         for r in reports:
             for o in r.counted:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,10 +215,11 @@ def samples(op: Any, limit: int | None) -> Iterator[tuple[int, Any]]:
 
 
 def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True,
-          shard: tuple[int, int] = (0, 1)) -> list[OpReport]:
+          shard: tuple[int, int] = (0, 1), on_report: Callable[[OpReport], None] | None = None) -> list[OpReport]:
     """Run the samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op.
 
-    ``shard=(i, n)`` runs every n-th op from the i-th, so that n processes share a sweep.
+    ``shard=(i, n)`` runs every n-th op from the i-th, so that n processes share a sweep;
+    ``on_report`` sees each op's report as soon as it is complete (a sweep cut short keeps them).
     """
     from tqdm import tqdm
 
@@ -230,6 +231,8 @@ def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress
         for index, sample in samples(op, limit):
             report.outcomes.append(run_sample(op, index, sample))
         reports.append(report)
+        if on_report is not None:
+            on_report(report)
     return reports
 
 
