@@ -155,7 +155,7 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
                 f.write(json.dumps(dataclasses.asdict(o)) + "\n")
 
     reports = sweep(args.ops, args.samples, shard=(int(index), int(count or 1)),
-                    on_report=write_jsonl if args.jsonl else None)
+                    on_report=write_jsonl if args.jsonl else None, all_samples=args.all_samples)
     print(format_reports(reports))
     if args.failures:
         for r in reports:
@@ -192,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     opinfo.add_argument("--ops", nargs="+", default=None, help="OpInfo names (default: every claimed op)")
     opinfo.add_argument("--samples", type=int, default=None, help="samples per op (default: all)")
     opinfo.add_argument("--failures", action="store_true", help="list every failing sample with its reason")
+    opinfo.add_argument("--all-samples", action="store_true",
+                        help="every sample, also of entries whose grid the sweep strides over (max pooling)")
     opinfo.add_argument("--shard", default="0/1", help="i/n: run every n-th op from the i-th (parallel sweeps)")
     opinfo.add_argument("--jsonl", default=None, help="append one JSON line per sample to this file")
     opinfo.set_defaults(fn=cmd_opinfo)

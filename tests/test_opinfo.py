@@ -1,0 +1,47 @@
+"""PyTorch's own OpInfo samples through the backend (a bounded subset; the full sweep is
+``python -m torch_adreno opinfo``, see README). A sample fails the test only when it fails and is
+not listed, with its reason, in ``torch_adreno.opinfo.EXPECTED_FAILURES``."""
+
+from __future__ import annotations
+
+import pytest
+
+from torch_adreno import opinfo
+
+#: One or two OpInfo entries per op family the backend claims; the first samples of each.
+CI_SUBSET = [
+    "add", "mul", "div.no_rounding_mode", "exp", "tanh", "sigmoid", "clamp", "where", "pow",
+    "sum", "mean", "amax", "var", "argmax", "cumsum",
+    "mm", "bmm", "addmm", "nn.functional.linear",
+    "nn.functional.conv2d", "nn.functional.conv_transpose2d", "nn.functional.max_pool2d",
+    "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d",
+    "softmax", "log_softmax", "nn.functional.cross_entropy",
+    "nn.functional.layer_norm", "nn.functional.batch_norm", "nn.functional.group_norm",
+    "nn.functional.gelu", "nn.functional.silu", "nn.functional.embedding",
+    "nn.functional.scaled_dot_product_attention",
+    "cat", "stack", "gather", "scatter", "index_select", "transpose", "flip",
+]
+SAMPLES_PER_OP = 2
+
+
+def test_subset_names_are_claimed_opinfo_entries():
+    claimed = {opinfo._opinfo_name(op) for op in opinfo.claimed_opinfos()}
+    missing = [name for name in CI_SUBSET if name not in claimed]
+    assert not missing, f"not claimed OpInfo entries: {missing}"
+
+
+def test_expected_failures_name_claimed_entries_and_give_reasons():
+    claimed = {opinfo._opinfo_name(op) for op in opinfo.claimed_opinfos()}
+    for (name, _index), reason in opinfo.EXPECTED_FAILURES.items():
+        assert name in claimed, f"expected failure for an unclaimed entry: {name}"
+        assert len(reason) > 10, f"{name}: an expected failure needs a reason"
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("name", CI_SUBSET)
+def test_opinfo_samples_match_eager(name):
+    reports = opinfo.sweep([name], limit=SAMPLES_PER_OP, progress=False)
+    assert reports, f"no OpInfo entry named {name}"
+    unexpected = [f"[{o.index}] {o.reason}" for r in reports for o in r.unexpected]
+    assert not unexpected, "\n".join(unexpected)
+    assert any(o.passed for r in reports for o in r.outcomes), "no sample passed"
