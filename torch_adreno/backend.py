@@ -38,6 +38,7 @@ EXTRA_DECOMPOSITIONS = [
     aten.native_layer_norm_backward.default,
     aten.native_batch_norm.default,
     aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit.no_stats,
     aten._native_batch_norm_legit_functional.default,
     aten._native_batch_norm_legit_no_training.default,
     aten.native_batch_norm_backward.default,

@@ -30,7 +30,8 @@ from torch_adreno.errors import AdrenoError, UnsupportedOpError
 #: our reductions and GEMMs reassociate sums, hence more than assert_close's float32 default.
 RTOL, ATOL = 1e-4, 1e-5
 
-#: OpInfo entries that reach claimed ATen ops through decomposition (name -> claimed op).
+#: OpInfo entries that reach claimed ATen ops through decomposition (name, or name.variant for one
+#: variant only -> claimed op).
 FUNCTIONAL = {
     "nn.functional.conv1d": "convolution", "nn.functional.conv2d": "convolution",
     "nn.functional.linear": "addmm", "nn.functional.embedding": "embedding",
@@ -50,6 +51,9 @@ FUNCTIONAL = {
     "nn.functional.scaled_dot_product_attention": "bmm", "nn.functional.softplus": "log1p",
     "nn.functional.mish": "tanh", "nn.functional.huber_loss": "where", "nn.functional.smooth_l1_loss": "where",
     "nn.functional.l1_loss": "abs", "nn.functional.softsign": "abs", "nn.functional.logsigmoid": "log1p",
+    "nn.functional.adaptive_avg_pool1d": "_adaptive_avg_pool2d", "nn.functional.adaptive_max_pool1d":
+    "adaptive_max_pool2d", "nn.functional.avg_pool1d": "avg_pool2d", "nn.functional.conv_transpose3d": "convolution",
+    "nn.functional.pad.constant": "constant_pad_nd",
 }
 
 #: Random ops: our generator is Philox on the device, not eager's, so their samples cannot be
@@ -59,7 +63,19 @@ RANDOM_OPINFOS = frozenset({"bernoulli", "rand_like", "randn", "randn_like", "nn
                             "uniform", "randint", "randint_like", "multinomial"})
 
 #: Samples known to fail, with the reason: (OpInfo name, sample index or None for all) -> reason.
-EXPECTED_FAILURES: dict[tuple[str, int | None], str] = {}
+_FLOAT64 = ("float64 is not computed: the backend runs float32 only (mobile GPUs have no fast float64) and "
+            "says so with a LoweringError naming the node")
+EXPECTED_FAILURES: dict[tuple[str, int | None], str] = {
+    ("softmax.with_dtype", None): _FLOAT64,
+    ("log_softmax.with_dtype", None): _FLOAT64,
+    ("nn.functional.layer_norm", 2): (
+        "one-element normalisation: rstd = 1/sqrt(eps) = 316 amplifies a one-ulp difference in the input "
+        "gradient to 1.2e-5 (atol 1e-5); both are float32 rounding of an exact 0"),
+    ("nn.functional.conv_transpose3d", 8): (
+        "weight gradient 2.4e-5 off (atol 1e-5) on values from cancellation of terms up to 165: vs float64 "
+        "ours is 7e-5, eager float32 2e-5 off: summation order"),
+    ("nn.functional.conv_transpose3d", 9): "as sample 8: summation order in a cancelling weight gradient",
+}
 
 
 @dataclass
@@ -111,7 +127,7 @@ def claimed_opinfos() -> list[Any]:
     claimed = {s.split(".")[1] for s in supported_ops() if s.startswith(("aten.", "prims."))}
     chosen = []
     for op in op_db:
-        target = FUNCTIONAL.get(op.name, op.aten_name)
+        target = FUNCTIONAL.get(_opinfo_name(op), FUNCTIONAL.get(op.name, op.aten_name))
         if target in claimed and op.name not in RANDOM_OPINFOS and torch.float32 in op.supported_dtypes("cpu"):
             chosen.append(op)
     return chosen

@@ -9,6 +9,14 @@ Groups become the GEMM batch. With ``N`` batch, ``G`` groups, ``Cg``/``OCg`` cha
 * grad input:    gx[n, g*Cg+m, q]    = sum_{k=(oc,r)}    w[g*OCg+oc, m, r]  * gy[n, g*OCg+oc, (q + pad - r*d)/s]
 * grad weight:   gw[g*OCg+m, c, r]   = sum_{k=(n,p)}     gy[n, g*OCg+m, p]  * x[n, g*Cg+c, p*s + r*d - pad]
 * grad bias:     a sum over batch and positions.
+
+A transposed convolution (``transposed=True``, weight ``(C_in, C_out/G, *kernel)``) is the input
+gradient of the normal convolution that maps its output space back to its input space: that
+convolution has input ``(N, C_out, *out)``, the same weight (``OC = C_in``) and output
+``(N, C_in, *in)``. So its forward is ``conv_grad_input`` with its input in the role of ``gy``;
+its input gradient is that convolution's forward of ``gy``, and its weight gradient is that
+convolution's weight gradient with ``x`` and ``gy`` in swapped roles. ``output_padding`` needs no
+term of its own: it only lengthens the output space, which the traced shapes already carry.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import torch
 from torch.fx import Node
 
 from torch_adreno import ir
-from torch_adreno.errors import UnsupportedOpError
+from torch_adreno.errors import LoweringError, UnsupportedOpError
 from torch_adreno.lowering.context import LoweringContext, Value, register
 from torch_adreno.lowering.reduction import reduce_dims
 
@@ -174,26 +182,50 @@ def conv_grad_weight(ctx: LoweringContext, gy: ir.View, x: ir.View, geo: ConvGeo
                     geo.n * geo.positions, lhs, rhs, out_index)
 
 
-def _check(node: Node, x: Value, w: Value, transposed: bool, output_padding: Sequence[int]) -> tuple[ir.View, ir.View]:
+def _check(node: Node, x: Value, w: Value) -> tuple[ir.View, ir.View]:
     if not isinstance(x, ir.View) or not isinstance(w, ir.View) or len(x.shape) < 3:
         raise UnsupportedOpError(f"{node.name}: convolution needs batched (N, C, ...) input and a weight tensor")
-    if transposed:
-        raise UnsupportedOpError(f"{node.name}: transposed convolution is not lowered yet")
+    if len(w.shape) != len(x.shape):
+        raise UnsupportedOpError(f"{node.name}: weight of rank {len(w.shape)} for an input of rank {len(x.shape)}")
     return x, w
+
+
+def transposed_geometry(node: Node, x: ir.View, w: ir.View, out_shape: Sequence[int], stride: Sequence[int],
+                        padding: Sequence[int], dilation: Sequence[int], groups: int) -> ConvGeometry:
+    """The normal convolution whose input gradient the transposed convolution ``x -> out`` is.
+
+    Its input space is ``out`` (``(N, C_out, *out)``), its output space is ``x``'s. The output
+    size is taken from ``x``, not recomputed from ``out``: PyTorch allows an ``output_padding``
+    below ``stride`` *or* ``dilation``, and one of at least ``stride`` adds rows past the last
+    window that no tap of ``x`` reaches (they receive only the bias), which the formula would
+    count as more windows.
+    """
+    geo = ConvGeometry([x.shape[0], out_shape[1], *out_shape[2:]], w.shape, stride, padding, dilation, groups)
+    if geo.oc != x.shape[1] or geo.cg * groups != out_shape[1]:
+        raise LoweringError(f"{node.name}: transposed convolution of input {list(x.shape)} with weight "
+                            f"{list(w.shape)} and groups={groups} cannot give {list(out_shape)}")
+    geo.out = list(x.shape[2:])
+    geo.positions = math.prod(geo.out)
+    return geo
 
 
 @register(aten.convolution.default)
 def _convolution(ctx: LoweringContext, node: Node, x: Value, w: Value, bias: Value, stride: Sequence[int],
                  padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                  output_padding: Sequence[int], groups: int) -> Value:
-    xv, wv = _check(node, x, w, transposed, output_padding)
+    xv, wv = _check(node, x, w)
     out = ctx.meta()
-    geo = ConvGeometry(xv.shape, wv.shape, stride, padding, dilation, groups)
-    y = conv_forward(ctx, xv, wv, geo, out.dtype)
+    if transposed:
+        geo = transposed_geometry(node, xv, wv, out.shape, stride, padding, dilation, groups)
+        y = conv_grad_input(ctx, xv, wv, geo, out.dtype)
+    else:
+        geo = ConvGeometry(xv.shape, wv.shape, stride, padding, dilation, groups)
+        y = conv_forward(ctx, xv, wv, geo, out.dtype)
     if bias is None:
         return y
+    channels = out.shape[1]
     return ctx.pointwise(out.shape, out.dtype,
-                         lambda i: ir.call("add", y.load(i), ctx.load(bias, [i[1]], [geo.oc], out.dtype)))
+                         lambda i: ir.call("add", y.load(i), ctx.load(bias, [i[1]], [channels], out.dtype)))
 
 
 @register(aten.convolution_backward.default)
@@ -201,17 +233,26 @@ def _convolution_backward(ctx: LoweringContext, node: Node, gy: Value, x: Value,
                           stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                           transposed: bool, output_padding: Sequence[int], groups: int,
                           output_mask: Sequence[bool]) -> Value:
-    xv, wv = _check(node, x, w, transposed, output_padding)
+    xv, wv = _check(node, x, w)
     if not isinstance(gy, ir.View):
         raise UnsupportedOpError(f"{node.name}: expected a gradient tensor")
-    geo = ConvGeometry(xv.shape, wv.shape, stride, padding, dilation, groups)
+    if not any(output_mask):
+        return (None, None, None)
     dtype = ctx.meta(index=0 if output_mask[0] else 1 if output_mask[1] else 2).dtype
-    grad_input = conv_grad_input(ctx, gy, wv, geo, dtype) if output_mask[0] else None
-    grad_weight = conv_grad_weight(ctx, gy, xv, geo, dtype) if output_mask[1] else None
-    grad_bias = None
+    grad_input = grad_weight = grad_bias = None
+    if transposed:
+        geo = transposed_geometry(node, xv, wv, gy.shape, stride, padding, dilation, groups)
+        if output_mask[0]:
+            grad_input = conv_forward(ctx, gy, wv, geo, dtype)
+        if output_mask[1]:
+            grad_weight = conv_grad_weight(ctx, xv, gy, geo, dtype)
+    else:
+        geo = ConvGeometry(xv.shape, wv.shape, stride, padding, dilation, groups)
+        if output_mask[0]:
+            grad_input = conv_grad_input(ctx, gy, wv, geo, dtype)
+        if output_mask[1]:
+            grad_weight = conv_grad_weight(ctx, gy, xv, geo, dtype)
     if output_mask[2]:
         dims = [0, *range(2, len(gy.shape))]
-        grad_bias = reduce_dims(ctx, gy, dims, "sum", dtype, [geo.oc])
+        grad_bias = reduce_dims(ctx, gy, dims, "sum", dtype, [gy.shape[1]])
     return (grad_input, grad_weight, grad_bias)
-
-

@@ -309,6 +309,8 @@ def _cat(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int = 
     out = ctx.meta()
     dim %= len(out.shape)
     parts = [_view(t, node.name) for t in tensors if isinstance(t, ir.View) and t.numel > 0]
+    if not parts:  # every part is empty, so is the result
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.const(0, out.dtype))
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         value: ir.Expr | None = None
@@ -510,3 +512,29 @@ def _unravel(linear: ir.Expr, shape: Sequence[int]) -> list[ir.Expr]:
 @register(aten.flip.default)
 def _flip(ctx: LoweringContext, node: Node, x: Value, dims: Sequence[int]) -> Value:
     return _view(x, node.name).flip(dims)
+
+
+@register(aten.constant_pad_nd.default)
+def _constant_pad(ctx: LoweringContext, node: Node, x: Value, pad: Sequence[int], value: float = 0) -> Value:
+    """``pad`` holds (before, after) pairs from the last dimension backwards; negative amounts crop."""
+    src = _view(x, node.name)
+    out = ctx.meta()
+    rank = len(out.shape)
+    before = [0] * rank
+    for j in range(len(pad) // 2):
+        before[rank - 1 - j] = int(pad[2 * j])
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        pos = [ir.call("sub", i[d], ir.index(before[d])) if before[d] else i[d] for d in range(rank)]
+        inside: ir.Expr | None = None
+        for d in range(rank):
+            if before[d] <= 0 and out.shape[d] - before[d] <= src.shape[d]:
+                continue  # never outside the source along d
+            cond = ir.call("logical_and", ir.call("ge", pos[d], ir.index(0)),
+                           ir.call("lt", pos[d], ir.index(src.shape[d])))
+            inside = cond if inside is None else ir.call("logical_and", inside, cond)
+        fill = ir.const(value, out.dtype)
+        read = ir.cast(src.load(pos), out.dtype) if src.numel else fill
+        return read if inside is None else ir.where(inside, read, fill)
+
+    return ctx.pointwise(out.shape, out.dtype, body)

@@ -1,0 +1,195 @@
+"""Average, adaptive average and adaptive max pooling and transposed convolution: forward and
+gradients on the OpenCL device (PoCL in CI) against eager PyTorch, plus their IR shape (no device)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_matches_eager, capture_graphs
+from torch import nn
+
+import torch_adreno
+from torch_adreno import ir
+from torch_adreno.config import Config
+from torch_adreno.errors import UnsupportedOpError
+from torch_adreno.lowering import lower_graph
+
+device = pytest.mark.device
+
+
+def r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+def lower(fn, *inputs, index=0):
+    return lower_graph(capture_graphs(fn, *inputs)[index], Config(), "g")
+
+
+# -- average pooling -----------------------------------------------------------------------------
+
+
+@device
+@pytest.mark.parametrize(
+    "kernel,stride,padding,ceil,include_pad,divisor",
+    [(2, None, 0, False, True, None), (3, 2, 1, False, True, None), (3, 2, 1, True, True, None),
+     (3, 2, 1, True, False, None), ((3, 2), (2, 1), (1, 0), False, False, None), (3, 3, 1, True, True, None),
+     ((2, 3), (1, 2), (1, 1), False, True, 5), (3, 2, 1, True, False, 4)],
+)
+def test_avg_pool2d(kernel, stride, padding, ceil, include_pad, divisor):
+    def fn(x):
+        return F.avg_pool2d(x, kernel, stride, padding, ceil_mode=ceil, count_include_pad=include_pad,
+                            divisor_override=divisor)
+
+    assert_matches_eager(fn, r(2, 3, 10, 7))
+
+
+@device
+def test_avg_pool2d_unbatched_odd_shape():
+    assert_matches_eager(lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), r(3, 5, 9))
+
+
+# -- adaptive pooling ----------------------------------------------------------------------------
+
+
+@device
+@pytest.mark.parametrize("in_hw,out_hw", [((10, 7), (3, 5)), ((5, 7), (9, 4)), ((8, 6), (4, 3)), ((7, 9), (1, 1)),
+                                          ((6, 11), (6, 1)), ((13, 13), (5, 7))])
+def test_adaptive_avg_pool2d(in_hw, out_hw):
+    assert_matches_eager(lambda x: F.adaptive_avg_pool2d(x, out_hw), r(2, 3, *in_hw))
+
+
+@device
+def test_adaptive_avg_pool2d_unbatched():
+    assert_matches_eager(lambda x: F.adaptive_avg_pool2d(x, (4, 3)), r(3, 9, 7))
+
+
+@device
+@pytest.mark.parametrize("in_hw,out_hw", [((10, 7), (3, 5)), ((5, 7), (9, 4)), ((8, 6), (4, 3)), ((7, 9), (2, 2))])
+def test_adaptive_max_pool2d_values_indices_and_gradient(in_hw, out_hw):
+    assert_matches_eager(lambda x: F.adaptive_max_pool2d(x, out_hw, return_indices=True), r(2, 3, *in_hw))
+
+
+@device
+def test_adaptive_max_pool2d_ties_take_the_first_maximum():
+    # Few distinct values: most windows hold their maximum more than once; the index (and so the
+    # gradient) must go to the first one in row-major order, like PyTorch's.
+    x = torch.randint(0, 3, (2, 2, 9, 7)).float()
+    assert_matches_eager(lambda x: F.adaptive_max_pool2d(x, (4, 3), return_indices=True), x)
+    assert_matches_eager(lambda x: F.adaptive_max_pool2d(x, (3, 5)), r(3, 7, 11))  # unbatched
+
+
+@device
+def test_max_pool2d_unbatched():
+    assert_matches_eager(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), r(3, 9, 8))
+
+
+# -- transposed convolution ----------------------------------------------------------------------
+
+
+@device
+@pytest.mark.parametrize(
+    "stride,padding,output_padding,dilation,groups,bias",
+    [(1, 0, 0, 1, 1, True), (2, 0, 0, 1, 1, False), (2, 1, 1, 1, 1, True), ((2, 3), (1, 0), (1, 2), 1, 1, True),
+     (1, 1, 0, 2, 1, False), (2, 2, 1, 2, 2, True), (1, 0, 1, 2, 1, True), (3, 1, 2, (2, 1), 4, False)],
+)
+def test_conv_transpose2d(stride, padding, output_padding, dilation, groups, bias):
+    x, w, b = r(2, 4, 5, 6), r(4, 3, 3, 2), r(3 * groups)  # weight: (C_in, C_out / groups, kH, kW)
+
+    def fn(x, w, b=None):
+        return F.conv_transpose2d(x, w, b, stride=stride, padding=padding, output_padding=output_padding,
+                                  groups=groups, dilation=dilation)
+
+    if bias:
+        assert_matches_eager(fn, x, w, b, atol=1e-4)
+    else:
+        assert_matches_eager(fn, x, w, atol=1e-4)
+
+
+@device
+def test_conv_transpose1d_and_unbatched_2d():
+    assert_matches_eager(lambda x, w, b: F.conv_transpose1d(x, w, b, stride=2, padding=1, output_padding=1),
+                         r(2, 3, 7), r(3, 5, 4), r(5), atol=1e-4)
+    assert_matches_eager(lambda x, w: F.conv_transpose2d(x, w, stride=2), r(3, 4, 5), r(3, 2, 3, 3), atol=1e-4)
+
+
+@device
+def test_conv_transpose2d_only_some_gradients():
+    # output_mask without the input gradient (x is a constant) or the weight gradient.
+    x, w = r(2, 4, 5, 5), r(4, 3, 3, 3)
+    assert_matches_eager(lambda w: F.conv_transpose2d(x, w, stride=2, padding=1), w, atol=1e-4)
+    assert_matches_eager(lambda x: F.conv_transpose2d(x, w, stride=2, padding=1), x, atol=1e-4)
+
+
+class _Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(3, 6, 3, stride=2, padding=1, output_padding=1)
+        self.up2 = nn.ConvTranspose2d(6, 4, 2, stride=1, groups=2, bias=False)
+        self.pool = nn.AdaptiveAvgPool2d((3, 5))
+        self.fc = nn.Linear(4 * 15, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pool(F.relu(self.up2(F.relu(self.up(x)))))
+        return self.fc(y.flatten(1))
+
+
+@device
+def test_conv_transpose_and_adaptive_pool_module_trains_like_eager():
+    model = _Decoder()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="adreno")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(3):
+        x, y = torch.randn(4, 3, 5, 6, generator=gen), torch.randint(0, 5, (4,), generator=gen)
+        with torch_adreno.profile() as prof:
+            opt.zero_grad()
+            loss = F.cross_entropy(compiled(x), y)
+            loss.backward()
+        ref_opt.zero_grad()
+        ref_loss = F.cross_entropy(reference(x), y)
+        ref_loss.backward()
+        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
+        assert prof.kernel_launches > 0 and prof.host_fallback_ops == []
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, n=name, s=step: f"gradient of {n} at step {s}: {m}")
+        opt.step()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+# -- the IR they lower to (no device) ------------------------------------------------------------
+
+
+def test_conv_transpose_forward_and_backward_are_implicit_gemms():
+    x = torch.randn(2, 4, 5, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    fn = lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1)  # noqa: E731
+    fw, bw = (lower_graph(gm, Config(), "g") for gm in capture_graphs(fn, x, w))
+    (gemm,) = [n for n in fw.nodes if isinstance(n, ir.Gemm)]
+    # Output 10x10 positions, summed over the input channels times the kernel taps.
+    assert (gemm.batch, gemm.m, gemm.n, gemm.k) == (2, 3, 100, 4 * 9)
+    assert fw.buffers[gemm.output].shape == (2, 3, 10, 10)
+    assert sum(isinstance(n, ir.Gemm) for n in bw.nodes) == 2
+    assert not any(isinstance(n, ir.HostOp) for n in [*fw.nodes, *bw.nodes])
+
+
+def test_pooling_lowers_to_window_reductions():
+    g = lower(lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), torch.randn(1, 2, 7, 7))
+    assert [type(n).__name__ for n in g.nodes] == ["Reduction", "Pointwise"]
+    g = lower(lambda x: F.adaptive_avg_pool2d(x, (3, 2)), torch.randn(1, 2, 7, 7))
+    (red,) = [n for n in g.nodes if isinstance(n, ir.Reduction)]
+    assert red.reduction_ranges == (3, 4)  # the longest windows of 7 -> 3 ([0,3) [2,5) [4,7)) and 7 -> 2
+    g = lower(lambda x: F.adaptive_max_pool2d(x, (3, 2), return_indices=True), torch.randn(1, 2, 7, 7))
+    assert [n.reduce_op for n in g.nodes if isinstance(n, ir.Reduction)] == ["max", "argmax"]
+
+
+def test_integer_pooling_is_rejected_clearly():
+    with pytest.raises(UnsupportedOpError, match=r"avg_pool2d is lowered for float32"):
+        lower(lambda x: F.avg_pool2d(x, 2), torch.randint(0, 5, (1, 2, 4, 4)))
