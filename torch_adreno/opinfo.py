@@ -62,6 +62,12 @@ FUNCTIONAL = {
 RANDOM_OPINFOS = frozenset({"bernoulli", "rand_like", "randn", "randn_like", "nn.functional.dropout", "normal",
                             "uniform", "randint", "randint_like", "multinomial"})
 
+#: Entries whose ``op`` wraps the function in torch's RNG-state freezing (for their random
+#: samples), which Dynamo cannot trace: the function itself is compiled instead.
+UNWRAPPED: dict[str, Any] = {
+    "nn.functional.scaled_dot_product_attention": torch.nn.functional.scaled_dot_product_attention,
+}
+
 #: Samples known to fail, with the reason: (OpInfo name, sample index or None for all) -> reason.
 _FLOAT64 = ("float64 is not computed: the backend runs float32 only (mobile GPUs have no fast float64) and "
             "says so with a LoweringError naming the node")
@@ -75,6 +81,10 @@ EXPECTED_FAILURES: dict[tuple[str, int | None], str] = {
         "weight gradient 2.4e-5 off (atol 1e-5) on values from cancellation of terms up to 165: vs float64 "
         "ours is 7e-5, eager float32 2e-5 off: summation order"),
     ("nn.functional.conv_transpose3d", 9): "as sample 8: summation order in a cancelling weight gradient",
+    **{("nn.functional.scaled_dot_product_attention", i): (
+        "saturated softmax (inputs up to 9, scores near 200): the backward recomputes the probabilities "
+        "from the saved log-sum-exp with scores from another GEMM kernel; vs float64 ours is off by up to "
+        "1.2e-4, eager float32 by up to 6e-5 (atol 1e-5)") for i in (8, 9, 12, 13, 20)},
 }
 
 
@@ -169,6 +179,9 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
     """One sample, compiled vs eager; the reason says what failed."""
     name = _opinfo_name(op)
     expected = EXPECTED_FAILURES.get((name, index)) or EXPECTED_FAILURES.get((name, None))
+    function = UNWRAPPED.get(name, op.op)
+    if name in UNWRAPPED and sample.kwargs.get("dropout_p", 0.0):
+        return Outcome(name, index, False, "random (dropout_p > 0): see RANDOM_OPINFOS", skipped=True)
     flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
     slots = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
     tensors = [flat[i] for i in slots]
@@ -178,7 +191,7 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
         for slot, t in zip(slots, ts, strict=True):
             values[slot] = t
         inp, args, kwargs = tree_unflatten(values, spec)
-        return op.op(inp, *args, **kwargs)
+        return function(inp, *args, **kwargs)
 
     def prepared() -> list[torch.Tensor]:
         return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
