@@ -115,6 +115,8 @@ def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *,
     src, index_view = _view(x, node.name), _view(idx, node.name)
     out = ctx.meta()
     dim %= max(len(src.shape), 1)
+    if 0 in out.shape:  # an empty index may even have another rank than the source
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.const(0, out.dtype))
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         if not src.shape:
@@ -160,7 +162,15 @@ def _scatter_add(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Valu
     base, index_view, values = _view(x, node.name), _view(idx, node.name), _view(src, node.name)
     out = ctx.meta()
     if not out.shape:
-        raise UnsupportedOpError(f"{node.name}: scatter_add into a 0-dim tensor is not supported")
+        # Into a 0-dim tensor: every index element is 0 (or -1); each adds its source element.
+        def scalar_contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+            pos = list(r) if index_view.shape else []
+            hit = ir.call("eq", _as_index(index_view.load(pos), 1), ir.index(0))
+            value = values.load(pos if values.shape else [])
+            return ir.where(hit, ir.cast(value, out.dtype), ir.const(0, out.dtype))
+
+        total = ctx.reduction((), index_view.shape or (1,), "sum", out.dtype, scalar_contributions)
+        return ctx.pointwise((), out.dtype, lambda i: ir.call("add", base.load([]), total.load([])))
     dim %= len(out.shape)
 
     def contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
