@@ -69,11 +69,8 @@ UNWRAPPED: dict[str, Any] = {
 }
 
 #: Samples known to fail, with the reason: (OpInfo name, sample index or None for all) -> reason.
-_FLOAT64 = ("float64 is not computed: the backend runs float32 only (mobile GPUs have no fast float64) and "
-            "says so with a LoweringError naming the node")
+FLOAT64_OUT_OF_SCOPE = "out of scope: the sample produces float64 (the backend computes float32 only)"
 EXPECTED_FAILURES: dict[tuple[str, int | None], str] = {
-    ("softmax.with_dtype", None): _FLOAT64,
-    ("log_softmax.with_dtype", None): _FLOAT64,
     ("nn.functional.layer_norm", 2): (
         "one-element normalisation: rstd = 1/sqrt(eps) = 316 amplifies a one-ulp difference in the input "
         "gradient to 1.2e-5 (atol 1e-5); both are float32 rounding of an exact 0"),
@@ -208,6 +205,11 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
         expected_grads = _grads(expected_out, diff) if grad and diff else []
     except Exception as err:  # the sample is not valid in eager either: not ours to judge
         return Outcome(name, index, False, f"eager raises {type(err).__name__}", skipped=True)
+    if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in _leaves(expected_out)):
+        # A float32 sample asking for a float64 result (to(float64), softmax(dtype=float64)): the
+        # backend computes float32 only (Adreno GPUs have no float64) and raises a LoweringError
+        # naming the node, which tests/test_lowering.py checks; these are reported apart.
+        return Outcome(name, index, False, FLOAT64_OUT_OF_SCOPE, skipped=True)
     compiled = torch.compile(call, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)
     try:
         with _count_compiles() as compiles:
@@ -296,6 +298,9 @@ def format_reports(reports: Sequence[OpReport]) -> str:
     passed = sum(r.passed for r in reports)
     total = sum(len(r.counted) for r in reports)
     unexpected = sum(len(r.unexpected) for r in reports)
+    skipped = [o for r in reports for o in r.outcomes if o.skipped]
+    float64 = sum(o.reason == FLOAT64_OUT_OF_SCOPE for o in skipped)
     lines.append(f"total: {passed}/{total} samples pass ({100 * passed / max(total, 1):.1f}%) over {len(reports)} "
-                 f"OpInfo entries; {total - passed - unexpected} expected failures, {unexpected} unexpected")
+                 f"OpInfo entries; {total - passed - unexpected} expected failures, {unexpected} unexpected; "
+                 f"not counted: {float64} samples producing float64, {len(skipped) - float64} invalid in eager too")
     return "\n".join(lines)
