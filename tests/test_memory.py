@@ -217,3 +217,35 @@ def test_backward_memory_with_reuse(model_name, tmp_path):
     if model_name == "resnet_mini":  # its BatchNorm backward updates buffers it reads for the last time
         assert "in place of" in plan_text
     assert "(donated)" in plan_text and "is released after kernel" in plan_text  # saved activations serve
+
+
+@pytest.mark.device
+def test_activation_memory_budget_saves_fewer_bytes_and_keeps_gradients():
+    """Below 1, the partitioner recomputes BatchNorm+ReLU in the backward instead of saving them."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 4))
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 4, (4,))
+    saved, grads = {}, {}
+    for budget in (1.0, 0.5):
+        torch._dynamo.reset()
+        model = copy.deepcopy(net)
+        loss_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno",
+                                options={"activation_memory_budget": budget})
+        with torch_adreno.profile() as prof:
+            loss_fn(model, x, y).backward()
+        saved[budget] = prof.graph_runs[0].escaping_bytes
+        grads[budget] = [p.grad for p in model.parameters()]
+    reference = copy.deepcopy(net)
+    F.cross_entropy(reference(x), y).backward()
+    assert saved[0.5] < saved[1.0], saved
+    for g, r in zip(grads[0.5], (p.grad for p in reference.parameters()), strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_activation_memory_budget_is_validated():
+    with pytest.raises(ValueError, match="activation_memory_budget"):
+        torch.compile(torch.nn.Linear(2, 2), backend="adreno",
+                      options={"activation_memory_budget": 1.5})(torch.randn(1, 2))

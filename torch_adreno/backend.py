@@ -99,7 +99,7 @@ def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: 
     program = render_program(fused, plan, runtime.profile)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
-    return Executable(program, runtime, residency, static_inputs)
+    return Executable(program, runtime, residency, static_inputs, tune=config.tune)
 
 
 def _static_input_indices() -> list[int]:
@@ -208,6 +208,9 @@ def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]
     mkldnn_was_enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)
     try:
-        return make_backend(config)(gm, example_inputs)
+        # The partitioner reads its budget from functorch's config while it partitions, which
+        # happens inside this call (not later, at the first backward).
+        with torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget):
+            return make_backend(config)(gm, example_inputs)
     finally:
         torch._C._set_mkldnn_enabled(mkldnn_was_enabled)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from torch_adreno.errors import OptionError
@@ -43,6 +44,16 @@ def _auto_bool(value: Any) -> str | bool:
         return _bool(value)
     except ValueError:
         raise ValueError(f"must be 'auto', True or False, got {value!r}") from None
+
+
+def _fraction(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be a number in (0, 1], got {value!r}") from None
+    if not 0 < number <= 1 or isinstance(value, bool):
+        raise ValueError(f"must be a number in (0, 1], got {value!r}")
+    return number
 
 
 def _choice(*choices: str) -> Callable[[Any], str]:
@@ -98,6 +109,18 @@ OPTIONS: dict[str, OptionSpec] = {
             "on unified-memory devices such as phones and PoCL; True requires such a device; False "
             "always copies)",
         ),
+        OptionSpec(
+            "activation_memory_budget", _fraction, 1.0, "TORCH_ADRENO_ACTIVATION_MEMORY_BUDGET",
+            "share of the saved activations' bytes the forward may keep for the backward; below 1 the "
+            "partitioner recomputes cheap ops (normalisations, activations) in the backward instead "
+            "(default 1.0: save everything the backward reads, fewest bytes moved)",
+        ),
+        OptionSpec(
+            "tune", _bool, False, "TORCH_ADRENO_TUNE",
+            "time alternative work-group sizes and GEMM tilings of each kernel with OpenCL profiling "
+            "events when it is compiled, keep the fastest whose output matches the default's, and cache "
+            "the choice on disk per device, driver, kernel and shape (default False: the heuristic)",
+        ),
     )
 }
 
@@ -112,6 +135,8 @@ class Config:
     memory_reuse: bool = True
     zero_copy: str | bool = "auto"
     debug_dir: str | None = None
+    activation_memory_budget: float = 1.0
+    tune: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None,
@@ -141,3 +166,12 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def cache_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The base directory of every on-disk cache of torch_adreno: ``$TORCH_ADRENO_CACHE`` if set,
+    else ``~/.cache/torch_adreno``. Each cache keeps its own file or subdirectory under it, so that
+    one variable moves (or one ``rm -r`` clears) them all. The directory may not exist yet."""
+    environ = os.environ if environ is None else environ
+    override = environ.get("TORCH_ADRENO_CACHE", "")
+    return Path(override) if override else Path.home() / ".cache" / "torch_adreno"

@@ -8,6 +8,7 @@ source opens with the FX nodes it came from.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from torch_adreno import ir
@@ -19,8 +20,15 @@ from torch_adreno.fusion import (
     PointwiseKernel,
     ReductionKernel,
 )
-from torch_adreno.kernels.gemm import GEMM_MACROS, render_gemm
-from torch_adreno.kernels.generated import buffer_bytes, make_params, render_pointwise, render_reduction
+from torch_adreno.kernels.gemm import GEMM_MACROS, gemm_candidates, render_gemm
+from torch_adreno.kernels.generated import (
+    GROUP_SIZE,
+    buffer_bytes,
+    make_params,
+    render_pointwise,
+    render_reduction,
+    tree_reduction_candidates,
+)
 from torch_adreno.kernels.program import (
     HostStep,
     KernelProgram,
@@ -29,10 +37,11 @@ from torch_adreno.kernels.program import (
     c_identifier,
     header_comment,
 )
+from torch_adreno.kernels.workgroup import Launch, guarded_linear_candidates
 from torch_adreno.memory import MemoryPlan
 from torch_adreno.target import DeviceProfile
 
-__all__ = ["HostStep", "KernelProgram", "KernelSource", "render_program"]
+__all__ = ["HostStep", "KernelProgram", "KernelSource", "launch_candidates", "render_program"]
 
 
 def kernel_name(graph_name: str, index: int, group: FusionGroup) -> str:
@@ -95,7 +104,7 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
         if isinstance(spec, PointwiseKernel):
             source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
         elif isinstance(spec, ReductionKernel):
-            source, global_size, local_size = render_reduction(name, header, spec, params, profile)
+            source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
         else:
             source, options, global_size, local_size = render_gemm(name, header, spec, params, profile)
             macros = GEMM_MACROS
@@ -103,3 +112,54 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
                                   group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
                                   macros, estimate_flops(group)))
     return KernelProgram(graph, plan, steps)
+
+
+def _defines(options: tuple[str, ...]) -> dict[str, str]:
+    return {name: value for name, _, value in (o[2:].partition("=") for o in options if o.startswith("-D"))}
+
+
+def _with_defines(kernel: KernelSource, defines: tuple[str, ...]) -> tuple[str, ...]:
+    """``kernel``'s build options with the ``-D`` options named in ``defines`` given new values."""
+    new = _defines(defines)
+    missing = set(new) - set(_defines(kernel.build_options))
+    if missing:
+        raise ValueError(f"kernel {kernel.name} has no build option(s) {sorted(missing)} to vary")
+    options = []
+    for option in kernel.build_options:
+        name = option[2:].partition("=")[0] if option.startswith("-D") else None
+        options.append(f"-D{name}={new[name]}" if name in new else option)
+    return tuple(options)
+
+
+def launch_candidates(kernel: KernelSource, profile: DeviceProfile) -> list[KernelSource]:
+    """The variants of ``kernel`` a tuner may time on ``profile``'s device, ``kernel`` itself first.
+
+    Every variant computes the same values as ``kernel`` in exact arithmetic; they differ in launch
+    geometry and, for the templates, in the ``-D`` options that go with it: the local size of a
+    pointwise or per-output reduction kernel (both return early past their last item, so the
+    global size is rounded up to any local size), the group size of a tree reduction
+    (``-DGROUP_SIZE``), and the tiling of a GEMM (``-DTILE_*``/``-DWPT_*`` of ``gemm.cl``, or
+    ``-DWPT_M`` and the group width of ``gemm_direct.cl``). Sources are unchanged: a variant needs
+    a build of its own only where its build options differ.
+    """
+    defines = _defines(kernel.build_options)
+    launches: list[Launch]
+    if kernel.kind == "gemm":
+        launches = gemm_candidates(int(defines["SIZE_M"]), int(defines["SIZE_N"]), kernel.global_size[2],
+                                   "TILE_M" in defines, profile)
+    elif GROUP_SIZE in defines:
+        launches = tree_reduction_candidates(kernel.global_size[0] // kernel.local_size[0], int(defines[GROUP_SIZE]),
+                                             profile)
+    else:
+        (global_size,), (local_size,) = kernel.global_size, kernel.local_size
+        launches = guarded_linear_candidates(global_size, local_size, profile)
+    variants = [kernel]
+    seen = {(kernel.build_options, kernel.global_size, kernel.local_size)}
+    for launch in launches:
+        options = _with_defines(kernel, launch.defines)
+        key = (options, launch.global_size, launch.local_size)
+        if key not in seen:
+            seen.add(key)
+            variants.append(dataclasses.replace(kernel, build_options=options, global_size=launch.global_size,
+                                                local_size=launch.local_size))
+    return variants

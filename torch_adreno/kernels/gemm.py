@@ -9,6 +9,7 @@ from importlib import resources
 from torch_adreno import ir
 from torch_adreno.fusion import GemmKernel
 from torch_adreno.kernels.generated import index_ctype_for, write_stores
+from torch_adreno.kernels.workgroup import MAX_CANDIDATE_GROUP, Launch, candidate_span, group_limit
 from torch_adreno.kernels.writer import CodeWriter, Param
 from torch_adreno.target import DeviceProfile
 
@@ -45,24 +46,77 @@ def _tile_for(extent: int) -> int:
     return 64 if extent >= 64 else 32 if extent >= 32 else 16
 
 
-def choose_tiling(node: ir.Gemm, profile: DeviceProfile) -> GemmTiling:
-    """Output tile per work-group from the problem shape: 64 where the extent allows, down to 16
-    for thin operands (a 6-channel convolution, a 10-class classifier), with 16 work-items per
-    direction (8 where the device allows fewer than 256 per group)."""
-    threads = 16 if profile.max_work_group_size >= 256 else 8
-    tile_m, tile_n = _tile_for(node.m), _tile_for(node.n)
-    tile_m, tile_n = max(tile_m, threads), max(tile_n, threads)
-    tiling = GemmTiling(tile_m, tile_n, 16, tile_m // threads, tile_n // threads)
+def _threads_per_direction(profile: DeviceProfile) -> int:
+    return 16 if profile.max_work_group_size >= 256 else 8
+
+
+def _fit_local_memory(tiling: GemmTiling, profile: DeviceProfile) -> GemmTiling:
     while tiling.local_bytes() > profile.local_mem_bytes and tiling.tile_k > 4:
         tiling = GemmTiling(tiling.tile_m, tiling.tile_n, tiling.tile_k // 2, tiling.wpt_m, tiling.wpt_n)
     return tiling
 
 
-def choose_direct_tiling(node: ir.Gemm, profile: DeviceProfile) -> DirectTiling:
-    wpt_m = 8 if node.m >= 8 else 4 if node.m >= 4 else 1
-    column_blocks = math.ceil(node.n / 8)
+def _tiling(m: int, n: int, profile: DeviceProfile) -> GemmTiling:
+    threads = _threads_per_direction(profile)
+    tile_m, tile_n = max(_tile_for(m), threads), max(_tile_for(n), threads)
+    return _fit_local_memory(GemmTiling(tile_m, tile_n, 16, tile_m // threads, tile_n // threads), profile)
+
+
+def choose_tiling(node: ir.Gemm, profile: DeviceProfile) -> GemmTiling:
+    """Output tile per work-group from the problem shape: 64 where the extent allows, down to 16
+    for thin operands (a 6-channel convolution, a 10-class classifier), with 16 work-items per
+    direction (8 where the device allows fewer than 256 per group)."""
+    return _tiling(node.m, node.n, profile)
+
+
+def tiling_candidates(m: int, n: int, profile: DeviceProfile) -> list[GemmTiling]:
+    """Tilings a tuner may try, the heuristic's first: every output tile of 16, 32 or 64 no larger
+    than the heuristic's in either direction, with the heuristic's work-items per direction; then
+    the heuristic's tile with the other count of work-items and with a K step of 8 and 32. Each
+    fits the device's group size and local memory."""
+    default = _tiling(m, n, profile)
+    threads = _threads_per_direction(profile)
+    shapes: list[tuple[int, int, int, int]] = [
+        (tile_m, tile_n, threads, default.tile_k)
+        for tile_m in (16, 32, 64) for tile_n in (16, 32, 64)
+        if tile_m <= default.tile_m and tile_n <= default.tile_n
+    ]
+    shapes += [(default.tile_m, default.tile_n, t, default.tile_k) for t in (8, 16) if t != threads]
+    shapes += [(default.tile_m, default.tile_n, threads, k) for k in (8, 32) if k != default.tile_k]
+    tilings = [default]
+    for tile_m, tile_n, t, tile_k in shapes:
+        if tile_m < t or tile_n < t or t * t > profile.max_work_group_size:
+            continue
+        tiling = GemmTiling(tile_m, tile_n, tile_k, tile_m // t, tile_n // t)
+        if tiling.local_bytes() <= profile.local_mem_bytes and tiling not in tilings:
+            tilings.append(tiling)
+    return tilings
+
+
+def _direct_tiling(m: int, n: int, profile: DeviceProfile) -> DirectTiling:
+    wpt_m = 8 if m >= 8 else 4 if m >= 4 else 1
+    column_blocks = math.ceil(n / 8)
     local_n = max(1, min(16, profile.max_work_group_size, 1 << (column_blocks - 1).bit_length()))
     return DirectTiling(wpt_m, local_n)
+
+
+def choose_direct_tiling(node: ir.Gemm, profile: DeviceProfile) -> DirectTiling:
+    return _direct_tiling(node.m, node.n, profile)
+
+
+def direct_tiling_candidates(m: int, n: int, profile: DeviceProfile) -> list[DirectTiling]:
+    """Blockings of the direct template a tuner may try, the heuristic's first: each other row
+    blocking (1, 2, 4, 8 rows, no more than the rows there are) with the heuristic's group, and
+    each group size a quarter to four times the heuristic's (no wider than the column blocks nor
+    the device allows) with the heuristic's row blocking."""
+    default = _direct_tiling(m, n, profile)
+    column_blocks = math.ceil(n / 8)
+    widest = min(group_limit(profile), MAX_CANDIDATE_GROUP, 1 << (column_blocks - 1).bit_length())
+    tilings = [default]
+    tilings += [DirectTiling(w, default.local_n) for w in (1, 2, 4, 8) if w != default.wpt_m and w <= max(m, 1)]
+    tilings += [DirectTiling(default.wpt_m, size) for size in candidate_span(default.local_n)[1:]
+                if 1 <= size <= widest]
+    return list(dict.fromkeys(tilings))
 
 
 def use_local_memory_tiles(profile: DeviceProfile) -> bool:
@@ -150,20 +204,36 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
     ])
     sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={node.k}", f"-DROW_SUM={int(spec.row_sum is not None)}")
     if not use_local_memory_tiles(profile):
-        direct = choose_direct_tiling(node, profile)
         template = resources.files("torch_adreno.kernels").joinpath("gemm_direct.cl").read_text()
-        column_blocks = math.ceil(node.n / 8)
-        global_size = (math.ceil(column_blocks / direct.local_n) * direct.local_n, math.ceil(node.m / direct.wpt_m),
-                       node.batch)
-        return (prelude + template, (f"-DWPT_M={direct.wpt_m}", "-cl-mad-enable", *sizes), global_size,
-                (direct.local_n, 1, 1))
-    tiling = choose_tiling(node, profile)
+        launch = direct_launch(node.m, node.n, node.batch, choose_direct_tiling(node, profile))
+        return (prelude + template, (*launch.defines, "-cl-mad-enable", *sizes), launch.global_size,
+                launch.local_size)
     template = resources.files("torch_adreno.kernels").joinpath("gemm.cl").read_text()
-    options = (
-        f"-DTILE_M={tiling.tile_m}", f"-DTILE_N={tiling.tile_n}", f"-DTILE_K={tiling.tile_k}",
-        f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}", *sizes,
-        f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}",
-    )
+    launch = tiled_launch(node.m, node.n, node.batch, choose_tiling(node, profile))
+    options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}")
+    return prelude + template, options, launch.global_size, launch.local_size
+
+
+def direct_launch(m: int, n: int, batch: int, tiling: DirectTiling) -> Launch:
+    """Geometry of ``gemm_direct.cl``: one work-item per ``wpt_m`` x 8 block of C. The template clamps
+    its indices and guards its stores, so the column and row extents may be rounded up freely."""
+    column_blocks = math.ceil(n / 8)
+    global_size = (math.ceil(column_blocks / tiling.local_n) * tiling.local_n, math.ceil(m / tiling.wpt_m), batch)
+    return Launch((f"-DWPT_M={tiling.wpt_m}",), global_size, (tiling.local_n, 1, 1))
+
+
+def tiled_launch(m: int, n: int, batch: int, tiling: GemmTiling) -> Launch:
+    """Geometry of ``gemm.cl``: one work-group per output tile, its size fixed by the tiling."""
+    defines = (f"-DTILE_M={tiling.tile_m}", f"-DTILE_N={tiling.tile_n}", f"-DTILE_K={tiling.tile_k}",
+               f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}")
     tn, tm = tiling.threads
-    global_size = (math.ceil(node.n / tiling.tile_n) * tn, math.ceil(node.m / tiling.tile_m) * tm, node.batch)
-    return prelude + template, options, global_size, (tn, tm, 1)
+    global_size = (math.ceil(n / tiling.tile_n) * tn, math.ceil(m / tiling.tile_m) * tm, batch)
+    return Launch(defines, global_size, (tn, tm, 1))
+
+
+def gemm_candidates(m: int, n: int, batch: int, tiled: bool, profile: DeviceProfile) -> list[Launch]:
+    """Launches a tuner may try for a GEMM of the given template (``tiled``: ``gemm.cl``, else
+    ``gemm_direct.cl``), the heuristic's first."""
+    if tiled:
+        return [tiled_launch(m, n, batch, t) for t in tiling_candidates(m, n, profile)]
+    return [direct_launch(m, n, batch, t) for t in direct_tiling_candidates(m, n, profile)]

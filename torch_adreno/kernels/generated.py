@@ -14,11 +14,20 @@ from torch_adreno.kernels.expressions import (
     reduction_init,
     value_ctype,
 )
-from torch_adreno.kernels.workgroup import linear_local_size, reduction_local_size, round_up
+from torch_adreno.kernels.workgroup import (
+    Launch,
+    linear_local_size,
+    reduction_local_candidates,
+    reduction_local_size,
+    round_up,
+)
 from torch_adreno.kernels.writer import CodeWriter, Param
 from torch_adreno.target import DeviceProfile
 
 INT32_LIMIT = 2**31 - 1
+#: The ``-D`` option that sizes a tree reduction's work-group (its local arrays, its loop stride and
+#: its ``reqd_work_group_size``): a tuner rebuilds the kernel with another value, nothing else.
+GROUP_SIZE = "GROUP_SIZE"
 
 
 def make_params(graph: ir.Graph, writes: Sequence[str], reads: Sequence[str],
@@ -162,11 +171,11 @@ class _ReductionWriter:
         return f"{name} = {reduction_combine(acc.reduce_op, name, value, acc.dtype)};"
 
     def _tree(self, acc: Accumulator) -> list[str]:
-        name, local = self.acc_names[acc.buffer], self.local
+        name = self.acc_names[acc.buffer]
         lines = [f"{name}_partial[lid] = {name};"]
         if self._is_arg(acc):
             lines.append(f"{name}_partial_index[lid] = {name}_index;")
-        lines += ["barrier(CLK_LOCAL_MEM_FENCE);", f"for (int s = {local // 2}; s > 0; s >>= 1) {{",
+        lines += ["barrier(CLK_LOCAL_MEM_FENCE);", f"for (int s = {GROUP_SIZE} / 2; s > 0; s >>= 1) {{",
                   "    if (lid < s) {"]
         if self._is_arg(acc):
             better = arg_better(acc.reduce_op, f"{name}_partial[lid + s]", f"{name}_partial_index[lid + s]",
@@ -185,10 +194,10 @@ class _ReductionWriter:
         lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
         return lines
 
-    def render(self, name: str, header: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    def render(self, name: str, header: str) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
         spec, writer = self.spec, self.writer
         body: list[str] = []
-        loop = (f"for (INDEX_T rl = lid; rl < {self.rnumel}; rl += {self.local})" if self.workgroup
+        loop = (f"for (INDEX_T rl = lid; rl < {self.rnumel}; rl += {GROUP_SIZE})" if self.workgroup
                 else f"for (INDEX_T rl = 0; rl < {self.rnumel}; ++rl)")
         for phase in spec.phases:
             body += writer.take_lines()
@@ -221,27 +230,39 @@ class _ReductionWriter:
         writer.close_scope()
 
         lines = [header, f"#define INDEX_T {index_ctype_for(writer.params, self.outputs, self.rnumel)}"]
-        attribute = f"__attribute__((reqd_work_group_size({self.local}, 1, 1))) " if self.workgroup else ""
+        attribute = f"__attribute__((reqd_work_group_size({GROUP_SIZE}, 1, 1))) " if self.workgroup else ""
         lines.append(signature(name, writer.params, attribute) + " {")
         if self.workgroup:
             for acc in self.accs:
                 acc_name = self.acc_names[acc.buffer]
-                lines.append(f"    __local {self._acc_ctype(acc)} {acc_name}_partial[{self.local}];")
+                lines.append(f"    __local {self._acc_ctype(acc)} {acc_name}_partial[{GROUP_SIZE}];")
                 if self._is_arg(acc):
-                    lines.append(f"    __local long {acc_name}_partial_index[{self.local}];")
+                    lines.append(f"    __local long {acc_name}_partial_index[{GROUP_SIZE}];")
             lines += ["    const INDEX_T x = get_group_id(0);", "    const int lid = get_local_id(0);"]
             global_size = (self.outputs * self.local,)
+            options: tuple[str, ...] = (f"-D{GROUP_SIZE}={self.local}",)
         else:
+            options = ()
             lines += ["    const INDEX_T x = get_global_id(0);", f"    if (x >= {self.outputs}) return;"]
             global_size = (round_up(max(self.outputs, 1), self.local),)
         lines += ["    " + ln for ln in i_defs + body]
         lines += ["}", ""]
-        return "\n".join(lines), global_size, (self.local,)
+        return "\n".join(lines), options, global_size, (self.local,)
 
 
 def render_reduction(name: str, header: str, spec: ReductionKernel, params: dict[str, Param],
-                     profile: DeviceProfile) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+                     profile: DeviceProfile) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """Source, build options, global and local size of one reduction kernel. A tree reduction (one
+    work-group per output) takes its group size as the ``-DGROUP_SIZE`` option; the others, like
+    pointwise kernels, return early past their last output, so any local size suits them."""
     return _ReductionWriter(spec, params, profile).render(name, header)
+
+
+def tree_reduction_candidates(outputs: int, default: int, profile: DeviceProfile) -> list[Launch]:
+    """Launches a tuner may try for a tree reduction of ``outputs`` rows (one group per row), the
+    default group size first."""
+    return [Launch((f"-D{GROUP_SIZE}={size}",), (outputs * size,), (size,))
+            for size in reduction_local_candidates(default, profile)]
 
 
 def store_ctype(dtype: ir.DType) -> str:

@@ -4,13 +4,13 @@ per device and driver by two micro-benchmarks, cached on disk."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
+from torch_adreno.config import cache_root
 from torch_adreno.runtime.device import DeviceRuntime
 
 _BANDWIDTH = """
@@ -44,7 +44,7 @@ class DevicePeaks:
 
 
 def _cache_file() -> Path:
-    root = Path(os.environ.get("TORCH_ADRENO_CACHE", Path.home() / ".cache" / "torch_adreno"))
+    root = cache_root()
     return root / "roofline.json"
 
 

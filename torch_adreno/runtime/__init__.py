@@ -1,4 +1,5 @@
-"""Runtime: device discovery, program builds, residency of host tensors, and the Executable."""
+"""Runtime: device discovery, program builds, residency of host tensors, work-group tuning, and the
+Executable."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from torch_adreno.runtime.device import DeviceRuntime, get_runtime, list_devices
 from torch_adreno.runtime.device_tensor import DeviceTensor
 from torch_adreno.runtime.executable import Executable
 from torch_adreno.runtime.residency import Residency
+from torch_adreno.runtime.tuning import TuningResult, tune_kernels
 
 __all__ = [
-    "DeviceRuntime", "DeviceTensor", "Executable", "Residency", "get_residency", "get_runtime", "list_devices",
-    "select_device",
+    "DeviceRuntime", "DeviceTensor", "Executable", "Residency", "TuningResult", "get_residency", "get_runtime",
+    "list_devices", "select_device", "tune_kernels",
 ]
 
 _residencies: dict[tuple[int, bool], Residency] = {}

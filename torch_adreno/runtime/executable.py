@@ -25,6 +25,7 @@ from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
 from torch_adreno.runtime.residency import Residency, host_array, shared_buffer, sync_shared
+from torch_adreno.runtime.tuning import TuningResult, tune_kernels
 
 
 @dataclass
@@ -39,7 +40,9 @@ class Executable:
     """Callable with AOTAutograd's boxed convention: ``exe(list_of_args) -> list_of_outputs``."""
 
     def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
-                 static_inputs: Sequence[int] = ()) -> None:
+                 static_inputs: Sequence[int] = (), tune: bool = False) -> None:
+        """``tune``: launch each kernel as tuned on this device (see :mod:`torch_adreno.runtime.tuning`;
+        cached on disk) instead of with the kernels stage's heuristic geometry."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True
@@ -57,19 +60,24 @@ class Executable:
         }
         self.allocated_bytes = sum(max(n, 1) for n in plan.arena_bytes)
         self._steps: list[_Launch | HostStep] = []
-        built = build_kernels(runtime, program.kernels)
+        #: Per kernel name, how its launch was tuned (empty unless ``tune``).
+        self.tuning: dict[str, TuningResult] = tune_kernels(runtime, self.graph, program.kernels) if tune else {}
+        # A tuned launch may carry other build options: the program is built from the chosen ones.
+        chosen = {k.name: self.tuning[k.name].chosen if k.name in self.tuning else k for k in program.kernels}
+        built = build_kernels(runtime, list(chosen.values()))
         for step in program.steps:
             if isinstance(step, HostStep):
                 self._steps.append(step)
                 continue
-            kernel = built[step.name]
+            source = chosen[step.name]
+            kernel = built[source.name]
             dynamic = []
-            for i, name in enumerate(step.params):
+            for i, name in enumerate(source.params):
                 if name in self._static:
                     kernel.set_arg(i, self._static[name])
                 else:
                     dynamic.append((i, name))
-            self._steps.append(_Launch(kernel, step, dynamic, 0 in step.global_size))
+            self._steps.append(_Launch(kernel, source, dynamic, 0 in source.global_size))
         self._input_positions = {name: pos for pos, name in enumerate(self.graph.inputs) if name is not None}
         # The buffers of the last call stay referenced until the next call binds new ones: a kernel
         # object never points at a released buffer (some drivers fault when it does).
