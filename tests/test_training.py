@@ -111,6 +111,21 @@ def test_inference_under_no_grad():
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
 
 
+def _losses_after_backward(step_fn, models, x, y):
+    """Each model's loss on (x, y), after its backward: the first through the backend (profiled),
+    the others eagerly (float64 models on float64 inputs)."""
+    with torch_adreno.profile() as prof:
+        loss = step_fn(models[0], x, y)
+        loss.backward()
+    losses = [loss.item()]
+    for m in models[1:]:
+        double = next(m.parameters()).dtype == torch.float64
+        eager_loss = F.cross_entropy(m(x.double() if double and x.is_floating_point() else x), y)
+        eager_loss.backward()
+        losses.append(eager_loss.item())
+    return losses, prof
+
+
 @pytest.mark.parametrize("model_name", ["resnet_mini", "transformer"])
 def test_bigger_reference_models_train_like_eager(model_name):
     """BatchNorm in training mode (running statistics written back), LayerNorm, attention, GELU,
@@ -138,16 +153,10 @@ def test_bigger_reference_models_train_like_eager(model_name):
         x, y = spec.batch(gen)
         for opt in opts:
             opt.zero_grad()
-        with torch_adreno.profile() as prof:
-            loss = step_fn(model, x, y)
-            loss.backward()
-        ref_loss = F.cross_entropy(reference(x), y)
-        ref_loss.backward()
-        if reference64 is not None:
-            F.cross_entropy(reference64(x.double()), y).backward()
+        (loss, ref_loss, *_), prof = _losses_after_backward(step_fn, models, x, y)
         for opt in opts:
             opt.step()
-        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
+        assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss), (step, loss, ref_loss)
         assert prof.host_fallback_ops == []
     if reference64 is None:
         for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
@@ -192,18 +201,13 @@ def test_mobilenet_and_lstm_train_like_eager(model_name):
         x, y = spec.batch(gen)
         for opt in opts:
             opt.zero_grad()
-        with torch_adreno.profile() as prof:
-            loss = step_fn(model, x, y)
-            loss.backward()
-        ref_loss = F.cross_entropy(reference(x), y)
-        ref_loss.backward()
+        (loss, ref_loss, *exact_loss), prof = _losses_after_backward(step_fn, models, x, y)
         if reference64 is None:
-            assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
+            assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss), (step, loss, ref_loss)
         else:
-            exact = F.cross_entropy(reference64(x.double() if x.is_floating_point() else x), y)
-            exact.backward()
-            ours, eager = abs(loss.item() - exact.item()), abs(ref_loss.item() - exact.item())
-            assert ours <= max(1e-4 * abs(exact.item()), 2 * eager), (step, ours, eager)
+            exact = exact_loss[0]
+            ours, eager = abs(loss - exact), abs(ref_loss - exact)
+            assert ours <= max(1e-4 * abs(exact), 2 * eager), (step, ours, eager)
         for opt in opts:
             opt.step()
         assert prof.host_fallback_ops == [] and prof.kernel_launches > 0
