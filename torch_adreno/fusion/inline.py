@@ -173,13 +173,16 @@ def inline_pointwise(graph: ir.Graph, nodes: list[ir.Node], decisions: list[Deci
     """Substitute cheap pointwise producers into their consumers (see the module doc)."""
     outputs = graph.output_buffers()
     nodes = list(nodes)
+    # Buffers each node reads, kept in step with ``nodes`` (walking every expression again per
+    # producer made this pass quadratic in the graph's size).
+    reads = [set(ir.node_inputs(n)) for n in nodes]
     i = 0
     while i < len(nodes):
         producer = nodes[i]
         if not isinstance(producer, ir.Pointwise):
             i += 1
             continue
-        consumers = [(j, n) for j, n in enumerate(nodes) if j > i and producer.output in ir.node_inputs(n)]
+        consumers = [(j, nodes[j]) for j in range(i + 1, len(nodes)) if producer.output in reads[j]]
         reason = _refusal(producer, [n for _, n in consumers], outputs)
         if reason is not None:
             for _, c in consumers:
@@ -188,9 +191,11 @@ def inline_pointwise(graph: ir.Graph, nodes: list[ir.Node], decisions: list[Deci
             continue
         for j, consumer in consumers:
             nodes[j] = _with_producer_inlined(consumer, producer)
+            reads[j] = set(ir.node_inputs(nodes[j]))
             decisions.append(Decision(producer.name, consumer.name, True,
                                       f"inlined {producer.output}: recomputed in the consumer instead of stored"))
         del nodes[i]
+        del reads[i]
     return nodes
 
 
