@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -36,3 +37,14 @@ def test_train_reaches_ninety_percent_on_digits():
     assert accuracy > 90.0
     assert re.search(r"per training step: \d+ kernel launches, \d+ B host->device, \d+ B device->host, "
                      r"0 host fallback ops", result.stdout)
+
+
+@pytest.mark.device
+def test_opinfo_command_counts_and_writes_json_lines(tmp_path):
+    out = tmp_path / "opinfo.jsonl"
+    result = run("opinfo", "--ops", "neg", "mul", "--samples", "2", "--shard", "1/2", "--jsonl", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Shard 1 of 2 takes every second claimed entry from the second: one of the two asked for.
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len({r["op"] for r in lines}) == 1 and all(r["passed"] for r in lines)
+    assert re.search(r"total: \d+/\d+ samples pass \(100\.0%\) over 1 OpInfo entries", result.stdout)
