@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Everything issue 8 asks of the lent NVIDIA GPU, batched into one device command so that a
+# session's limited device time goes to measuring, not to starting machines. Run from the
+# project's root on the GPU machine, after ../shared/gpu/prepare.sh here and with .gpu carried:
+#
+#   source .gpu/env.sh && bash benchmarks/gpu_session.sh "$OUT" [phase ...]
+#
+# Phases (default: all, in this order): tests opinfo peers gemm memory suite. Each writes under the
+# output folder given first (logs, JSON lines, plots); a phase that fails does not stop the others,
+# and each is bounded by a timeout so that the results of the others come back. One device command
+# may run 10 minutes: give a few phases per command, e.g. "tests opinfo", then "peers gemm", then
+# "memory suite".
+set -uo pipefail
+out=${1:?usage: gpu_session.sh OUT_DIR [phase ...]}
+shift
+phases=${*:-tests opinfo peers gemm memory suite}
+mkdir -p "$out"
+export TORCH_ADRENO_DEVICE=${TORCH_ADRENO_DEVICE:-NVIDIA}
+cores=$(nproc)
+
+for phase in $phases; do
+  start=$(date +%s)
+  case $phase in
+    tests)
+      # `installed` tests need the package installed (the GPU machine runs from PYTHONPATH).
+      timeout 420 python -m pytest -q -x -m "not installed" -p no:cacheprovider > "$out/tests.txt" 2>&1 ;;
+    opinfo)
+      shards=$(( cores > 2 ? cores - 2 : 1 ))
+      for i in $(seq 0 $((shards - 1))); do
+        OMP_NUM_THREADS=1 timeout 500 python -m torch_adreno opinfo --shard "$i/$shards" \
+          --jsonl "$out/opinfo.jsonl" > "$out/opinfo_$i.txt" 2>&1 &
+      done
+      wait ;;
+    peers)
+      timeout 400 python benchmarks/peers.py --steps 30 --device "$TORCH_ADRENO_DEVICE" --out "$out/peers.jsonl" > "$out/peers.txt" 2>&1 ;;
+    gemm)
+      timeout 300 python benchmarks/gemm.py --device "$TORCH_ADRENO_DEVICE" --out "$out/gemm.jsonl" > "$out/gemm.txt" 2>&1 ;;
+    memory)
+      timeout 300 python benchmarks/memory.py --device "$TORCH_ADRENO_DEVICE" --out "$out/memory.jsonl" > "$out/memory.txt" 2>&1 ;;
+    suite)
+      timeout 500 python -m torch_adreno bench --steps 30 --device "$TORCH_ADRENO_DEVICE" --out "$out" > "$out/suite.txt" 2>&1 ;;
+    *)
+      echo "unknown phase $phase (tests opinfo peers gemm memory suite)" >&2 ;;
+  esac
+  echo "$phase: exit $? after $(( $(date +%s) - start )) s" | tee -a "$out/phases.txt"
+done
