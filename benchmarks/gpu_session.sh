@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything issue 8 asks of the lent NVIDIA GPU, batched into one device command so that a
 # session's limited device time goes to measuring, not to starting machines. Run from the
-# project's root on the GPU machine, after ../shared/gpu/prepare.sh here and with .gpu carried:
+# project's root on the GPU machine, after `../shared/gpu/prepare.sh tqdm expecttest matplotlib
+# contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six packaging`
+# (and benchmarks/fetch_clblast.sh for the CLBlast peer) here, with .gpu carried:
 #
 #   source .gpu/env.sh && bash benchmarks/gpu_session.sh "$OUT" [phase ...]
 #
