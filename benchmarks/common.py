@@ -10,9 +10,15 @@ from typing import Any
 
 import torch
 
+from torch_adreno.config import OPTIONS
 from torch_adreno.runtime import get_runtime
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def device_arg(text: str | None) -> str | int | None:
+    """A --device value as the backend's ``device`` option takes it (an index or a name substring)."""
+    return OPTIONS["device"].parse(text)
 
 
 def run_context(device: str | int | None) -> dict[str, Any]:

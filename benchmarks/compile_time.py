@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
 import torch.nn.functional as F
-from common import RESULTS, append_jsonl, run_context
+from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -130,10 +130,6 @@ def run_phase(model_name: str, phase: str, caches: Path, device: str | None, tim
     return {**record, "phase": phase, "process_s": wall, "binary_cache_bytes": _dir_bytes(caches / "programs")}
 
 
-def _device_arg(text: str | None) -> str | int | None:
-    return int(text) if text is not None and text.isdigit() else text
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -144,9 +140,9 @@ def main() -> None:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(_MARK + json.dumps(child(args.child, _device_arg(args.device))), flush=True)
+        print(_MARK + json.dumps(child(args.child, device_arg(args.device))), flush=True)
         return
-    context = run_context(_device_arg(args.device))
+    context = run_context(device_arg(args.device))
     phases = ALL_PHASES if args.all_phases else PHASES
     print(f"{context['device']} ({context['platform']}, driver {context['driver']}), torch {context['torch']}")
     print(f"{'model':<15} {'phase':<24} {'compile s':>9} {'opencl s':>8} {'src':>4} {'hit':>4} "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context
+from common import RESULTS, append_jsonl, device_arg, run_context
 
 from torch_adreno.benchmark import compare_variants
 from torch_adreno.models import MODELS
@@ -25,10 +25,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--out", type=Path, default=RESULTS / "fusion.jsonl")
     args = parser.parse_args()
-    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
+    device = args.device
     base = {"device": device} if device is not None else {}
     context = run_context(device)
     print(f"{'model':<12} {'launches':>17} {'kernel MB':>19} {'step ms':>19}")

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context
+from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.runtime import get_runtime
@@ -219,11 +219,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--no-conv", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "gemm.jsonl")
     args = parser.parse_args()
-    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
+    device = args.device
     context = run_context(device)
     lib = _find_clblast()
     clblast = CLBlast(lib, get_runtime(device)) if lib is not None else None

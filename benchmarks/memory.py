@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context
+from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -90,10 +90,10 @@ def eager_cuda_peak(model_name: str) -> int | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--out", type=Path, default=RESULTS / "memory.jsonl")
     args = parser.parse_args()
-    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
+    device = args.device
     base = {"device": device} if device is not None else {}
     context = run_context(device)
     print(f"{'model':<12} {'peak MB reuse/none':>20} {'ratio':>6} {'budget 0.5':>10} {'eager CUDA MB':>14}   "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context
+from common import RESULTS, append_jsonl, device_arg, run_context
 
 from torch_adreno.benchmark import compare_variants
 from torch_adreno.models import MODELS
@@ -25,10 +25,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--out", type=Path, default=RESULTS / "step_time.jsonl")
     args = parser.parse_args()
-    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
+    device = args.device
     options = {"device": device} if device is not None else {}
     context = run_context(device)
     print(f"{'model':<12} {'eager ms':>9} {'adreno ms':>10} {'ratio':>6} {'launches':>9} {'h2d B':>10} {'d2h B':>10}")
