@@ -12,9 +12,8 @@ import torch.nn.functional as F
 
 import torch_adreno
 
-pytestmark = pytest.mark.device
 
-
+@pytest.mark.device
 def test_dropout_keeps_one_minus_p_scales_and_backward_uses_the_same_mask():
     p = 0.3
     compiled = torch.compile(lambda x: F.dropout(x, p, training=True) * 2, backend="adreno")
@@ -31,6 +30,7 @@ def test_dropout_keeps_one_minus_p_scales_and_backward_uses_the_same_mask():
     torch.testing.assert_close(x.grad, keep.float() * 2 / (1 - p))
 
 
+@pytest.mark.device
 def test_random_ops_repeat_under_manual_seed_and_differ_between_calls():
     compiled = torch.compile(lambda x: F.dropout(x, 0.5, training=True) + torch.rand_like(x), backend="adreno")
     x = torch.randn(64, 32)
@@ -42,6 +42,7 @@ def test_random_ops_repeat_under_manual_seed_and_differ_between_calls():
     assert not torch.equal(first, second)
 
 
+@pytest.mark.device
 def test_dropout_masks_are_independent_across_elements_and_ops():
     compiled = torch.compile(lambda x: (F.dropout(x, 0.5, training=True), F.dropout(x, 0.5, training=True)),
                              backend="adreno")
@@ -54,6 +55,7 @@ def test_dropout_masks_are_independent_across_elements_and_ops():
     assert abs(neighbours - 0.5) < 0.02
 
 
+@pytest.mark.device
 def test_rand_randn_bernoulli_distributions():
     def sample(x):
         return torch.rand(x.shape), torch.randn_like(x), torch.bernoulli(x, 0.25)
@@ -66,12 +68,14 @@ def test_rand_randn_bernoulli_distributions():
     assert set(b.unique().tolist()) <= {0.0, 1.0} and abs(b.mean().item() - 0.25) < 0.01
 
 
+@pytest.mark.device
 def test_dropout_in_eval_mode_is_identity():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).eval()
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(model, backend="adreno")(x), model(x))
 
 
+@pytest.mark.device
 def test_a_model_with_dropout_trains_and_its_gradients_match_eager_given_the_mask():
     """Eager on the same mask (recovered from the output) gives the same loss and gradients."""
     torch.manual_seed(0)
@@ -95,3 +99,19 @@ def test_a_model_with_dropout_trains_and_its_gradients_match_eager_given_the_mas
     torch.testing.assert_close(loss, ref_loss)
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_a_graph_draws_one_seed_for_all_its_random_ops():
+    """One 8-byte upload per call however many dropouts: ops differ by stream, not by seed."""
+    from helpers import capture_graphs
+
+    from torch_adreno.config import Config
+    from torch_adreno.lowering import lower_graph
+
+    def three_random_ops(x):
+        return F.dropout(x, 0.5, training=True) + F.dropout(x, 0.2, training=True) + torch.rand_like(x)
+
+    forward = capture_graphs(three_random_ops, torch.randn(4, 5))[0]
+    graph = lower_graph(forward, Config(), "g")
+    assert len(graph.random_seeds) == 1
+    assert graph.inputs[-1] == graph.random_seeds[0]

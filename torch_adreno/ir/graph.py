@@ -202,9 +202,9 @@ class Graph:
     outputs: list[GraphOutput] = field(default_factory=list)
     #: In-place updates of inputs (an optimizer step): input buffer -> buffer holding its new value.
     mutations: dict[str, str] = field(default_factory=dict)
-    #: Inputs the caller does not pass: a fresh int64 seed per call for each random op, drawn by
-    #: the runtime from torch's default generator (so torch.manual_seed makes runs repeat). They
-    #: are the last entries of ``inputs``, in this order.
+    #: Inputs the caller does not pass: at most one, a fresh int64 seed per call that every random
+    #: op of the graph reads, drawn by the runtime from torch's default generator (so
+    #: torch.manual_seed makes runs repeat). It is the last entry of ``inputs``.
     random_seeds: list[str] = field(default_factory=list)
 
     def input_buffers(self) -> set[str]:

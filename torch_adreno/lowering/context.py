@@ -109,6 +109,7 @@ class LoweringContext:
         self.graph = ir.Graph(graph_name)
         self.config = config
         self._counter = 0
+        self._random_streams = 0
         self.node: Node | None = None
 
     # -- naming and metadata -------------------------------------------------------------------
@@ -149,11 +150,17 @@ class LoweringContext:
         self.graph.inputs.append(name)
         return ir.View.of(buf)
 
-    def random_seed(self) -> ir.View:
-        """A 0-dim int64 input holding a seed the runtime draws for every call (see Graph.random_seeds)."""
-        view = self.add_input((), ir.DType.I64, self.fresh("seed"))
-        self.graph.random_seeds.append(view.buffer)
-        return view
+    def random_stream(self) -> tuple[ir.View, int]:
+        """The graph's seed (a 0-dim int64 input the runtime draws for every call, see
+        Graph.random_seeds) and a stream number of its own for the calling random op.
+
+        One seed per graph, not per op: each call uploads one value, and ops differ by stream.
+        """
+        if not self.graph.random_seeds:
+            self.graph.random_seeds.append(self.add_input((), ir.DType.I64, self.fresh("seed")).buffer)
+        seed = self.graph.random_seeds[0]
+        self._random_streams += 1
+        return ir.View.of(self.graph.buffers[seed]), self._random_streams - 1
 
     def pointwise(
         self, shape: Sequence[int], dtype: ir.DType, body: Callable[[tuple[ir.Expr, ...]], ir.Expr]

@@ -1,8 +1,9 @@
 """Random ops on the device: dropout, rand, randn, bernoulli.
 
-Each random op reads its own seed, an extra graph input the runtime draws from torch's default
-generator on every call (``LoweringContext.random_seed``); element ``i`` of its output is a pure
-function of (seed, i) through the counter-based Philox generator (``kernels/random.cl``). Runs
+Every random op of a graph reads the graph's seed, an extra input the runtime draws from torch's
+default generator on every call (``LoweringContext.random_stream``), and has a stream number of
+its own; element ``i`` of its output is a pure function of (seed, stream, i) through the
+counter-based Philox generator (``kernels/random.cl``), the stream in the counter's high 32 bits. Runs
 repeat under ``torch.manual_seed``; they do not reproduce eager's numbers (another generator),
 so tests check distributions and the agreement of forward masks with gradients instead.
 
@@ -20,19 +21,30 @@ import torch
 from torch.fx import Node
 
 from torch_adreno import ir
+from torch_adreno.errors import UnsupportedOpError
 from torch_adreno.lowering.context import LoweringContext, Value, register
 
 aten = torch.ops.aten
 
 
-def _linear_index(idx: Sequence[ir.Expr], shape: Sequence[int]) -> ir.Expr:
-    """The row-major position of ``idx`` in ``shape`` as an int64 counter."""
+#: Counters of one stream: its numbers per element times elements must stay below this.
+STREAM_LENGTH = 2**32
+
+
+def _counter(idx: Sequence[ir.Expr], shape: Sequence[int], stream: int, per_element: int) -> ir.Expr:
+    """``stream * 2^32 + per_element * (row-major position of idx in shape)`` as an int64."""
+    if per_element * math.prod(shape) > STREAM_LENGTH:
+        raise UnsupportedOpError(f"a random tensor of {math.prod(shape)} elements is longer than one random "
+                                 f"stream ({STREAM_LENGTH // per_element}); split it into smaller tensors")
     linear: ir.Expr = ir.index(0)
     stride = 1
     for i, size in reversed(list(zip(idx, shape, strict=True))):
         linear = ir.call("add", linear, ir.call("mul", i, ir.index(stride)))
         stride *= size
-    return ir.cast(linear, ir.DType.I64)
+    counter = ir.cast(linear, ir.DType.I64)
+    if per_element != 1:
+        counter = ir.call("mul", counter, ir.const(per_element, ir.DType.I64))
+    return ir.call("add", counter, ir.const(stream * STREAM_LENGTH, ir.DType.I64)) if stream else counter
 
 
 def _uniform(seed: ir.View, counter: ir.Expr) -> ir.Expr:
@@ -41,16 +53,16 @@ def _uniform(seed: ir.View, counter: ir.Expr) -> ir.Expr:
 
 def uniform_field(ctx: LoweringContext, shape: Sequence[int]) -> Any:
     """A function of loop indices giving U[0, 1) numbers, one independent stream per call."""
-    seed = ctx.random_seed()
-    return lambda idx: _uniform(seed, _linear_index(idx, shape))
+    seed, stream = ctx.random_stream()
+    return lambda idx: _uniform(seed, _counter(idx, shape, stream, 1))
 
 
 def normal_field(ctx: LoweringContext, shape: Sequence[int]) -> Any:
     """Standard normal numbers by Box-Muller over two uniforms per element (counters 2i, 2i+1)."""
-    seed = ctx.random_seed()
+    seed, stream = ctx.random_stream()
 
     def sample(idx: Sequence[ir.Expr]) -> ir.Expr:
-        base = ir.call("mul", _linear_index(idx, shape), ir.const(2, ir.DType.I64))
+        base = _counter(idx, shape, stream, 2)
         # 1 - u lies in (0, 1]: the logarithm stays finite.
         u1 = ir.call("sub", ir.const(1.0, ir.DType.F32), _uniform(seed, base))
         u2 = _uniform(seed, ir.call("add", base, ir.const(1, ir.DType.I64)))
