@@ -92,6 +92,12 @@ def _lower_call(ctx: LoweringContext, node: Node, env: dict[Node, Value]) -> Val
     args = tree_map(lambda a: env[a] if isinstance(a, Node) else a, node.args)
     kwargs = tree_map(lambda a: env[a] if isinstance(a, Node) else a, dict(node.kwargs))
     lowering = LOWERINGS.get(node.target)
+    val = node.meta.get("val")
+    if lowering is not None and isinstance(val, torch.Tensor) and val.numel() == 0:
+        # An empty result has no element to compute, whatever the op: only its shape matters, and
+        # lowerings need not handle zero-size operands (an empty index may even have another rank).
+        meta = ctx.meta()
+        return ctx.pointwise(meta.shape, meta.dtype, lambda i: ir.const(0, meta.dtype))
     if lowering is not None:
         try:
             return lowering(ctx, node, *args, **kwargs)

@@ -115,8 +115,6 @@ def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *,
     src, index_view = _view(x, node.name), _view(idx, node.name)
     out = ctx.meta()
     dim %= max(len(src.shape), 1)
-    if 0 in out.shape:  # an empty index may even have another rank than the source
-        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.const(0, out.dtype))
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         if not src.shape:
@@ -318,9 +316,8 @@ def _cat(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int = 
     """Concatenation as one pointwise node: each element reads the input whose range holds it."""
     out = ctx.meta()
     dim %= len(out.shape)
+    # (An all-empty cat never gets here: empty results are made before any lowering runs.)
     parts = [_view(t, node.name) for t in tensors if isinstance(t, ir.View) and t.numel > 0]
-    if not parts:  # every part is empty, so is the result
-        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.const(0, out.dtype))
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         value: ir.Expr | None = None
