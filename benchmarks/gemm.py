@@ -145,21 +145,32 @@ class CLBlast:
         return statistics.median(times)
 
 
-def gemm_records(sizes: list[int], reps: int, device: Any, clblast: CLBlast | None) -> list[dict[str, Any]]:
+PEERS = ("adreno", "adreno_tuned", "clblast", "torch")
+
+
+def _ours_us(fn: Any, args: list[torch.Tensor], reps: int, options: dict[str, Any]) -> float:
+    torch._dynamo.reset()  # a fresh compile per configuration: options differ, the function does not
+    return _median_kernel_us(torch.compile(fn, backend="adreno", options=options), args, reps)
+
+
+def gemm_records(sizes: list[int], reps: int, device: Any, clblast: CLBlast | None,
+                 tune: bool) -> list[dict[str, Any]]:
     records = []
     options = {"device": device} if device is not None else {}
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
         flops = 2 * n**3
-        ours = torch.compile(torch.mm, backend="adreno", options=options)
-        ours_out = ours(a, b)
+        torch._dynamo.reset()
+        ours_out = torch.compile(torch.mm, backend="adreno", options=options)(a, b)
         error = ((ours_out - a @ b).abs().max() / (a @ b).abs().max()).item()
         row: dict[str, Any] = {"kind": "sgemm", "shape": f"{n}x{n}x{n}", "flops": flops,
-                               "adreno_us": _median_kernel_us(ours, [a, b], reps), "adreno_rel_error": error}
+                               "adreno_us": _ours_us(torch.mm, [a, b], reps, options), "adreno_rel_error": error}
+        if tune:
+            row["adreno_tuned_us"] = _ours_us(torch.mm, [a, b], reps, {**options, "tune": True})
         row["torch_us"], row["torch"] = _torch_us(torch.mm, [a, b], reps)
         if clblast is not None:
             row["clblast_us"] = clblast.sgemm_us(n, reps)
-        for key in ("adreno", "torch", "clblast"):
+        for key in PEERS:
             if f"{key}_us" in row:
                 row[f"{key}_gflops"] = flops / row[f"{key}_us"] / 1e3
         records.append(row)
@@ -167,7 +178,7 @@ def gemm_records(sizes: list[int], reps: int, device: Any, clblast: CLBlast | No
     return records
 
 
-def conv_records(reps: int, device: Any) -> list[dict[str, Any]]:
+def conv_records(reps: int, device: Any, tune: bool) -> list[dict[str, Any]]:
     records = []
     options = {"device": device} if device is not None else {}
     for name, batch, cin, cout, size, kernel, stride in RESNET_MINI_CONVS:
@@ -178,19 +189,21 @@ def conv_records(reps: int, device: Any) -> list[dict[str, Any]]:
 
         out_size = (size + 2 * (kernel // 2) - kernel) // stride + 1
         flops = 2 * batch * cout * out_size * out_size * cin * kernel * kernel
-        ours = torch.compile(conv, backend="adreno", options=options)
         row: dict[str, Any] = {"kind": "conv2d", "shape": name, "flops": flops,
-                               "adreno_us": _median_kernel_us(ours, [x, w], reps)}
+                               "adreno_us": _ours_us(conv, [x, w], reps, options)}
+        if tune:
+            row["adreno_tuned_us"] = _ours_us(conv, [x, w], reps, {**options, "tune": True})
         row["torch_us"], row["torch"] = _torch_us(conv, [x, w], reps)
-        for key in ("adreno", "torch"):
-            row[f"{key}_gflops"] = flops / row[f"{key}_us"] / 1e3
+        for key in PEERS:
+            if f"{key}_us" in row:
+                row[f"{key}_gflops"] = flops / row[f"{key}_us"] / 1e3
         records.append(row)
         print(_format(row))
     return records
 
 
 def _format(row: dict[str, Any]) -> str:
-    peers = "  ".join(f"{k}: {row[f'{k}_gflops']:8.1f}" for k in ("adreno", "clblast", "torch") if f"{k}_gflops" in row)
+    peers = "  ".join(f"{k}: {row[f'{k}_gflops']:8.1f}" for k in PEERS if f"{k}_gflops" in row)
     return f"{row['kind']:<7} {row['shape']:<22} GFLOP/s  {peers}"
 
 
@@ -202,7 +215,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     labels = [r["shape"] for r in records]
-    peers = [k for k in ("adreno", "clblast", "torch") if any(f"{k}_gflops" in r for r in records)]
+    peers = [k for k in PEERS if any(f"{k}_gflops" in r for r in records)]
     width = 0.8 / len(peers)
     for i, key in enumerate(peers):
         values = [r.get(f"{key}_gflops", 0.0) for r in records]
@@ -221,6 +234,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--no-conv", action="store_true")
+    parser.add_argument("--tune", action="store_true",
+                        help="also time ours with tune=True (the verified fastest launch per kernel)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gemm.jsonl")
     args = parser.parse_args()
     device = args.device
@@ -229,9 +244,9 @@ def main() -> None:
     clblast = CLBlast(lib, get_runtime(device)) if lib is not None else None
     if clblast is None:
         print("CLBlast: libclblast not found (set TORCH_ADRENO_CLBLAST to its path), skipped")
-    records = gemm_records(args.sizes, args.reps, device, clblast)
+    records = gemm_records(args.sizes, args.reps, device, clblast, args.tune)
     if not args.no_conv:
-        records += conv_records(args.reps, device)
+        records += conv_records(args.reps, device, args.tune)
     records = [{**context, **r} for r in records]
     append_jsonl(args.out, records)
     plot(records, args.out.with_suffix(".png"))

@@ -36,7 +36,7 @@ for phase in $phases; do
     peers)
       timeout 400 python benchmarks/peers.py --steps 30 --device "$TORCH_ADRENO_DEVICE" --out "$out/peers.jsonl" > "$out/peers.txt" 2>&1 ;;
     gemm)
-      timeout 300 python benchmarks/gemm.py --device "$TORCH_ADRENO_DEVICE" --out "$out/gemm.jsonl" > "$out/gemm.txt" 2>&1 ;;
+      timeout 300 python benchmarks/gemm.py --tune --device "$TORCH_ADRENO_DEVICE" --out "$out/gemm.jsonl" > "$out/gemm.txt" 2>&1 ;;
     memory)
       timeout 300 python benchmarks/memory.py --device "$TORCH_ADRENO_DEVICE" --out "$out/memory.jsonl" > "$out/memory.txt" 2>&1 ;;
     suite)

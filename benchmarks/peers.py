@@ -25,7 +25,8 @@ from torch_adreno.models import MODELS
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=["mlp", "lenet", "resnet_mini", "transformer"],
+                        choices=list(MODELS))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--out", type=Path, default=RESULTS / "peers.jsonl")
@@ -40,7 +41,8 @@ def main() -> None:
         print("tinygrad: not installed, skipped")
     print(f"{'model':<12} {'variant':<28} {'median ms':>10}")
     for model in args.models:
-        rows = [s.as_json() for s in compare_variants(model, {"eager CPU": "eager", "adreno": base}, steps=args.steps)]
+        variants = {"eager CPU": "eager", "adreno": base, "adreno device-opt": {**base, "optimizer_on_device": True}}
+        rows = [s.as_json() for s in compare_variants(model, variants, steps=args.steps)]
         if torch.cuda.is_available():
             rows += [stats.as_json() for compiled in (False, True)
                      if (stats := cuda_step(model, args.steps, compiled)) is not None]

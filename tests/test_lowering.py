@@ -79,6 +79,14 @@ def test_float64_is_rejected_clearly():
         lower(lambda x: x * 2, torch.randn(3, dtype=torch.float64))
 
 
+def test_a_tensor_made_on_another_device_is_rejected_clearly():
+    # OpInfo's *_like samples ask for device="cuda" where CUDA exists; "meta" stands in for it here.
+    from torch_adreno.errors import LoweringError
+
+    with pytest.raises(LoweringError, match=r"makes a tensor on meta.*CPU"):
+        lower(lambda x: torch.ones_like(x, device="meta"), torch.randn(3))
+
+
 def test_registry_covers_the_reference_models():
     ops = set(supported_ops())
     for needed in ["aten.addmm.default", "aten.mm.default", "aten.convolution.default",

@@ -37,6 +37,21 @@ def test_expected_failures_name_claimed_entries_and_give_reasons():
         assert len(reason) > 10, f"{name}: an expected failure needs a reason"
 
 
+def test_a_mismatch_passes_only_when_as_accurate_as_eager_against_float64():
+    import torch
+
+    exact = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    eager = torch.tensor([1.0, 4e-5])
+    close_to_exact = torch.tensor([1.0, -4e-5])
+    note = opinfo._compare(close_to_exact, eager, lambda: exact, "output 0")
+    assert "as accurate as eager" in note
+    assert opinfo._compare(eager, eager, lambda: exact, "output 0") == ""
+    with pytest.raises(AssertionError, match=r"vs float64 ours is 0\.0002 off, eager 4e-05"):
+        opinfo._compare(torch.tensor([1.0, 2e-4]), eager, lambda: exact, "output 0")
+    with pytest.raises(AssertionError, match="not close"):  # no float64 form: the float32 rule stands
+        opinfo._compare(close_to_exact, eager, lambda: 1 / 0, "output 0")
+
+
 @pytest.mark.device
 @pytest.mark.parametrize("name", CI_SUBSET)
 def test_opinfo_samples_match_eager(name):

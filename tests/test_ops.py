@@ -168,7 +168,7 @@ def test_int_and_bool_outputs():
 
 
 @pytest.mark.parametrize("template", ["tiled", "direct"])
-@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 17, 5), (129, 70, 33), (64, 64, 64), (17, 200, 3)])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 17, 5), (129, 70, 33), (64, 64, 64), (17, 200, 3), (130, 37, 131)])
 def test_both_gemm_templates_on_this_device(monkeypatch, template, shape):
     """The local-memory template serves GPUs, the direct one CPUs: check both here, whatever the device."""
     from torch_adreno.kernels import gemm
@@ -177,6 +177,16 @@ def test_both_gemm_templates_on_this_device(monkeypatch, template, shape):
     m, k, n = shape
     assert_matches_eager(lambda a, b: a @ b, r(m, k), r(k, n))
     assert_matches_eager(lambda a, b: a.t() @ b.t(), r(k, m), r(n, k))
+
+
+@pytest.mark.parametrize("template", ["tiled", "direct"])
+def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(monkeypatch, template):
+    """130 x 140 outputs take 128 x 128 tiles (8 x 8 per work-item, float4 local reads) on the
+    tiled template; the bias gradient is the ROW_SUM of the weight-gradient GEMM."""
+    from torch_adreno.kernels import gemm
+
+    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(33, 140), r(130, 140), r(130), atol=1e-4)
 
 
 @pytest.mark.parametrize("template", ["tiled", "direct"])

@@ -1,20 +1,71 @@
 // Tiled GEMM template: C[b, m, n] = sum_k A(b, m, k) * B(b, k, n).
 //
 // Build options (-D): TILE_M, TILE_N, TILE_K (the work-group's output tile and K step),
-// WPT_M, WPT_N (outputs per work-item in each direction), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also
-// sum A over k per row, stored with STORE_ROW: a bias gradient beside its weight gradient),
-// A_K_FASTEST / B_N_FASTEST (1 when consecutive k of A / n of B are adjacent in memory, so that
-// tile loads are coalesced along that direction).
+// WPT_M, WPT_N (outputs per work-item in each direction), VW_M, VW_N (1, 2 or 4: each work-item
+// owns runs of VW adjacent rows / columns, so that it reads its operands from local memory as
+// float2/float4), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row, stored with
+// STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
+// consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
+// that direction).
 //
 // The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS, and
 // the operand and epilogue functions load_a(b, m, k, ...), load_b(b, k, n, ...),
 // store_c(b, m, n, value, ...) behind the macros LOAD_A, LOAD_B and STORE_C. Operands are
 // arbitrary index maps (transposes, im2col gathers with padding); the tiles in local memory make
 // each of them read once per work-group.
+//
+// The next K step's operands are loaded from global memory into registers while the current one
+// is multiplied out of local memory, so that load latency hides behind the arithmetic. Rows of
+// the tiles are padded by 4 floats: keeps float4 alignment and spreads the stores of a
+// k-fastest operand over the memory banks.
 
 #define THREADS_M (TILE_M / WPT_M)
 #define THREADS_N (TILE_N / WPT_N)
 #define THREADS (THREADS_M * THREADS_N)
+#define PITCH_M (TILE_M + 4)
+#define PITCH_N (TILE_N + 4)
+#define LOADS_A ((TILE_M * TILE_K + THREADS - 1) / THREADS)
+#define LOADS_B ((TILE_N * TILE_K + THREADS - 1) / THREADS)
+// Row (column) of the tile held in a work-item's w-th register: runs of VW adjacent ones, the runs
+// of neighbouring work-items side by side.
+#define ROW_OF(tm, w) (((tm) + ((w) / VW_M) * THREADS_M) * VW_M + (w) % VW_M)
+#define COL_OF(tn, w) (((tn) + ((w) / VW_N) * THREADS_N) * VW_N + (w) % VW_N)
+
+#if VW_M == 4
+#define READ_A(dst, kk, tm, j) { const float4 v_ = *(__local const float4 *)&a_tile[(kk) * PITCH_M + ((tm) + (j) * THREADS_M) * 4]; \
+    dst[(j) * 4] = v_.x; dst[(j) * 4 + 1] = v_.y; dst[(j) * 4 + 2] = v_.z; dst[(j) * 4 + 3] = v_.w; }
+#elif VW_M == 2
+#define READ_A(dst, kk, tm, j) { const float2 v_ = *(__local const float2 *)&a_tile[(kk) * PITCH_M + ((tm) + (j) * THREADS_M) * 2]; \
+    dst[(j) * 2] = v_.x; dst[(j) * 2 + 1] = v_.y; }
+#else
+#define READ_A(dst, kk, tm, j) { dst[j] = a_tile[(kk) * PITCH_M + (tm) + (j) * THREADS_M]; }
+#endif
+#if VW_N == 4
+#define READ_B(dst, kk, tn, j) { const float4 v_ = *(__local const float4 *)&b_tile[(kk) * PITCH_N + ((tn) + (j) * THREADS_N) * 4]; \
+    dst[(j) * 4] = v_.x; dst[(j) * 4 + 1] = v_.y; dst[(j) * 4 + 2] = v_.z; dst[(j) * 4 + 3] = v_.w; }
+#elif VW_N == 2
+#define READ_B(dst, kk, tn, j) { const float2 v_ = *(__local const float2 *)&b_tile[(kk) * PITCH_N + ((tn) + (j) * THREADS_N) * 2]; \
+    dst[(j) * 2] = v_.x; dst[(j) * 2 + 1] = v_.y; }
+#else
+#define READ_B(dst, kk, tn, j) { dst[j] = b_tile[(kk) * PITCH_N + (tn) + (j) * THREADS_N]; }
+#endif
+
+// Element e of the A (B) tile: its place (kk, mm) in the tile, walked along the direction that is
+// adjacent in global memory.
+#if A_K_FASTEST
+#define A_KK(e) ((e) % TILE_K)
+#define A_MM(e) ((e) / TILE_K)
+#else
+#define A_KK(e) ((e) / TILE_M)
+#define A_MM(e) ((e) % TILE_M)
+#endif
+#if B_N_FASTEST
+#define B_KK(e) ((e) / TILE_N)
+#define B_NN(e) ((e) % TILE_N)
+#else
+#define B_KK(e) ((e) % TILE_K)
+#define B_NN(e) ((e) / TILE_K)
+#endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS_N, THREADS_M, 1)))
 void KERNEL_NAME(KERNEL_PARAMS)
@@ -26,8 +77,8 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T m0 = (INDEX_T)get_group_id(1) * TILE_M;
     const INDEX_T b = get_group_id(2);
 
-    __local float a_tile[TILE_K][TILE_M];
-    __local float b_tile[TILE_K][TILE_N];
+    __local float a_tile[TILE_K * PITCH_M] __attribute__((aligned(16)));
+    __local float b_tile[TILE_K * PITCH_N] __attribute__((aligned(16)));
 
     float acc[WPT_M][WPT_N];
     for (int wm = 0; wm < WPT_M; ++wm)
@@ -39,38 +90,57 @@ void KERNEL_NAME(KERNEL_PARAMS)
         row_sum[wm] = 0.0f;
 #endif
 
+    float a_next[LOADS_A];
+    float b_next[LOADS_B];
+    for (int i = 0; i < LOADS_A; ++i) {
+        const int e = tid + i * THREADS;
+        const INDEX_T m = m0 + A_MM(e), k = A_KK(e);
+        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
+    }
+    for (int i = 0; i < LOADS_B; ++i) {
+        const int e = tid + i * THREADS;
+        const INDEX_T n = n0 + B_NN(e), k = B_KK(e);
+        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
+    }
+
     for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
-        for (int e = tid; e < TILE_M * TILE_K; e += THREADS) {
-#if A_K_FASTEST
-            const int kk = e % TILE_K, mm = e / TILE_K;
-#else
-            const int mm = e % TILE_M, kk = e / TILE_M;
-#endif
-            const INDEX_T m = m0 + mm, k = k0 + kk;
-            a_tile[kk][mm] = (m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
+        for (int i = 0; i < LOADS_A; ++i) {
+            const int e = tid + i * THREADS;
+            if (e < TILE_M * TILE_K)
+                a_tile[A_KK(e) * PITCH_M + A_MM(e)] = a_next[i];
         }
-        for (int e = tid; e < TILE_N * TILE_K; e += THREADS) {
-#if B_N_FASTEST
-            const int nn = e % TILE_N, kk = e / TILE_N;
-#else
-            const int kk = e % TILE_K, nn = e / TILE_K;
-#endif
-            const INDEX_T n = n0 + nn, k = k0 + kk;
-            b_tile[kk][nn] = (n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
+        for (int i = 0; i < LOADS_B; ++i) {
+            const int e = tid + i * THREADS;
+            if (e < TILE_N * TILE_K)
+                b_tile[B_KK(e) * PITCH_N + B_NN(e)] = b_next[i];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+
+        const INDEX_T k1 = k0 + TILE_K;
+        if (k1 < SIZE_K) {
+            for (int i = 0; i < LOADS_A; ++i) {
+                const int e = tid + i * THREADS;
+                const INDEX_T m = m0 + A_MM(e), k = k1 + A_KK(e);
+                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
+            }
+            for (int i = 0; i < LOADS_B; ++i) {
+                const int e = tid + i * THREADS;
+                const INDEX_T n = n0 + B_NN(e), k = k1 + B_KK(e);
+                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
+            }
+        }
 
         for (int kk = 0; kk < TILE_K; ++kk) {
             float a_reg[WPT_M];
             float b_reg[WPT_N];
-            for (int wm = 0; wm < WPT_M; ++wm)
-                a_reg[wm] = a_tile[kk][tm + wm * THREADS_M];
+            for (int j = 0; j < WPT_M / VW_M; ++j)
+                READ_A(a_reg, kk, tm, j)
 #if ROW_SUM
             for (int wm = 0; wm < WPT_M; ++wm)
                 row_sum[wm] += a_reg[wm];
 #endif
-            for (int wn = 0; wn < WPT_N; ++wn)
-                b_reg[wn] = b_tile[kk][tn + wn * THREADS_N];
+            for (int j = 0; j < WPT_N / VW_N; ++j)
+                READ_B(b_reg, kk, tn, j)
             for (int wm = 0; wm < WPT_M; ++wm)
                 for (int wn = 0; wn < WPT_N; ++wn)
                     acc[wm][wn] = fma(a_reg[wm], b_reg[wn], acc[wm][wn]);
@@ -79,9 +149,9 @@ void KERNEL_NAME(KERNEL_PARAMS)
     }
 
     for (int wm = 0; wm < WPT_M; ++wm) {
-        const INDEX_T m = m0 + tm + wm * THREADS_M;
+        const INDEX_T m = m0 + ROW_OF(tm, wm);
         for (int wn = 0; wn < WPT_N; ++wn) {
-            const INDEX_T n = n0 + tn + wn * THREADS_N;
+            const INDEX_T n = n0 + COL_OF(tn, wn);
             if (m < SIZE_M && n < SIZE_N)
                 STORE_C(b, m, n, acc[wm][wn]);
         }
@@ -90,7 +160,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
     // The fused reduction of A over k: the first column of work-items of the first block stores it.
     if (get_group_id(0) == 0 && tn == 0) {
         for (int wm = 0; wm < WPT_M; ++wm) {
-            const INDEX_T m = m0 + tm + wm * THREADS_M;
+            const INDEX_T m = m0 + ROW_OF(tm, wm);
             if (m < SIZE_M)
                 STORE_ROW(b, m, row_sum[wm]);
         }
@@ -101,3 +171,15 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef THREADS_M
 #undef THREADS_N
 #undef THREADS
+#undef PITCH_M
+#undef PITCH_N
+#undef LOADS_A
+#undef LOADS_B
+#undef ROW_OF
+#undef COL_OF
+#undef READ_A
+#undef READ_B
+#undef A_KK
+#undef A_MM
+#undef B_KK
+#undef B_NN

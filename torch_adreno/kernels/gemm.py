@@ -34,8 +34,19 @@ class GemmTiling:
     def threads(self) -> tuple[int, int]:
         return (self.tile_n // self.wpt_n, self.tile_m // self.wpt_m)
 
+    @property
+    def vector_widths(self) -> tuple[int, int]:
+        """Adjacent rows and columns a work-item owns (``VW_M``, ``VW_N``): its local-memory reads
+        are float4 (or float2) where its block allows."""
+        return (_vector_width(self.wpt_m), _vector_width(self.wpt_n))
+
     def local_bytes(self) -> int:
-        return 4 * self.tile_k * (self.tile_m + self.tile_n)
+        """Both tiles, their rows padded by 4 floats as ``gemm.cl`` lays them out."""
+        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4)
+
+
+def _vector_width(outputs: int) -> int:
+    return 4 if outputs % 4 == 0 else 2 if outputs % 2 == 0 else 1
 
 
 #: Macros a GEMM kernel's prelude defines (the templates undefine their own).
@@ -56,37 +67,55 @@ def _fit_local_memory(tiling: GemmTiling, profile: DeviceProfile) -> GemmTiling:
     return tiling
 
 
-def _tiling(m: int, n: int, profile: DeviceProfile) -> GemmTiling:
+def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
+    return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
+
+
+def _tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
     threads = _threads_per_direction(profile)
     tile_m, tile_n = max(_tile_for(m), threads), max(_tile_for(n), threads)
+    # Larger tiles re-read each operand fewer times (a 128 x 128 tile loads 1/64 of an element per
+    # multiply-add, a 64 x 64 one 1/32) but make fewer work-groups: take them only while every
+    # compute unit still gets a work-group.
+    for big_m, big_n in ((128, 128), (128, 64), (64, 128)):
+        if (m >= big_m and n >= big_n and big_m * big_n >= tile_m * tile_n
+                and _groups(m, n, batch, big_m, big_n) >= profile.compute_units):
+            tile_m, tile_n = big_m, big_n
+            break
     return _fit_local_memory(GemmTiling(tile_m, tile_n, 16, tile_m // threads, tile_n // threads), profile)
 
 
 def choose_tiling(node: ir.Gemm, profile: DeviceProfile) -> GemmTiling:
-    """Output tile per work-group from the problem shape: 64 where the extent allows, down to 16
-    for thin operands (a 6-channel convolution, a 10-class classifier), with 16 work-items per
-    direction (8 where the device allows fewer than 256 per group)."""
-    return _tiling(node.m, node.n, profile)
+    """Output tile per work-group from the problem shape: 128 x 128 (8 x 8 outputs per work-item)
+    where the extents allow and the tiles still number at least the device's compute units, then
+    128 x 64, then 64 where the extent allows, down to 16 for thin operands (a 6-channel
+    convolution, a 10-class classifier); 16 work-items per direction (8 where the device allows
+    fewer than 256 per group)."""
+    return _tiling(node.m, node.n, node.batch, profile)
 
 
-def tiling_candidates(m: int, n: int, profile: DeviceProfile) -> list[GemmTiling]:
-    """Tilings a tuner may try, the heuristic's first: every output tile of 16, 32 or 64 no larger
-    than the heuristic's in either direction, with the heuristic's work-items per direction; then
-    the heuristic's tile with the other count of work-items and with a K step of 8 and 32. Each
-    fits the device's group size and local memory."""
-    default = _tiling(m, n, profile)
+def tiling_candidates(m: int, n: int, batch: int, profile: DeviceProfile) -> list[GemmTiling]:
+    """Tilings a tuner may try, the heuristic's first: every output tile of 16 to 128 in either
+    direction that the extent there fills (16 always; 128 from 128 rows or columns), with the
+    heuristic's work-items per direction; then the heuristic's tile with the other count of
+    work-items and with a K step of 8 and 32. Each fits the device's group size and local memory."""
+    default = _tiling(m, n, batch, profile)
     threads = _threads_per_direction(profile)
+
+    def fills(tile: int, extent: int) -> bool:
+        return tile <= _tile_for(extent) or (tile == 128 and extent >= 128)
+
     shapes: list[tuple[int, int, int, int]] = [
         (tile_m, tile_n, threads, default.tile_k)
-        for tile_m in (16, 32, 64) for tile_n in (16, 32, 64)
-        if tile_m <= default.tile_m and tile_n <= default.tile_n
+        for tile_m in (16, 32, 64, 128) for tile_n in (16, 32, 64, 128)
+        if fills(tile_m, m) and fills(tile_n, n)
     ]
     shapes += [(default.tile_m, default.tile_n, t, default.tile_k) for t in (8, 16) if t != threads]
     shapes += [(default.tile_m, default.tile_n, threads, k) for k in (8, 32) if k != default.tile_k]
     tilings = [default]
     for tile_m, tile_n, t, tile_k in shapes:
-        if tile_m < t or tile_n < t or t * t > profile.max_work_group_size:
-            continue
+        if tile_m < t or tile_n < t or t * t > profile.max_work_group_size or tile_m * tile_n > 64 * t * t:
+            continue  # (more than 8 x 8 accumulators per work-item spill out of registers)
         tiling = GemmTiling(tile_m, tile_n, tile_k, tile_m // t, tile_n // t)
         if tiling.local_bytes() <= profile.local_mem_bytes and tiling not in tilings:
             tilings.append(tiling)
@@ -224,8 +253,9 @@ def direct_launch(m: int, n: int, batch: int, tiling: DirectTiling) -> Launch:
 
 def tiled_launch(m: int, n: int, batch: int, tiling: GemmTiling) -> Launch:
     """Geometry of ``gemm.cl``: one work-group per output tile, its size fixed by the tiling."""
+    vw_m, vw_n = tiling.vector_widths
     defines = (f"-DTILE_M={tiling.tile_m}", f"-DTILE_N={tiling.tile_n}", f"-DTILE_K={tiling.tile_k}",
-               f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}")
+               f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}", f"-DVW_M={vw_m}", f"-DVW_N={vw_n}")
     tn, tm = tiling.threads
     global_size = (math.ceil(n / tiling.tile_n) * tn, math.ceil(m / tiling.tile_m) * tm, batch)
     return Launch(defines, global_size, (tn, tm, 1))
@@ -235,5 +265,5 @@ def gemm_candidates(m: int, n: int, batch: int, tiled: bool, profile: DeviceProf
     """Launches a tuner may try for a GEMM of the given template (``tiled``: ``gemm.cl``, else
     ``gemm_direct.cl``), the heuristic's first."""
     if tiled:
-        return [tiled_launch(m, n, batch, t) for t in tiling_candidates(m, n, profile)]
+        return [tiled_launch(m, n, batch, t) for t in tiling_candidates(m, n, batch, profile)]
     return [direct_launch(m, n, batch, t) for t in direct_tiling_candidates(m, n, profile)]

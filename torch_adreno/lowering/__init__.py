@@ -93,6 +93,15 @@ def _lower_call(ctx: LoweringContext, node: Node, env: dict[Node, Value]) -> Val
     kwargs = tree_map(lambda a: env[a] if isinstance(a, Node) else a, dict(node.kwargs))
     lowering = LOWERINGS.get(node.target)
     val = node.meta.get("val")
+    elsewhere = [v.device for v in tree_flatten(val)[0] if isinstance(v, torch.Tensor) and v.device.type != "cpu"]
+    if elsewhere:
+        # Outputs are handed back as CPU tensors; computing one "on cuda" would return it on the
+        # wrong device, and a host fallback would mix devices inside one graph.
+        raise LoweringError(
+            f"{node.target} (FX node '{node.name}' in graph {ctx.graph.name}) makes a tensor on {elsewhere[0]}; "
+            "the adreno backend computes on its own OpenCL device and returns CPU tensors. Create the tensor "
+            "on the CPU inside the compiled function and move it to another device outside it."
+        )
     if lowering is not None and isinstance(val, torch.Tensor) and val.numel() == 0:
         # An empty result has no element to compute, whatever the op: only its shape matters, and
         # lowerings need not handle zero-size operands (an empty index may even have another rank).
