@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from helpers import assert_matches_eager
 
+import torch_adreno
+
 pytestmark = pytest.mark.device
 
 
@@ -187,6 +189,20 @@ def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(mo
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
     assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(33, 140), r(130, 140), r(130), atol=1e-4)
+
+
+@pytest.mark.parametrize("template", ["tiled", "direct"])
+def test_split_k_gemms_match_eager(monkeypatch, template):
+    """A weight gradient over k = 8 x 32 x 32 into 5 x 27 outputs, and a 4096-long product, are
+    split into k slices (two launches each); the bias gradient's row sums are split alike."""
+    from torch_adreno.kernels import gemm
+
+    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    with torch_adreno.profile() as prof:
+        assert_matches_eager(lambda x, w, b: torch.relu(F.conv2d(x, w, b, padding=1)), r(8, 3, 32, 32), r(5, 3, 3, 3),
+                             r(5), atol=1e-3)
+    assert any(k.name.endswith("_sum") for k in prof.kernels)
+    assert_matches_eager(lambda a, b: a.t() @ b, r(4099, 20), r(4099, 30), atol=1e-3)
 
 
 @pytest.mark.parametrize("template", ["tiled", "direct"])

@@ -6,7 +6,9 @@ Two steps, both recording a reason for every decision (``TORCH_ADRENO_DEBUG`` wr
    substituted into their consumers, so their results never reach memory;
 2. scheduling (``schedule.py``): what remains is grouped into kernels where values can flow through
    registers (GEMM epilogues, reduction prologues/epilogues/inner stages, pointwise chains,
-   horizontal siblings).
+   horizontal siblings);
+3. split-K (``split_k.py``): GEMMs with few outputs and a long k are cut into k slices, so that
+   enough work-groups run (also without fusion: it is how a GEMM runs, not what it fuses).
 
 With ``options={"fusion": False}`` every IR node is its own kernel: the baseline fusion is
 measured against. Both schedules compute the same values up to float reassociation.
@@ -32,6 +34,7 @@ from torch_adreno.fusion.kernels import (
     format_spec,
 )
 from torch_adreno.fusion.schedule import FusionGroup, Scheduler
+from torch_adreno.fusion.split_k import split_long_gemms
 
 __all__ = [
     "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "KernelSpec", "Phase",
@@ -68,10 +71,13 @@ def fuse(graph: ir.Graph, config: Config) -> FusedGraph:
         for node in graph.nodes:
             scheduler._start(node, set(ir.node_inputs(node)))
         decisions.append(Decision("*", "*", False, "fusion disabled (options={'fusion': False}): one kernel per node"))
-        return FusedGraph(graph, scheduler.finish("k"), decisions)
-    nodes = unroll_small_reductions(list(graph.nodes), decisions)
-    nodes = inline_pointwise(graph, nodes, decisions)
-    scheduler = Scheduler(graph, decisions)
-    for node in nodes:
-        scheduler.place(node)
-    return FusedGraph(graph, scheduler.finish("k"), decisions)
+        groups = scheduler.finish("k")
+    else:
+        nodes = unroll_small_reductions(list(graph.nodes), decisions)
+        nodes = inline_pointwise(graph, nodes, decisions)
+        scheduler = Scheduler(graph, decisions)
+        for node in nodes:
+            scheduler.place(node)
+        groups = scheduler.finish("k")
+    split_long_gemms(graph, groups, decisions)
+    return FusedGraph(graph, groups, decisions)

@@ -98,6 +98,11 @@ class GemmKernel:
     #: stored per (b, m) by the work-items of the first column block, from the operand values they
     #: load anyway. Its value is ``row_sum_register``.
     row_sum: Store | None = None
+    #: Split-K (see ``split_k.py``): the k range is cut into this many slices, each multiplied by
+    #: its own work-groups into ``partials`` (slice sums of every output, then of every row sum);
+    #: a second launch adds the slices up and runs the epilogue stores.
+    split_k: int = 1
+    partials: str | None = None
 
     @property
     def result(self) -> ir.Load:

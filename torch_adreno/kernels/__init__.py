@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from torch_adreno import ir
 from torch_adreno.fusion import (
@@ -20,7 +21,7 @@ from torch_adreno.fusion import (
     PointwiseKernel,
     ReductionKernel,
 )
-from torch_adreno.kernels.gemm import GEMM_MACROS, gemm_candidates, render_gemm
+from torch_adreno.kernels.gemm import gemm_candidates, render_gemm
 from torch_adreno.kernels.generated import (
     GROUP_SIZE,
     buffer_bytes,
@@ -100,18 +101,46 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
                    if name in plan.allocations}
         params = make_params(graph, group.writes, group.reads, storage)
         options: tuple[str, ...] = ()
-        macros: tuple[str, ...] = ("INDEX_T",)
+        if isinstance(spec, GemmKernel):
+            steps.extend(_gemm_steps(graph, group, spec, name, header, params, profile))
+            continue
         if isinstance(spec, PointwiseKernel):
             source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
-        elif isinstance(spec, ReductionKernel):
-            source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
         else:
-            source, options, global_size, local_size = render_gemm(name, header, spec, params, profile)
-            macros = GEMM_MACROS
+            assert isinstance(spec, ReductionKernel)
+            source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
         steps.append(KernelSource(name, group.kind, source, options, tuple(params), global_size, local_size,
                                   group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
-                                  macros, estimate_flops(group)))
+                                  ("INDEX_T",), estimate_flops(group)))
     return KernelProgram(graph, plan, steps)
+
+
+def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str, header: str,
+                params: dict[str, Any], profile: DeviceProfile) -> list[KernelSource]:
+    """One launch, or for a split-K GEMM two: the slices into ``spec.partials``, then their sum
+    through the epilogue (each launch counted with the bytes it moves)."""
+    launches = render_gemm(name, header, spec, params, profile)
+    if len(launches) == 1:
+        (only,) = launches
+        return [KernelSource(name, only.kind, only.source, only.build_options, tuple(params), only.global_size,
+                             only.local_size, group.origins, buffer_bytes(graph, group.reads),
+                             buffer_bytes(graph, group.writes), only.macros, estimate_flops(group))]
+    assert spec.partials is not None
+    g = spec.gemm
+    operands = {ld.buffer for ld in [*ir.loads(g.lhs), *ir.loads(g.rhs)]}
+    epilogue_reads = {ld.buffer for s in spec.stores for ld in ir.loads(s.value)} - {g.output}
+    results = [w for w in group.writes if w != spec.partials]
+    slices, total = launches
+    multiply_flops = 2 * g.batch * g.m * g.n * g.k
+    return [
+        KernelSource(name, slices.kind, slices.source, slices.build_options, tuple(params), slices.global_size,
+                     slices.local_size, group.origins, buffer_bytes(graph, sorted(operands)),
+                     buffer_bytes(graph, [spec.partials]), slices.macros, multiply_flops),
+        KernelSource(name + total.name_suffix, total.kind, total.source, total.build_options, tuple(params),
+                     total.global_size, total.local_size, group.origins,
+                     buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),
+                     buffer_bytes(graph, results), total.macros, estimate_flops(group) - multiply_flops),
+    ]
 
 
 def _defines(options: tuple[str, ...]) -> dict[str, str]:

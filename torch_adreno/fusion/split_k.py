@@ -1,0 +1,69 @@
+"""Split-K: GEMMs with few outputs and a long k get the k range cut into slices.
+
+A convolution's weight gradient multiplies over batch x height x width (k = 32,768 in resnet_mini's
+first stage) into a few hundred outputs (16 x 144): one or a few output tiles, so one or a few
+work-groups walk all of k while the rest of the GPU idles (measured on the H200: 1.5 ms for
+151 MFLOP). Cut into S slices, S times as many work-groups each multiply k / S into a slice sum,
+and a second, small launch adds the S slice sums and runs the fused epilogue. The slice sums
+cost 2 x S x m x n floats of traffic, kept under a quarter of what the operands move.
+
+The rule needs no device: enough output tiles (at the template's usual 64 x 64) to occupy a
+GPU's compute units several times over is all the parallelism splitting could add, and slices
+shorter than 512 leave too little work per work-group to pay for their partial sums.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch_adreno import ir
+from torch_adreno.fusion.decisions import Decision
+from torch_adreno.fusion.kernels import GemmKernel
+from torch_adreno.fusion.schedule import FusionGroup
+
+#: Output tiles (64 x 64, times the batch) below which a GEMM is split, and the most it is split to.
+TARGET_TILES = 64
+#: The shortest k slice.
+MIN_SLICE = 512
+#: Slice sums written and read again, at most this fraction of the operand bytes.
+MAX_PARTIAL_TRAFFIC = 0.25
+
+
+def output_tiles(gemm: ir.Gemm) -> int:
+    return gemm.batch * math.ceil(gemm.m / 64) * math.ceil(gemm.n / 64)
+
+
+def choose_split(gemm: ir.Gemm) -> int:
+    """The number of k slices: doubled while the tiles stay under :data:`TARGET_TILES`, slices stay
+    at least :data:`MIN_SLICE` long and the slice sums' traffic under :data:`MAX_PARTIAL_TRAFFIC`
+    of the operands'. 1: no split."""
+    tiles = output_tiles(gemm)
+    operand_elements = gemm.batch * (gemm.m + gemm.n) * gemm.k
+    split = 1
+    while (tiles * split < TARGET_TILES and gemm.k // (2 * split) >= MIN_SLICE
+           and 2 * (2 * split) * gemm.batch * gemm.m * gemm.n <= MAX_PARTIAL_TRAFFIC * operand_elements):
+        split *= 2
+    return split
+
+
+def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list[Decision]) -> None:
+    """Give every GEMM kernel that :func:`choose_split` splits its slice count and a buffer for the
+    slice sums (written and read by the kernel's own two launches only); record each choice."""
+    for group in groups:
+        spec = group.spec
+        if not isinstance(spec, GemmKernel):
+            continue
+        g = spec.gemm
+        split = choose_split(g)
+        if split == 1:
+            continue
+        rows = g.batch * g.m if spec.row_sum is not None else 0
+        name = f"{g.name}_slices"
+        graph.buffers[name] = ir.Buffer(name, (split * (g.batch * g.m * g.n + rows),), ir.DType.F32)
+        spec.split_k, spec.partials = split, name
+        group.writes.append(name)
+        decisions.append(Decision(
+            g.name, g.name, True,
+            f"split k={g.k} into {split} slices of {math.ceil(g.k / split)}: {output_tiles(g)} output tile(s) "
+            f"of 64x64 would leave most compute units idle; {split * output_tiles(g)} work-groups' worth now, "
+            f"slice sums add {2 * split * (g.batch * g.m * g.n + rows) * 4} bytes"))
