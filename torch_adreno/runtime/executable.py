@@ -182,6 +182,7 @@ class Executable:
                 BUS.launch(LaunchRecord(self.graph.name, step.source, event))
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)
+        self.residency.finish_transfers()
         self._last_call = storage
         for donor in self._donors:
             arg = args[self._input_positions[donor]]

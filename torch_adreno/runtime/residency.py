@@ -91,6 +91,17 @@ class Residency:
         self.zero_copy = zero_copy
         self._pinned: dict[int, _Entry] = {}
         self._transient: OrderedDict[int, _Entry] = OrderedDict()
+        # Copies enqueued without waiting, with the host memory they read or write: it must stay
+        # as it is (and alive) until :meth:`finish_transfers`, which every graph call ends with.
+        self._in_flight: list[tuple[cl.Event, Any]] = []
+
+    def finish_transfers(self) -> None:
+        """Wait for the copies :meth:`buffer_for` and :meth:`write_back` started. Not waiting for
+        each one lets the host go on enqueueing while the device copies (a blocking copy on an
+        in-order queue also waits for every kernel before it)."""
+        if self._in_flight:
+            cl.wait_for_events([event for event, _ in self._in_flight])
+            self._in_flight.clear()
 
     def __len__(self) -> int:
         return len(self._pinned) + len(self._transient)
@@ -134,14 +145,17 @@ class Residency:
                 device_buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
             event = None
             if nbytes:
-                event = cl.enqueue_copy(self.runtime.queue, device_buffer, host_array(tensor), is_blocking=True)
+                source = host_array(tensor)
+                event = cl.enqueue_copy(self.runtime.queue, device_buffer, source, is_blocking=False)
+                self._in_flight.append((event, source))
             BUS.transfer(graph, "h2d", nbytes, buffer, reason, event=event)
         if version is not None:
             self._remember(tensor, key, version, nbytes, device_buffer, shared, pinned)
         return device_buffer
 
     def write_back(self, tensor: torch.Tensor, device_buffer: Any, graph: str, buffer: str) -> None:
-        """The device updated ``tensor`` (an optimizer step): make the host copy right again."""
+        """The device updated ``tensor`` (an optimizer step): make the host copy right again (once
+        :meth:`finish_transfers` returned)."""
         nbytes = tensor.numel() * tensor.element_size()
         entry = self._lookup(id(tensor))
         if entry is not None and entry.shared and entry.buffer is device_buffer:
@@ -150,7 +164,9 @@ class Residency:
         if nbytes:
             if not tensor.is_contiguous():
                 raise RuntimeError(f"{graph}: cannot write the new value of non-contiguous input {buffer} back")
-            cl.enqueue_copy(self.runtime.queue, host_array(tensor), device_buffer, is_blocking=True)
+            target = host_array(tensor)
+            event = cl.enqueue_copy(self.runtime.queue, target, device_buffer, is_blocking=False)
+            self._in_flight.append((event, target))
         BUS.transfer(graph, "d2h", nbytes, buffer, "mutation")
 
     def _remember(self, tensor: torch.Tensor, key: int, version: int, nbytes: int, device_buffer: cl.Buffer,
