@@ -117,6 +117,11 @@ def test_on_device_optimizer_keeps_host_copies_right(opt_name, zero_copy):
     gen = torch.Generator().manual_seed(3)
     for i in range(8):
         x, y = spec.batch(gen)
+        if i == 5:  # a change made on the host between steps reaches the device
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+                    p.mul_(0.9)
+                    q.mul_(0.9)
         with torch_adreno.profile() as prof:
             opt.zero_grad()
             loss = loss_fn(model, x, y)
@@ -130,6 +135,12 @@ def test_on_device_optimizer_keeps_host_copies_right(opt_name, zero_copy):
         assert prof.host_fallback_ops == []
         if zero_copy and get_runtime(None).profile.unified_memory:
             assert prof.bytes_host_to_device == prof.bytes_device_to_host == 0
+        elif i >= 2 and i != 5:
+            # Parameters and optimizer state were written back after the last step: nothing to
+            # upload again (AOTAutograd's version bump before the step changes no value).
+            assert prof.transfer_bytes("h2d", "parameter") == 0, i
+        elif i == 5:
+            assert prof.transfer_bytes("h2d", "parameter") == sum(p.numel() * 4 for p in model.parameters())
     # Host copies read in the ways users read them: state_dict, eager evaluation, optimizer state.
     ours, theirs = model.state_dict(), reference.state_dict()
     for key in theirs:

@@ -88,7 +88,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
 
 
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
-                  static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset()) -> Executable:
+                  static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset(),
+                  version_bumped_inputs: Sequence[int] = ()) -> Executable:
     """Run one FX graph through every stage of the pipeline."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
@@ -99,7 +100,8 @@ def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: 
     program = render_program(fused, plan, runtime.profile)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
-    return Executable(program, runtime, residency, static_inputs, tune=config.tune)
+    return Executable(program, runtime, residency, static_inputs, tune=config.tune,
+                      version_bumped_inputs=version_bumped_inputs)
 
 
 def _static_input_indices() -> list[int]:
@@ -107,6 +109,19 @@ def _static_input_indices() -> list[int]:
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None) if context is not None else None
     return list(getattr(meta, "static_input_indices", None) or [])
+
+
+def _version_bumped_input_indices(gm: GraphModule) -> list[int]:
+    """Positions of the inputs whose version counter AOTAutograd bumps right before each call,
+    because the graph updates them in place (an optimizer's parameters and state, BatchNorm's
+    running statistics): the bump alone does not mean the host changed them. Empty unless
+    AOTAutograd's inputs line up with the graph's."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    if meta is None or len(getattr(meta, "input_info", ())) > placeholders:
+        return []
+    return list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", None) or [])
 
 
 def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
@@ -127,14 +142,15 @@ def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
 
     def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
         return compile_graph(gm, config, f"forward_{region}", gm.meta.get("adreno_num_host_outputs"),
-                             _static_input_indices())
+                             _static_input_indices(), version_bumped_inputs=_version_bumped_input_indices(gm))
 
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
         return compile_graph(gm, config, f"backward_{region}", None,
                              donated=gm.meta.get("adreno_donated_inputs", frozenset()))
 
     def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
-        return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices())
+        return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices(),
+                             version_bumped_inputs=_version_bumped_input_indices(gm))
 
     return aot_autograd(
         fw_compiler=forward_compiler,

@@ -40,9 +40,13 @@ class Executable:
     """Callable with AOTAutograd's boxed convention: ``exe(list_of_args) -> list_of_outputs``."""
 
     def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
-                 static_inputs: Sequence[int] = (), tune: bool = False) -> None:
+                 static_inputs: Sequence[int] = (), tune: bool = False,
+                 version_bumped_inputs: Sequence[int] = ()) -> None:
         """``tune``: launch each kernel as tuned on this device (see :mod:`torch_adreno.runtime.tuning`;
-        cached on disk) instead of with the kernels stage's heuristic geometry."""
+        cached on disk) instead of with the kernels stage's heuristic geometry.
+        ``version_bumped_inputs``: positions whose version counter the caller (AOTAutograd) bumps
+        by one right before every call because this graph updates them in place; taken only for
+        inputs the graph does update (``graph.mutations``)."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True
@@ -51,6 +55,8 @@ class Executable:
         self.runtime = runtime
         self.residency = residency
         self.static_inputs = set(static_inputs)
+        self.version_bumped_inputs = {pos for pos in version_bumped_inputs
+                                      if pos < len(self.graph.inputs) and self.graph.inputs[pos] in self.graph.mutations}
         plan = program.plan
         self._arenas = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in plan.arena_bytes]
         # One device buffer per slot; every buffer of a slot binds that very object (no sub-buffers).
@@ -112,7 +118,8 @@ class Executable:
                 bound[name] = value.cl_buffer
             else:
                 bound[name] = self.residency.buffer_for(value, pinned=pos in self.static_inputs,
-                                                        graph=self.graph.name, buffer=name)
+                                                        graph=self.graph.name, buffer=name,
+                                                        version_bumped=pos in self.version_bumped_inputs)
         return bound
 
     def _run_host_step(self, step: HostStep, storage: dict[str, Any]) -> None:

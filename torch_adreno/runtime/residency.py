@@ -113,8 +113,13 @@ class Residency:
     def _lookup(self, key: int) -> _Entry | None:
         return self._pinned.get(key) or self._transient.get(key)
 
-    def buffer_for(self, tensor: torch.Tensor, *, pinned: bool, graph: str, buffer: str) -> cl.Buffer:
-        """The device buffer for ``tensor``: its shared memory, or an up-to-date copy (counted)."""
+    def buffer_for(self, tensor: torch.Tensor, *, pinned: bool, graph: str, buffer: str,
+                   version_bumped: bool = False) -> cl.Buffer:
+        """The device buffer for ``tensor``: its shared memory, or an up-to-date copy (counted).
+
+        ``version_bumped``: the caller bumped the version counter by exactly one just now without
+        changing the values (AOTAutograd does, before a graph that updates the tensor in place);
+        a copy made at the version before is still current. Any other change bumps it further."""
         if tensor.device.type != "cpu":
             raise TypeError(
                 f"input {buffer} of {graph} is on {tensor.device}; the adreno backend takes CPU tensors "
@@ -127,7 +132,10 @@ class Residency:
         entry = self._lookup(key)
         same_object = (entry is not None and entry.ref() is tensor and entry.data_ptr == tensor.data_ptr()
                        and entry.nbytes == nbytes and entry.shared == shared)
-        if same_object and entry is not None and version is not None and entry.version == version:
+        current = entry is not None and version is not None and entry.version is not None and (
+            entry.version == version or (version_bumped and entry.version + 1 == version))
+        if same_object and entry is not None and current:
+            entry.version = version
             if key in self._transient:
                 self._transient.move_to_end(key)
             return entry.buffer
@@ -158,6 +166,10 @@ class Residency:
         :meth:`finish_transfers` returned)."""
         nbytes = tensor.numel() * tensor.element_size()
         entry = self._lookup(id(tensor))
+        if entry is not None and entry.ref() is tensor and entry.buffer is device_buffer:
+            # Host and device hold the same values again (once the copy below is done): a graph
+            # reading the tensor next uses the device copy without uploading it.
+            entry.version = version_of(tensor)
         if entry is not None and entry.shared and entry.buffer is device_buffer:
             sync_shared(self.runtime, device_buffer, nbytes, write=False)
             return
