@@ -126,10 +126,16 @@ def test_on_device_optimizer_keeps_host_copies_right(opt_name, zero_copy):
             opt.zero_grad()
             loss = loss_fn(model, x, y)
             loss.backward()
+            if i == 6:  # gradients changed on the host (clipping) reach the step
+                for p in model.parameters():
+                    p.grad.mul_(0.5)
             step()
         ref_opt.zero_grad()
         ref_loss = F.cross_entropy(reference(x), y)
         ref_loss.backward()
+        if i == 6:
+            for q in reference.parameters():
+                q.grad.mul_(0.5)
         ref_opt.step()
         assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), i
         assert prof.host_fallback_ops == []
@@ -137,8 +143,13 @@ def test_on_device_optimizer_keeps_host_copies_right(opt_name, zero_copy):
             assert prof.bytes_host_to_device == prof.bytes_device_to_host == 0
         elif i >= 2 and i != 5:
             # Parameters and optimizer state were written back after the last step: nothing to
-            # upload again (AOTAutograd's version bump before the step changes no value).
+            # upload again (AOTAutograd's version bump before the step changes no value); the
+            # gradients are still on the device from the backward, unless changed on the host.
             assert prof.transfer_bytes("h2d", "parameter") == 0, i
+            grads = sum(p.numel() * 4 for p in model.parameters())
+            uploaded = sum(t.nbytes for t in prof.transfers if t.direction == "h2d" and t.copied
+                           and t.graph.startswith("inference"))
+            assert uploaded == (grads if i == 6 else 0), (i, uploaded)
         elif i == 5:
             assert prof.transfer_bytes("h2d", "parameter") == sum(p.numel() * 4 for p in model.parameters())
     # Host copies read in the ways users read them: state_dict, eager evaluation, optimizer state.

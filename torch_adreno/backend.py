@@ -89,14 +89,14 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
 
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
                   static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset(),
-                  version_bumped_inputs: Sequence[int] = ()) -> Executable:
+                  version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> Executable:
     """Run one FX graph through every stage of the pipeline."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     graph = lower_graph(gm, config, name, num_host_outputs)
     fused = fuse(graph, config)
     plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
-                       donated=donated)
+                       donated=donated, resident_outputs=resident_outputs)
     program = render_program(fused, plan, runtime.profile)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
@@ -146,7 +146,7 @@ def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
 
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
         return compile_graph(gm, config, f"backward_{region}", None,
-                             donated=gm.meta.get("adreno_donated_inputs", frozenset()))
+                             donated=gm.meta.get("adreno_donated_inputs", frozenset()), resident_outputs=True)
 
     def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
         return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices(),

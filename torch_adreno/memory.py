@@ -4,7 +4,9 @@
 * Outputs that stay on the device for a later graph (saved activations) escape the call: each call
   gets fresh storage for them (``PER_CALL``), released when the later graph is done with them.
 * Outputs the caller reads on the host are written straight into host memory on unified-memory
-  devices (``HOST``: phones, PoCL; no copy), else they live in the arena and are copied back.
+  devices (``HOST``: phones, PoCL; no copy), else they are copied back: a backward's gradients
+  from storage of their own that stays on the device as the copy of the host tensor
+  (``PER_CALL``, for the optimizer step that reads them next), other outputs from the arena.
 * Everything else lives in slots allocated once per compiled graph (``ARENA``: device buffers,
   each at most the device's largest single allocation).
 
@@ -195,10 +197,14 @@ def _place(items: list[tuple[str, int, int, int]], donors: list[tuple[str, int, 
 
 
 def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
-                shared_outputs: bool | None = None, donated: frozenset[str] = frozenset()) -> MemoryPlan:
+                shared_outputs: bool | None = None, donated: frozenset[str] = frozenset(),
+                resident_outputs: bool = False) -> MemoryPlan:
     """Plan every buffer of ``fused``. ``shared_outputs``: write outputs the caller reads straight
     into host memory (zero-copy; default: where the device's memory is unified). ``donated``:
-    inputs (saved activations) whose bytes may be reused once the graph has read them last."""
+    inputs (saved activations) whose bytes may be reused once the graph has read them last.
+    ``resident_outputs`` (where outputs are copied to the host): outputs get storage of their own
+    that stays on the device as the copy of the host tensor (a backward's gradients, which a
+    compiled optimizer step reads next without uploading them)."""
     graph = fused.graph
     if shared_outputs is None:
         shared_outputs = profile.unified_memory
@@ -218,6 +224,8 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
             kinds[name] = StorageKind.PER_CALL
         elif name in to_host and shared_outputs:
             kinds[name] = StorageKind.HOST
+        elif name in to_host and resident_outputs:
+            kinds[name] = StorageKind.PER_CALL
         else:
             kinds[name] = StorageKind.ARENA
         nbytes = graph.buffers[name].nbytes

@@ -28,6 +28,14 @@ _NUMPY_STORAGE = {
 def download(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype: torch.dtype,
              wait: bool = True) -> tuple[torch.Tensor, cl.Event | None]:
     """Copy a device buffer into a new host tensor (the copy completes once the event does)."""
+    tensor, event, _ = download_owned(runtime, buffer, shape, dtype, wait)
+    return tensor, event
+
+
+def download_owned(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype: torch.dtype,
+                   wait: bool = True) -> tuple[torch.Tensor, cl.Event | None, np.ndarray]:
+    """As :func:`download`, also giving the NumPy array that owns the tensor's memory (it lives
+    exactly as long as some tensor over that memory does)."""
     array = np.empty(shape, dtype=_NUMPY_STORAGE[dtype])
     event = None
     if array.size:
@@ -35,7 +43,7 @@ def download(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype:
     tensor = torch.from_numpy(array)
     if dtype == torch.bool:
         tensor = tensor.view(torch.bool)
-    return tensor, event
+    return tensor, event, array
 
 
 class DeviceTensor(torch.Tensor):

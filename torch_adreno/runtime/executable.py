@@ -22,7 +22,7 @@ from torch_adreno.lowering.context import IR_TO_TORCH
 from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
-from torch_adreno.runtime.device_tensor import DeviceTensor, download
+from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
 from torch_adreno.runtime.residency import Residency, host_array, shared_buffer, sync_shared
 from torch_adreno.runtime.tuning import TuningResult, tune_kernels
@@ -248,10 +248,12 @@ class Executable:
                              copied=not self.runtime.profile.unified_memory)
                 outputs.append(host_outputs[out.buffer].reshape(shape))
                 continue
-            tensor, event = download(self.runtime, storage[out.buffer], shape, dtype, wait=False)
+            tensor, event, owner = download_owned(self.runtime, storage[out.buffer], shape, dtype, wait=False)
             BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output", event=event)
             if event is not None:
                 pending.append(event)
+            if out.buffer in blocks:  # storage of its own: it stays on the device as the tensor's copy
+                self.residency.adopt(tensor, owner, blocks[out.buffer])
             outputs.append(tensor)
         if pending:
             cl.wait_for_events(pending)

@@ -32,7 +32,8 @@ TRANSIENT_SLOTS = 16
 
 @dataclass
 class _Entry:
-    ref: weakref.ref[torch.Tensor]
+    #: The tensor (or, for adopted outputs, the NumPy array owning the host memory).
+    ref: weakref.ref[Any]
     version: int | None
     data_ptr: int
     nbytes: int
@@ -40,6 +41,8 @@ class _Entry:
     shared: bool
     #: For shared entries: a view keeping the host memory alive until the buffer over it is released.
     memory: np.ndarray | None = None
+    #: For adopted outputs: the pool block holding the device copy (back to the pool with the entry).
+    block: Any = None
 
     def release(self) -> None:
         """Release the OpenCL buffer before the host memory under it may go (drivers that pin
@@ -48,6 +51,7 @@ class _Entry:
         if self.shared:
             self.buffer.release()
         self.memory = None
+        self.block = None
 
 
 def host_array(tensor: torch.Tensor) -> np.ndarray:
@@ -94,6 +98,10 @@ class Residency:
         # Copies enqueued without waiting, with the host memory they read or write: it must stay
         # as it is (and alive) until :meth:`finish_transfers`, which every graph call ends with.
         self._in_flight: list[tuple[cl.Event, Any]] = []
+        # Device copies of downloaded outputs, by the address of their host memory: autograd hands
+        # a gradient on as an alias of the tensor we returned (same memory and version counter,
+        # another object), so identity cannot find them. Each lives while its host memory does.
+        self._adopted: dict[int, _Entry] = {}
 
     def finish_transfers(self) -> None:
         """Wait for the copies :meth:`buffer_for` and :meth:`write_back` started. Not waiting for
@@ -104,11 +112,12 @@ class Residency:
             self._in_flight.clear()
 
     def __len__(self) -> int:
-        return len(self._pinned) + len(self._transient)
+        return len(self._pinned) + len(self._transient) + len(self._adopted)
 
     def resident_bytes(self) -> int:
         """Device bytes held as copies (shared buffers occupy host memory only)."""
-        return sum(e.nbytes for e in [*self._pinned.values(), *self._transient.values()] if not e.shared)
+        entries = [*self._pinned.values(), *self._transient.values(), *self._adopted.values()]
+        return sum(e.nbytes for e in entries if not e.shared)
 
     def _lookup(self, key: int) -> _Entry | None:
         return self._pinned.get(key) or self._transient.get(key)
@@ -139,6 +148,10 @@ class Residency:
             if key in self._transient:
                 self._transient.move_to_end(key)
             return entry.buffer
+        if not shared and not (same_object and entry is not None):
+            adopted = self._adopted_copy(tensor, nbytes, version)
+            if adopted is not None:
+                return adopted
         reason = "parameter" if pinned else "input"
         if shared:
             device_buffer = entry.buffer if same_object and entry is not None else shared_buffer(self.runtime, tensor)
@@ -181,6 +194,45 @@ class Residency:
             self._in_flight.append((event, target))
         BUS.transfer(graph, "d2h", nbytes, buffer, "mutation")
 
+    def adopt(self, tensor: torch.Tensor, owner: np.ndarray, block: Any) -> None:
+        """``tensor`` (over ``owner``'s memory) is a new host copy of what ``block`` holds on the
+        device (a downloaded graph output): remember the device copy, so that a graph reading this
+        memory next, unchanged, through the tensor or an alias of it, uploads nothing. The block
+        stays out of the pool until the memory is freed or changed."""
+        version = version_of(tensor)
+        if version is None or not tensor.is_contiguous():
+            return
+        key = tensor.data_ptr()
+        owner_ref = weakref.ref(owner, self._make_adopted_finalizer(key))
+        self._adopted[key] = _Entry(owner_ref, version, key, tensor.numel() * tensor.element_size(), block.buffer,
+                                    False, None, block)
+
+    def _make_adopted_finalizer(self, key: int) -> Any:
+        owner = weakref.ref(self)
+
+        def forget(ref: weakref.ref[Any]) -> None:
+            residency = owner()
+            if residency is not None:
+                entry = residency._adopted.get(key)
+                if entry is not None and entry.ref is ref:
+                    del residency._adopted[key]
+                    entry.release()
+
+        return forget
+
+    def _adopted_copy(self, tensor: torch.Tensor, nbytes: int, version: int | None) -> cl.Buffer | None:
+        """The device copy of ``tensor``'s memory made by :meth:`adopt`, if still current; a stale
+        one is dropped (the tensor gets an entry of its own when it is uploaded)."""
+        entry = self._adopted.get(tensor.data_ptr())
+        if entry is None:
+            return None
+        if entry.ref() is not None and entry.nbytes == nbytes and tensor.is_contiguous() \
+                and version is not None and entry.version == version:
+            return entry.buffer
+        del self._adopted[tensor.data_ptr()]
+        entry.release()
+        return None
+
     def _remember(self, tensor: torch.Tensor, key: int, version: int, nbytes: int, device_buffer: cl.Buffer,
                   shared: bool, pinned: bool) -> None:
         was_pinned = key in self._pinned
@@ -220,3 +272,4 @@ class Residency:
     def clear(self) -> None:
         self._pinned.clear()
         self._transient.clear()
+        self._adopted.clear()
