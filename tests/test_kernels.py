@@ -92,6 +92,9 @@ def test_gemm_tile_grows_while_every_compute_unit_keeps_a_work_group():
     assert shape == {512: (64, 64, 4, 4), 1024: (64, 64, 4, 4), 2048: (128, 128, 8, 8), 4096: (128, 128, 8, 8)}
     assert _tiling(1024, 1024, 4, h200).tile_m == 128  # a batch of four fills the device
     assert _tiling(1024, 10, 1, REFERENCE_PROFILE).tile_n == 16
+    # A mobile-class GPU (4 compute units) keeps 64 x 64 tiles by default; the tuner may try 128.
+    assert (_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_m, _tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_n) == (64, 64)
+    assert any(t.tile_m == 128 for t in tiling_candidates(2048, 2048, 1, REFERENCE_PROFILE))
     candidates = tiling_candidates(1024, 1024, 1, h200)
     assert candidates[0] == _tiling(1024, 1024, 1, h200)
     assert any(t.tile_m == t.tile_n == 128 for t in candidates)

@@ -176,6 +176,7 @@ def test_both_gemm_templates_on_this_device(monkeypatch, template, shape):
     from torch_adreno.kernels import gemm
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
     m, k, n = shape
     assert_matches_eager(lambda a, b: a @ b, r(m, k), r(k, n))
     assert_matches_eager(lambda a, b: a.t() @ b.t(), r(k, m), r(n, k))
@@ -188,6 +189,7 @@ def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(mo
     from torch_adreno.kernels import gemm
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
     assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(33, 140), r(130, 140), r(130), atol=1e-4)
 
 
@@ -198,6 +200,7 @@ def test_split_k_gemms_match_eager(monkeypatch, template):
     from torch_adreno.kernels import gemm
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
     with torch_adreno.profile() as prof:
         assert_matches_eager(lambda x, w, b: torch.relu(F.conv2d(x, w, b, padding=1)), r(8, 3, 32, 32), r(5, 3, 3, 3),
                              r(5), atol=1e-3)
@@ -210,6 +213,7 @@ def test_both_gemm_templates_for_convolution(monkeypatch, template):
     from torch_adreno.kernels import gemm
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
     assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4)
 
 

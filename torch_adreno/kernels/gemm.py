@@ -74,6 +74,10 @@ def _fit_local_memory(tiling: GemmTiling, profile: DeviceProfile) -> GemmTiling:
     return tiling
 
 
+#: Devices with at least this many compute units get the 128-wide GEMM tiles by default.
+DESKTOP_COMPUTE_UNITS = 16
+
+
 def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
     return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
 
@@ -83,8 +87,11 @@ def _tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
     tile_m, tile_n = max(_tile_for(m), threads), max(_tile_for(n), threads)
     # Larger tiles re-read each operand fewer times (a 128 x 128 tile loads 1/64 of an element per
     # multiply-add, a 64 x 64 one 1/32) but make fewer work-groups: take them only while every
-    # compute unit still gets a work-group.
-    for big_m, big_n in ((128, 128), (128, 64), (64, 128)):
+    # compute unit still gets a work-group. 8 x 8 accumulators per work-item were measured on a
+    # desktop GPU (H200: 1.2x CLBlast); a phone GPU's smaller register file may lose more occupancy
+    # than the tile saves, so mobile-class devices (few compute units) keep 64 x 64 until measured
+    # there (``tune=True`` tries the larger tiles on any device).
+    for big_m, big_n in ((128, 128), (128, 64), (64, 128)) if profile.compute_units >= DESKTOP_COMPUTE_UNITS else ():
         if (m >= big_m and n >= big_n and big_m * big_n >= tile_m * tile_n
                 and _groups(m, n, batch, big_m, big_n) >= profile.compute_units):
             tile_m, tile_n = big_m, big_n
@@ -97,8 +104,9 @@ def _tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
 
 
 def choose_tiling(node: ir.Gemm, profile: DeviceProfile) -> GemmTiling:
-    """Output tile per work-group from the problem shape: 128 x 128 (8 x 8 outputs per work-item,
-    K step 8) where the extents allow and the tiles still number at least the device's compute units, then
+    """Output tile per work-group from the problem shape: on desktop-class GPUs 128 x 128 (8 x 8
+    outputs per work-item, K step 8) where the extents allow and the tiles still number at least
+    the device's compute units, then
     128 x 64, then 64 where the extent allows, down to 16 for thin operands (a 6-channel
     convolution, a 10-class classifier); 16 work-items per direction (8 where the device allows
     fewer than 256 per group)."""
