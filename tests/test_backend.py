@@ -121,3 +121,18 @@ def test_mode_argument_is_rejected():
     compiled = torch.compile(torch.nn.Linear(2, 2), backend="adreno", mode="max-autotune")
     with pytest.raises(ValueError, match="options="):
         compiled(torch.randn(1, 2))
+
+
+@pytest.mark.device
+def test_compiling_a_training_step_does_not_import_inductor():
+    """AOTAutograd's CSE pass would import Inductor's lowering modules (~0.7 s of a process's first
+    compile); the backend turns it off. A fresh process, since other tests import Inductor."""
+    code = (
+        "import sys, torch, torch.nn.functional as F, torch_adreno\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))\n"
+        "f = torch.compile(lambda x, y: F.cross_entropy(m(x), y), backend='adreno')\n"
+        "f(torch.randn(4, 8), torch.tensor([0, 1, 2, 0])).backward()\n"
+        "assert m[0].weight.grad is not None\n"
+        "assert 'torch._inductor.lowering' not in sys.modules, 'Inductor was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
