@@ -7,15 +7,16 @@
 #
 #   source .gpu/env.sh && bash benchmarks/gpu_session.sh "$OUT" [phase ...]
 #
-# Phases (default: all, in this order): tests opinfo peers gemm memory suite. Each writes under the
-# output folder given first (logs, JSON lines, plots); a phase that fails does not stop the others,
-# and each is bounded by a timeout so that the results of the others come back. One device command
-# may run 10 minutes: give a few phases per command, e.g. "tests opinfo", then "peers gemm", then
-# "memory suite".
+# Phases (default: all, in this order): tests opinfo peers gemm memory suite kernels host. Each
+# writes under the output folder given first (logs, JSON lines, plots); a phase that fails does not
+# stop the others, and each is bounded by a timeout so that the results of the others come back.
+# One device command may run 10 minutes: give a few phases per command, e.g. "tests opinfo", then
+# "peers gemm", then "memory suite kernels host". The device tool brings back only a few files per
+# command: the OpInfo shards append to one JSON-lines file and their logs to one text file.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUT_DIR [phase ...]}
 shift
-phases=${*:-tests opinfo peers gemm memory suite}
+phases=${*:-tests opinfo peers gemm memory suite kernels host}
 mkdir -p "$out"
 export TORCH_ADRENO_DEVICE=${TORCH_ADRENO_DEVICE:-NVIDIA}
 cores=$(nproc)
@@ -25,14 +26,16 @@ for phase in $phases; do
   case $phase in
     tests)
       # `installed` tests need the package installed (the GPU machine runs from PYTHONPATH).
-      timeout 420 python -m pytest -q -x -m "not installed" -p no:cacheprovider > "$out/tests.txt" 2>&1 ;;
+      # No -x: every failure is listed; only the summary's tail comes back.
+      timeout 420 python -m pytest -q -m "not installed" -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$out/tests.txt" ;;
     opinfo)
       shards=$(( cores > 2 ? cores - 2 : 1 ))
       for i in $(seq 0 $((shards - 1))); do
         OMP_NUM_THREADS=1 timeout 500 python -m torch_adreno opinfo --shard "$i/$shards" \
-          --jsonl "$out/opinfo.jsonl" > "$out/opinfo_$i.txt" 2>&1 &
+          --jsonl "$out/opinfo.jsonl" > "/tmp/opinfo_$i.txt" 2>&1 &
       done
-      wait ;;
+      wait
+      tail -n 3 /tmp/opinfo_*.txt > "$out/opinfo.txt" ;;
     peers)
       timeout 400 python benchmarks/peers.py --steps 30 --device "$TORCH_ADRENO_DEVICE" --out "$out/peers.jsonl" > "$out/peers.txt" 2>&1 ;;
     gemm)
@@ -41,8 +44,12 @@ for phase in $phases; do
       timeout 300 python benchmarks/memory.py --device "$TORCH_ADRENO_DEVICE" --out "$out/memory.jsonl" > "$out/memory.txt" 2>&1 ;;
     suite)
       timeout 500 python -m torch_adreno bench --steps 30 --device "$TORCH_ADRENO_DEVICE" --out "$out" > "$out/suite.txt" 2>&1 ;;
+    kernels)
+      timeout 200 python benchmarks/kernels.py --device "$TORCH_ADRENO_DEVICE" --out "$out/kernels.jsonl" > "$out/kernels.txt" 2>&1 ;;
+    host)
+      timeout 120 python benchmarks/host_profile.py --model resnet_mini --device "$TORCH_ADRENO_DEVICE" > "$out/host_profile.txt" 2>&1 ;;
     *)
-      echo "unknown phase $phase (tests opinfo peers gemm memory suite)" >&2 ;;
+      echo "unknown phase $phase (tests opinfo peers gemm memory suite kernels host)" >&2 ;;
   esac
   echo "$phase: exit $? after $(( $(date +%s) - start )) s" | tee -a "$out/phases.txt"
 done
