@@ -83,20 +83,20 @@ def test_gemm_template_choice_follows_the_device():
 
 
 def test_gemm_tile_grows_while_every_compute_unit_keeps_a_work_group():
-    from torch_adreno.kernels.gemm import _tiling, tiling_candidates
+    from torch_adreno.kernels.gemm import choose_tiling, tiling_candidates
 
     h200 = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
     shape = {size: (t.tile_m, t.tile_n, t.wpt_m, t.wpt_n) for size in (512, 1024, 2048, 4096)
-             for t in [_tiling(size, size, 1, h200)]}
+             for t in [choose_tiling(size, size, 1, h200)]}
     # 1024^2 in 128 x 128 tiles is 64 work-groups for 132 compute units: 64 x 64 (256 groups) instead.
     assert shape == {512: (64, 64, 4, 4), 1024: (64, 64, 4, 4), 2048: (128, 128, 8, 8), 4096: (128, 128, 8, 8)}
-    assert _tiling(1024, 1024, 4, h200).tile_m == 128  # a batch of four fills the device
-    assert _tiling(1024, 10, 1, REFERENCE_PROFILE).tile_n == 16
+    assert choose_tiling(1024, 1024, 4, h200).tile_m == 128  # a batch of four fills the device
+    assert choose_tiling(1024, 10, 1, REFERENCE_PROFILE).tile_n == 16
     # A mobile-class GPU (4 compute units) keeps 64 x 64 tiles by default; the tuner may try 128.
-    assert (_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_m, _tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_n) == (64, 64)
+    assert (choose_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_m, choose_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_n) == (64, 64)
     assert any(t.tile_m == 128 for t in tiling_candidates(2048, 2048, 1, REFERENCE_PROFILE))
     candidates = tiling_candidates(1024, 1024, 1, h200)
-    assert candidates[0] == _tiling(1024, 1024, 1, h200)
+    assert candidates[0] == choose_tiling(1024, 1024, 1, h200)
     assert any(t.tile_m == t.tile_n == 128 for t in candidates)
     assert all(t.wpt_m * t.wpt_n <= 64 and t.local_bytes() <= h200.local_mem_bytes for t in candidates)
 

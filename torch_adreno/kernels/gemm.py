@@ -82,7 +82,12 @@ def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
     return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
 
 
-def _tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
+def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
+    """Output tile per work-group of a ``batch`` x ``m`` x ``n`` GEMM: on desktop-class GPUs
+    128 x 128 (8 x 8 outputs per work-item, K step 8) where the extents allow and the tiles still
+    number at least the device's compute units, then 128 x 64; else 64 where the extent allows,
+    down to 16 for thin operands (a 6-channel convolution, a 10-class classifier); 16 work-items
+    per direction (8 where the device allows fewer than 256 per group)."""
     threads = _threads_per_direction(profile)
     tile_m, tile_n = max(_tile_for(m), threads), max(_tile_for(n), threads)
     # Larger tiles re-read each operand fewer times (a 128 x 128 tile loads 1/64 of an element per
@@ -103,22 +108,12 @@ def _tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
     return _fit_local_memory(GemmTiling(tile_m, tile_n, tile_k, tile_m // threads, tile_n // threads), profile)
 
 
-def choose_tiling(node: ir.Gemm, profile: DeviceProfile) -> GemmTiling:
-    """Output tile per work-group from the problem shape: on desktop-class GPUs 128 x 128 (8 x 8
-    outputs per work-item, K step 8) where the extents allow and the tiles still number at least
-    the device's compute units, then
-    128 x 64, then 64 where the extent allows, down to 16 for thin operands (a 6-channel
-    convolution, a 10-class classifier); 16 work-items per direction (8 where the device allows
-    fewer than 256 per group)."""
-    return _tiling(node.m, node.n, node.batch, profile)
-
-
 def tiling_candidates(m: int, n: int, batch: int, profile: DeviceProfile) -> list[GemmTiling]:
     """Tilings a tuner may try, the heuristic's first: every output tile of 16 to 128 in either
     direction that the extent there fills (16 always; 128 from 128 rows or columns), with the
     heuristic's work-items per direction; then the heuristic's tile with the other count of
     work-items and with each other K step of 8, 16 and 32. Each fits the device's group size and local memory."""
-    default = _tiling(m, n, batch, profile)
+    default = choose_tiling(m, n, batch, profile)
     threads = _threads_per_direction(profile)
 
     def fills(tile: int, extent: int) -> bool:
@@ -141,15 +136,13 @@ def tiling_candidates(m: int, n: int, batch: int, profile: DeviceProfile) -> lis
     return tilings
 
 
-def _direct_tiling(m: int, n: int, profile: DeviceProfile) -> DirectTiling:
+def choose_direct_tiling(m: int, n: int, profile: DeviceProfile) -> DirectTiling:
+    """Blocking of ``gemm_direct.cl``: 8 rows per work-item where there are 8 (else 4 or 1), and
+    groups as wide as the column blocks, at most 16."""
     wpt_m = 8 if m >= 8 else 4 if m >= 4 else 1
     column_blocks = math.ceil(n / 8)
     local_n = max(1, min(16, profile.max_work_group_size, 1 << (column_blocks - 1).bit_length()))
     return DirectTiling(wpt_m, local_n)
-
-
-def choose_direct_tiling(node: ir.Gemm, profile: DeviceProfile) -> DirectTiling:
-    return _direct_tiling(node.m, node.n, profile)
 
 
 def direct_tiling_candidates(m: int, n: int, profile: DeviceProfile) -> list[DirectTiling]:
@@ -157,7 +150,7 @@ def direct_tiling_candidates(m: int, n: int, profile: DeviceProfile) -> list[Dir
     blocking (1, 2, 4, 8 rows, no more than the rows there are) with the heuristic's group, and
     each group size a quarter to four times the heuristic's (no wider than the column blocks nor
     the device allows) with the heuristic's row blocking."""
-    default = _direct_tiling(m, n, profile)
+    default = choose_direct_tiling(m, n, profile)
     column_blocks = math.ceil(n / 8)
     widest = min(group_limit(profile), MAX_CANDIDATE_GROUP, 1 << (column_blocks - 1).bit_length())
     tilings = [default]
@@ -294,11 +287,11 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
     batch = node.batch * split
     sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={slice_k}", f"-DROW_SUM={int(spec.row_sum is not None)}")
     if not use_local_memory_tiles(profile):
-        launch = direct_launch(node.m, node.n, batch, _direct_tiling(node.m, node.n, profile))
+        launch = direct_launch(node.m, node.n, batch, choose_direct_tiling(node.m, node.n, profile))
         first = RenderedGemm("", "gemm", prelude + _template("gemm_direct.cl"), (*launch.defines, "-cl-mad-enable", *sizes),
                              launch.global_size, launch.local_size, GEMM_MACROS)
     else:
-        launch = tiled_launch(node.m, node.n, batch, _tiling(node.m, node.n, batch, profile))
+        launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile))
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}")
         first = RenderedGemm("", "gemm", prelude + _template("gemm.cl"), options, launch.global_size,
                              launch.local_size, GEMM_MACROS)
