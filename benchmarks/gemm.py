@@ -148,9 +148,28 @@ class CLBlast:
 PEERS = ("adreno", "adreno_tuned", "clblast", "torch")
 
 
-def _ours_us(fn: Any, args: list[torch.Tensor], reps: int, options: dict[str, Any]) -> float:
+def _ours(fn: Any, args: list[torch.Tensor], reps: int, options: dict[str, Any]) -> tuple[float, Any]:
+    """Median device time of ``fn`` compiled with ``options``, and its output."""
     torch._dynamo.reset()  # a fresh compile per configuration: options differ, the function does not
-    return _median_kernel_us(torch.compile(fn, backend="adreno", options=options), args, reps)
+    compiled = torch.compile(fn, backend="adreno", options=options)
+    return _median_kernel_us(compiled, args, reps), compiled(*args)
+
+
+def _measure(row: dict[str, Any], fn: Any, args: list[torch.Tensor], reps: int, options: dict[str, Any],
+             tune: bool) -> Any:
+    """Fill ``row`` with ours (and tuned, if ``tune``) and PyTorch's times, then every peer's
+    GFLOP/s from ``row["flops"]``; returns our output."""
+    row["adreno_us"], out = _ours(fn, args, reps, options)
+    if tune:
+        row["adreno_tuned_us"], _ = _ours(fn, args, reps, {**options, "tune": True})
+    row["torch_us"], row["torch_peer"] = _torch_us(fn, args, reps)
+    return out
+
+
+def _add_gflops(row: dict[str, Any]) -> None:
+    for key in PEERS:
+        if f"{key}_us" in row:
+            row[f"{key}_gflops"] = row["flops"] / row[f"{key}_us"] / 1e3
 
 
 def gemm_records(sizes: list[int], reps: int, device: Any, clblast: CLBlast | None,
@@ -159,20 +178,12 @@ def gemm_records(sizes: list[int], reps: int, device: Any, clblast: CLBlast | No
     options = {"device": device} if device is not None else {}
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        flops = 2 * n**3
-        torch._dynamo.reset()
-        ours_out = torch.compile(torch.mm, backend="adreno", options=options)(a, b)
-        error = ((ours_out - a @ b).abs().max() / (a @ b).abs().max()).item()
-        row: dict[str, Any] = {"kind": "sgemm", "shape": f"{n}x{n}x{n}", "flops": flops,
-                               "adreno_us": _ours_us(torch.mm, [a, b], reps, options), "adreno_rel_error": error}
-        if tune:
-            row["adreno_tuned_us"] = _ours_us(torch.mm, [a, b], reps, {**options, "tune": True})
-        row["torch_us"], row["torch"] = _torch_us(torch.mm, [a, b], reps)
+        row: dict[str, Any] = {"kind": "sgemm", "shape": f"{n}x{n}x{n}", "flops": 2 * n**3}
+        out = _measure(row, torch.mm, [a, b], reps, options, tune)
+        row["adreno_rel_error"] = ((out - a @ b).abs().max() / (a @ b).abs().max()).item()
         if clblast is not None:
             row["clblast_us"] = clblast.sgemm_us(n, reps)
-        for key in PEERS:
-            if f"{key}_us" in row:
-                row[f"{key}_gflops"] = flops / row[f"{key}_us"] / 1e3
+        _add_gflops(row)
         records.append(row)
         print(_format(row))
     return records
@@ -188,15 +199,10 @@ def conv_records(reps: int, device: Any, tune: bool) -> list[dict[str, Any]]:
             return F.conv2d(x, w, stride=stride, padding=padding)
 
         out_size = (size + 2 * (kernel // 2) - kernel) // stride + 1
-        flops = 2 * batch * cout * out_size * out_size * cin * kernel * kernel
-        row: dict[str, Any] = {"kind": "conv2d", "shape": name, "flops": flops,
-                               "adreno_us": _ours_us(conv, [x, w], reps, options)}
-        if tune:
-            row["adreno_tuned_us"] = _ours_us(conv, [x, w], reps, {**options, "tune": True})
-        row["torch_us"], row["torch"] = _torch_us(conv, [x, w], reps)
-        for key in PEERS:
-            if f"{key}_us" in row:
-                row[f"{key}_gflops"] = flops / row[f"{key}_us"] / 1e3
+        row: dict[str, Any] = {"kind": "conv2d", "shape": name,
+                               "flops": 2 * batch * cout * out_size * out_size * cin * kernel * kernel}
+        _measure(row, conv, [x, w], reps, options, tune)
+        _add_gflops(row)
         records.append(row)
         print(_format(row))
     return records

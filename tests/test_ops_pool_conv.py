@@ -8,10 +8,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_matches_eager, capture_graphs
+from helpers import assert_matches_eager, capture_graphs, training_step_against_eager
 from torch import nn
 
-import torch_adreno
 from torch_adreno import ir
 from torch_adreno.config import Config
 from torch_adreno.errors import UnsupportedOpError
@@ -146,18 +145,7 @@ def test_conv_transpose_and_adaptive_pool_module_trains_like_eager():
     gen = torch.Generator().manual_seed(4)
     for step in range(3):
         x, y = torch.randn(4, 3, 5, 6, generator=gen), torch.randint(0, 5, (4,), generator=gen)
-        with torch_adreno.profile() as prof:
-            opt.zero_grad()
-            loss = F.cross_entropy(compiled(x), y)
-            loss.backward()
-        ref_opt.zero_grad()
-        ref_loss = F.cross_entropy(reference(x), y)
-        ref_loss.backward()
-        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
-        assert prof.kernel_launches > 0 and prof.host_fallback_ops == []
-        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
-                                       msg=lambda m, n=name, s=step: f"gradient of {n} at step {s}: {m}")
+        training_step_against_eager(compiled, model, reference, x, y, step)
         opt.step()
         ref_opt.step()
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import training_step_against_eager
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -45,20 +46,7 @@ def test_trains_like_eager(model_name, opt_name):
     gen = torch.Generator().manual_seed(1)
     for step in range(STEPS):
         x, y = spec.batch(gen)
-        with torch_adreno.profile() as prof:
-            opt.zero_grad()
-            loss = F.cross_entropy(compiled(x), y)
-            loss.backward()
-        ref_opt.zero_grad()
-        ref_loss = F.cross_entropy(reference(x), y)
-        ref_loss.backward()
-        assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
-        assert prof.kernel_launches > 0
-        assert prof.host_fallback_ops == []
-        if not free_running:
-            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
-                                           msg=lambda m, n=name, s=step: f"gradient of {n} at step {s}: {m}")
+        training_step_against_eager(compiled, model, reference, x, y, step, grads=not free_running)
         opt.step()
         ref_opt.step()
         if not free_running:

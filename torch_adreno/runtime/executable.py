@@ -85,6 +85,10 @@ class Executable:
                     dynamic.append((i, name))
             self._steps.append(_Launch(kernel, source, dynamic, 0 in source.global_size))
         self._input_positions = {name: pos for pos, name in enumerate(self.graph.inputs) if name is not None}
+        # The allocations each call must bind anew (arena slots and inputs are bound above / by
+        # _bind_inputs), in plan order: a call walks these, not every buffer of the graph.
+        self._per_call_allocations = [(name, alloc) for name, alloc in plan.allocations.items()
+                                      if alloc.kind not in (StorageKind.ARENA, StorageKind.INPUT)]
         # The buffers of the last call stay referenced until the next call binds new ones: a kernel
         # object never points at a released buffer (some drivers fault when it does).
         self._last_call: dict[str, Any] = {}
@@ -154,8 +158,7 @@ class Executable:
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
         blocks: dict[str, Any] = {}
-        plan = self.program.plan
-        for name, alloc in plan.allocations.items():
+        for name, alloc in self._per_call_allocations:
             if alloc.kind is StorageKind.PER_CALL:
                 blocks[name] = self.runtime.pool.allocate(alloc.nbytes)
                 storage[name] = blocks[name].buffer

@@ -203,22 +203,9 @@ class Residency:
         if version is None or not tensor.is_contiguous():
             return
         key = tensor.data_ptr()
-        owner_ref = weakref.ref(owner, self._make_adopted_finalizer(key))
+        owner_ref = weakref.ref(owner, self._make_finalizer(key, "_adopted"))
         self._adopted[key] = _Entry(owner_ref, version, key, tensor.numel() * tensor.element_size(), block.buffer,
                                     False, None, block)
-
-    def _make_adopted_finalizer(self, key: int) -> Any:
-        owner = weakref.ref(self)
-
-        def forget(ref: weakref.ref[Any]) -> None:
-            residency = owner()
-            if residency is not None:
-                entry = residency._adopted.get(key)
-                if entry is not None and entry.ref is ref:
-                    del residency._adopted[key]
-                    entry.release()
-
-        return forget
 
     def _adopted_copy(self, tensor: torch.Tensor, nbytes: int, version: int | None) -> cl.Buffer | None:
         """The device copy of ``tensor``'s memory made by :meth:`adopt`, if still current; a stale
@@ -247,14 +234,17 @@ class Residency:
             while len(self._transient) > TRANSIENT_SLOTS:
                 self._transient.popitem(last=False)  # still alive: its memory outlives the buffer
 
-    def _make_finalizer(self, key: int) -> Any:
+    def _make_finalizer(self, key: int, *tables: str) -> Any:
+        """A weakref callback dropping ``key``'s entry from the named tables (default: the
+        tensor-keyed ones) and releasing it, unless the entry was replaced meanwhile."""
         owner = weakref.ref(self)
+        names = tables or ("_pinned", "_transient")
 
-        def forget(ref: weakref.ref[torch.Tensor]) -> None:
+        def forget(ref: weakref.ref[Any]) -> None:
             residency = owner()
             if residency is None:
                 return
-            for table in (residency._pinned, residency._transient):
+            for table in (getattr(residency, name) for name in names):
                 entry = table.get(key)
                 if entry is not None and entry.ref is ref:
                     del table[key]
