@@ -3,23 +3,29 @@
     python benchmarks/compile_time.py --models mlp lenet resnet_mini transformer
 
 Per model, one fresh Python process per phase, all sharing one temporary set of cache directories
-(the program-binary cache, ``TORCH_ADRENO_CACHE_DIR``, and the driver's own caches: PoCL's
+(the compile cache, i.e. PyTorch's AOTAutograd cache under ``TORCHINDUCTOR_CACHE_DIR``; the
+program-binary cache, ``TORCH_ADRENO_CACHE_DIR``; and the driver's own caches: PoCL's
 ``POCL_CACHE_DIR``, NVIDIA's ``CUDA_CACHE_PATH``), which start empty:
 
 * ``cold``: nothing cached anywhere, the first run ever on this device and driver;
 * ``warm``: the same caches again, as a second process finds them;
-* ``warm_driver_cache_only``: the driver's caches warm but the binary cache off
-  (``TORCH_ADRENO_BINARY_CACHE=0``), what a second process got before the binary cache;
+* ``warm_no_compile_cache``: binary and driver caches warm, the compile cache off
+  (``TORCH_ADRENO_COMPILE_CACHE=0``): every stage runs again, only OpenCL builds are saved;
+* ``warm_driver_cache_only``: the driver's caches warm but the binary and compile caches off
+  (``TORCH_ADRENO_BINARY_CACHE=0``), what a second process got before either cache;
+* ``dynamo_only``: the same model compiled with ``backend="eager"`` in a fresh process: Dynamo's
+  own tracing and set-up, which every backend pays and no cache of ours can skip;
 * ``cold_no_binary_cache`` (with ``--all-phases``): fresh driver caches, binary cache off, the
   cold cost without the binary cache (on PoCL, fetching binaries compiles every kernel).
 
 In each process: the device is opened first (``runtime_init_s``, not compile time), then the
 model's loss is compiled with ``torch.compile(backend="adreno")`` and the first step runs forward
 (``forward_s``, includes compiling the forward graph) and backward (``backward_s``, includes the
-backward graph); a second step gives the steady step time ``step_s``, and ``compile_s`` =
-``forward_s + backward_s - step_s``. The OpenCL share of it comes from the build counters
+backward graph); the median of three more steps gives the steady step time ``step_s``, and
+``compile_s`` = ``forward_s + backward_s - step_s``. The OpenCL share of it comes from the build counters
 (``opencl_*``). Then Dynamo is reset, the process's programs forgotten and the model compiled
-again (``recompile_s``): compile time without Python's one-time import and set-up costs.
+again (``recompile_s``): compile time without Python's one-time import and set-up costs (with the
+compile cache on, a hit in this process's cache).
 
 Appends JSON lines to benchmarks/results/compile_time.jsonl (or --out) and prints a table.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch
 import torch.nn.functional as F
 from common import RESULTS, append_jsonl, device_arg, run_context
+from torch._dynamo.utils import counters
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -48,12 +56,12 @@ from torch_adreno.runtime import get_runtime
 from torch_adreno.runtime.binary_cache import build_stats, cache_enabled, forget_programs, reset_build_stats
 
 _MARK = "COMPILE_TIME_RESULT "
-PHASES = ("cold", "warm", "warm_driver_cache_only")
+PHASES = ("cold", "warm", "warm_no_compile_cache", "warm_driver_cache_only", "dynamo_only")
 ALL_PHASES = ("cold_no_binary_cache", *PHASES)
 
 
-def _compile_and_step(model_name: str, options: dict[str, Any]) -> dict[str, float]:
-    """Compile the model's loss, run two steps; seconds of each part."""
+def _compile_and_step(model_name: str, options: dict[str, Any], backend: str = "adreno") -> dict[str, float]:
+    """Compile the model's loss, run four steps; seconds of each part."""
     spec = MODELS[model_name]
     torch.manual_seed(0)
     model = spec.make()
@@ -62,30 +70,38 @@ def _compile_and_step(model_name: str, options: dict[str, Any]) -> dict[str, flo
     def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(m(x), y)
 
-    compiled = torch.compile(loss_fn, backend="adreno", options=options, dynamic=False)
+    if backend == "adreno":
+        compiled = torch.compile(loss_fn, backend="adreno", options=options, dynamic=False)
+    else:
+        compiled = torch.compile(loss_fn, backend=backend, dynamic=False)
     start = time.perf_counter()
     loss = compiled(model, x, y)
     forward = time.perf_counter()
     loss.backward()
     backward = time.perf_counter()
-    model.zero_grad(set_to_none=True)
-    compiled(model, x, y).backward()
-    step = time.perf_counter()
-    return {"forward_s": forward - start, "backward_s": backward - forward, "step_s": step - backward,
+    steps = []
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        begin = time.perf_counter()
+        compiled(model, x, y).backward()
+        steps.append(time.perf_counter() - begin)
+    return {"forward_s": forward - start, "backward_s": backward - forward, "step_s": statistics.median(steps),
             "loss": float(loss.detach())}
 
 
-def child(model_name: str, device: str | int | None) -> dict[str, Any]:
+def child(model_name: str, device: str | int | None, backend: str = "adreno") -> dict[str, Any]:
     """One phase in this (fresh) process; the record without the run context."""
     options = {"device": device} if device is not None else {}
     start = time.perf_counter()
     get_runtime(device)
     runtime_init = time.perf_counter() - start
     reset_build_stats()
-    first = _compile_and_step(model_name, options)
+    first = _compile_and_step(model_name, options, backend)
     stats = build_stats()
+    aot = dict(counters["aot_autograd"])
     record: dict[str, Any] = {
-        "model": model_name, "binary_cache": cache_enabled(get_runtime(device).device), "runtime_init_s": runtime_init, **first,
+        "compile_cache_hits": aot.get("autograd_cache_hit", 0), "compile_cache_saved": aot.get("autograd_cache_saved", 0),
+        "model": model_name, "backend": backend, "binary_cache": cache_enabled(get_runtime(device).device), "runtime_init_s": runtime_init, **first,
         "compile_s": first["forward_s"] + first["backward_s"] - first["step_s"],
         "opencl_build_s": stats.build_seconds, "opencl_source_s": stats.source_seconds,
         "opencl_load_s": stats.load_seconds, "opencl_store_s": stats.store_seconds,
@@ -95,7 +111,7 @@ def child(model_name: str, device: str | int | None) -> dict[str, Any]:
     torch._dynamo.reset()
     forget_programs()
     reset_build_stats()
-    again = _compile_and_step(model_name, options)
+    again = _compile_and_step(model_name, options, backend)
     record["recompile_s"] = again["forward_s"] + again["backward_s"] - again["step_s"]
     record["recompile_opencl_build_s"] = build_stats().build_seconds
     return record
@@ -113,11 +129,15 @@ def run_phase(model_name: str, phase: str, caches: Path, device: str | None, tim
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p),
         "TORCH_ADRENO_CACHE_DIR": str(caches / "programs"),
-        "TORCH_ADRENO_BINARY_CACHE": "1" if phase in ("cold", "warm") else "0",
+        "TORCH_ADRENO_BINARY_CACHE": "0" if phase in ("warm_driver_cache_only", "cold_no_binary_cache") else "1",
+        "TORCH_ADRENO_COMPILE_CACHE": "1" if phase in ("cold", "warm") else "0",
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
         "POCL_CACHE_DIR": str(driver / "pocl"),
         "CUDA_CACHE_PATH": str(driver / "cuda"),
     }
     command = [sys.executable, __file__, "--child", model_name]
+    if phase == "dynamo_only":
+        command += ["--backend", "eager"]
     if device is not None:
         command += ["--device", device]
     start = time.perf_counter()
@@ -138,21 +158,23 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child process")
     parser.add_argument("--out", type=Path, default=RESULTS / "compile_time.jsonl")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="adreno", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(_MARK + json.dumps(child(args.child, device_arg(args.device))), flush=True)
+        print(_MARK + json.dumps(child(args.child, device_arg(args.device), args.backend)), flush=True)
         return
     context = run_context(device_arg(args.device))
     phases = ALL_PHASES if args.all_phases else PHASES
     print(f"{context['device']} ({context['platform']}, driver {context['driver']}), torch {context['torch']}")
-    print(f"{'model':<15} {'phase':<24} {'compile s':>9} {'opencl s':>8} {'src':>4} {'hit':>4} "
+    print(f"{'model':<15} {'phase':<24} {'compile s':>9} {'graphs hit':>10} {'opencl s':>8} {'src':>4} {'hit':>4} "
           f"{'recompile s':>11} {'step s':>7} {'process s':>9}")
     for model in args.models:
         with tempfile.TemporaryDirectory(prefix="torch_adreno_compile_time_") as tmp:
             for phase in phases:
                 record = run_phase(model, phase, Path(tmp), args.device, args.timeout)
                 append_jsonl(args.out, [{**record, **context, "benchmark": "compile_time"}])
-                print(f"{model:<15} {phase:<24} {record['compile_s']:>9.2f} {record['opencl_build_s']:>8.2f} "
+                print(f"{model:<15} {phase:<24} {record['compile_s']:>9.2f} {record['compile_cache_hits']:>10} "
+                      f"{record['opencl_build_s']:>8.2f} "
                       f"{record['programs_from_source']:>4} {record['programs_from_cache']:>4} "
                       f"{record['recompile_s']:>11.2f} {record['step_s']:>7.3f} {record['process_s']:>9.1f}",
                       flush=True)

@@ -7,7 +7,7 @@
 #
 #   source .gpu/env.sh && bash benchmarks/gpu_session.sh "$OUT" [phase ...]
 #
-# Phases (default: all, in this order): tests opinfo peers gemm memory suite kernels host. Each
+# Phases (default: all, in this order): tests opinfo peers gemm memory suite kernels host compile. Each
 # writes under the output folder given first (logs, JSON lines, plots); a phase that fails does not
 # stop the others, and each is bounded by a timeout so that the results of the others come back.
 # One device command may run 10 minutes: give a few phases per command, e.g. "tests opinfo", then
@@ -16,7 +16,7 @@
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUT_DIR [phase ...]}
 shift
-phases=${*:-tests opinfo peers gemm memory suite kernels host}
+phases=${*:-tests opinfo peers gemm memory suite kernels host compile}
 mkdir -p "$out"
 export TORCH_ADRENO_DEVICE=${TORCH_ADRENO_DEVICE:-NVIDIA}
 cores=$(nproc)
@@ -48,8 +48,10 @@ for phase in $phases; do
       timeout 200 python benchmarks/kernels.py --device "$TORCH_ADRENO_DEVICE" --out "$out/kernels.jsonl" > "$out/kernels.txt" 2>&1 ;;
     host)
       timeout 120 python benchmarks/host_profile.py --model resnet_mini --device "$TORCH_ADRENO_DEVICE" > "$out/host_profile.txt" 2>&1 ;;
+    compile)
+      timeout 400 python benchmarks/compile_time.py --device "$TORCH_ADRENO_DEVICE" --out "$out/compile_time.jsonl" > "$out/compile_time.txt" 2>&1 ;;
     *)
-      echo "unknown phase $phase (tests opinfo peers gemm memory suite kernels host)" >&2 ;;
+      echo "unknown phase $phase (tests opinfo peers gemm memory suite kernels host compile)" >&2 ;;
   esac
   echo "$phase: exit $? after $(( $(date +%s) - start )) s" | tee -a "$out/phases.txt"
 done

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 import torch._dynamo
 
 import torch_adreno  # noqa: F401  (registers the backend when not installed)
+
+
+def pytest_configure(config):
+    # Compiled graphs from earlier runs (PyTorch's AOTAutograd cache) must not decide this run's
+    # results: each session starts with an empty cache of its own, unless one is given.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="torch_adreno_tests_"))
 
 
 @pytest.fixture(autouse=True)

@@ -2,15 +2,18 @@
 
 AOTAutograd traces the forward and backward of each compiled region, decomposes them to the op
 set in :func:`decomposition_table`, and partitions the joint graph. Each graph then goes through
-the stages lowering -> fusion -> memory -> kernels -> runtime, and AOTAutograd calls the
-resulting :class:`Executable` s. Forward outputs past the user's outputs are tensors saved for
+the stages lowering -> fusion -> memory -> kernels, and AOTAutograd calls the resulting
+:class:`~torch_adreno.compile_cache.CompiledGraph` s (each binds its program to the device as an
+:class:`Executable`), which it also keeps in its disk cache (:mod:`torch_adreno.compile_cache`).
+Forward outputs past the user's outputs are tensors saved for
 the backward: they stay on the device as DeviceTensors.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,15 +21,16 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch.fx import GraphModule
 
-from torch_adreno import debug
+from torch_adreno import compile_cache, debug
+from torch_adreno.compile_cache import CompiledGraph
 from torch_adreno.config import Config
 from torch_adreno.decompositions import OWN_DECOMPOSITIONS
 from torch_adreno.errors import OptionError
 from torch_adreno.fusion import fuse
-from torch_adreno.kernels import render_program
+from torch_adreno.kernels import KernelProgram, render_program
 from torch_adreno.lowering import lower_graph
 from torch_adreno.memory import plan_memory
-from torch_adreno.runtime import Executable, get_residency, get_runtime
+from torch_adreno.runtime import get_residency, get_runtime
 
 aten = torch.ops.aten
 
@@ -80,6 +84,7 @@ EXTRA_DECOMPOSITIONS = [
 _graph_ids = itertools.count()
 
 
+@functools.cache
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
@@ -87,10 +92,23 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
-                  static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset(),
-                  version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> Executable:
-    """Run one FX graph through every stage of the pipeline."""
+class _Decompositions(Mapping[Any, Callable[..., Any]]):
+    """:func:`decomposition_table`, built at its first read: AOTAutograd reads it only to trace,
+    which a graph loaded from the compile cache skips (building it costs ~0.15 s per process)."""
+
+    def __getitem__(self, op: Any) -> Callable[..., Any]:
+        return decomposition_table()[op]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(decomposition_table())
+
+    def __len__(self) -> int:
+        return len(decomposition_table())
+
+
+def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
+                    donated: frozenset[str] = frozenset(), resident_outputs: bool = False) -> KernelProgram:
+    """Run one FX graph through the stages lowering -> fusion -> memory -> kernels."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     graph = lower_graph(gm, config, name, num_host_outputs)
@@ -100,8 +118,17 @@ def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: 
     program = render_program(fused, plan, runtime.profile)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
-    return Executable(program, runtime, residency, static_inputs, tune=config.tune,
-                      version_bumped_inputs=version_bumped_inputs)
+    return program
+
+
+def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
+                  static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset(),
+                  version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> CompiledGraph:
+    """One FX graph compiled and bound to the device, as AOTAutograd calls it."""
+    program = compile_program(gm, config, name, num_host_outputs, donated, resident_outputs)
+    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs)
+    compiled.bind()
+    return compiled
 
 
 def _static_input_indices() -> list[int]:
@@ -124,8 +151,18 @@ def _version_bumped_input_indices(gm: GraphModule) -> list[int]:
     return list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", None) or [])
 
 
-def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
-    region = next(_graph_ids)
+def _decline_aot_buffer_donation() -> None:
+    """Clear AOTAutograd's list of saved tensors its backward may overwrite. That donation serves
+    Inductor's memory planner (ours is decided in the partition hook, below), and once the backward
+    is compiled with the forward (as the compile cache does) AOTAutograd refuses any
+    ``backward(retain_graph=True)`` over a non-empty list, which ``memory_reuse=False`` allows."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    if meta is not None and hasattr(meta, "bw_donated_idxs"):
+        meta.bw_donated_idxs = []
+
+
+def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any]], Any]:
 
     def partition(joint: GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[GraphModule, GraphModule]:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -140,23 +177,24 @@ def make_backend(config: Config) -> Callable[[GraphModule, list[Any]], Any]:
             n.name for n in bw.graph.nodes if n.op == "placeholder" and n.name in computed)
         return fw, bw
 
-    def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
+    def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
+        _decline_aot_buffer_donation()
         return compile_graph(gm, config, f"forward_{region}", gm.meta.get("adreno_num_host_outputs"),
                              _static_input_indices(), version_bumped_inputs=_version_bumped_input_indices(gm))
 
-    def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
+    def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
         return compile_graph(gm, config, f"backward_{region}", None,
                              donated=gm.meta.get("adreno_donated_inputs", frozenset()), resident_outputs=True)
 
-    def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> Executable:
+    def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
         return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices(),
                              version_bumped_inputs=_version_bumped_input_indices(gm))
 
     return aot_autograd(
-        fw_compiler=forward_compiler,
-        bw_compiler=backward_compiler,
-        inference_compiler=inference_compiler,
-        decompositions=decomposition_table(),
+        fw_compiler=compile_cache.serializable(forward_compiler, config),
+        bw_compiler=compile_cache.serializable(backward_compiler, config),
+        inference_compiler=compile_cache.serializable(inference_compiler, config),
+        decompositions=_Decompositions(),
         partition_fn=partition,
         # In-place updates of inputs (an optimizer step, BatchNorm statistics in eval-free graphs)
         # stay in the graph, so the device writes the new values where the inputs live.
@@ -230,7 +268,9 @@ def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]
         # compile) and gains nothing here, since our lowering shares index maps and fusion
         # inlines cheap producers anyway; measured: the same launches and bytes per step on mlp,
         # lenet and resnet_mini, and fewer on the transformer (80 vs 82 launches, 158 vs 161 MB).
-        with torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget, cse=False):
-            return make_backend(config)(gm, example_inputs)
+        region = next(_graph_ids)
+        with (torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget, cse=False),
+              compile_cache.caching(gm, config, region)):
+            return make_backend(config, region)(gm, example_inputs)
     finally:
         torch._C._set_mkldnn_enabled(mkldnn_was_enabled)

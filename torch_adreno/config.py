@@ -121,6 +121,13 @@ OPTIONS: dict[str, OptionSpec] = {
             "events when it is compiled, keep the fastest whose output matches the default's, and cache "
             "the choice on disk per device, driver, kernel and shape (default False: the heuristic)",
         ),
+        OptionSpec(
+            "compile_cache", _bool, True, "TORCH_ADRENO_COMPILE_CACHE",
+            "keep each compiled graph (AOTAutograd's forward and backward with our kernel programs) in "
+            "PyTorch's AOTAutograd disk cache, so a later process compiling the same graph with the same "
+            "options, device and torch_adreno source skips tracing, partitioning and our stages "
+            "(default True; off while debug_dir is set, so that every compile writes its files)",
+        ),
     )
 }
 
@@ -137,6 +144,7 @@ class Config:
     debug_dir: str | None = None
     activation_memory_budget: float = 1.0
     tune: bool = False
+    compile_cache: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None,

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-import torch_adreno.backend as backend_module
+from torch_adreno.compile_cache import CompiledGraph
 from torch_adreno.errors import AdrenoError, UnsupportedOpError
+from torch_adreno.runtime import Executable
 
 #: float32 comparison used for every sample (OpInfo's per-op overrides target other backends);
 #: our reductions and GEMMs reassociate sums, hence more than assert_close's float32 default.
@@ -147,18 +148,19 @@ def claimed_opinfos() -> list[Any]:
 
 @contextlib.contextmanager
 def _count_compiles() -> Iterator[list[int]]:
+    """Counts graphs bound to the device, compiled now or loaded from the compile cache."""
     count = [0]
-    original = backend_module.compile_graph
+    original = CompiledGraph.bind
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        count[0] += 1
-        return original(*args, **kwargs)
+    def counting(graph: CompiledGraph) -> Executable:
+        count[0] += graph.executable is None
+        return original(graph)
 
-    backend_module.compile_graph = counting
+    CompiledGraph.bind = counting  # type: ignore[method-assign,assignment]
     try:
         yield count
     finally:
-        backend_module.compile_graph = original
+        CompiledGraph.bind = original  # type: ignore[method-assign]
 
 
 def _leaves(value: Any) -> list[Any]:

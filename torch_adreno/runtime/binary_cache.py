@@ -138,7 +138,8 @@ def cache_directory(environ: Mapping[str, str] | None = None) -> Path:
 
 
 @cache
-def _device_identity(device: cl.Device) -> str:
+def device_identity(device: cl.Device) -> str:
+    """The device, its vendor and driver versions and its platform, as one JSON string."""
     platform = device.platform
     return json.dumps({
         "device": device.name.strip(), "vendor": device.vendor.strip(), "device_version": device.version.strip(),
@@ -149,7 +150,7 @@ def _device_identity(device: cl.Device) -> str:
 
 def program_key(source: str, options: Sequence[str], device: cl.Device) -> str:
     """The hex sha256 naming a program's entry; equal only for equal source, options, device, driver."""
-    text = json.dumps([CACHE_FORMAT, _device_identity(device), list(options), source])
+    text = json.dumps([CACHE_FORMAT, device_identity(device), list(options), source])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -1,0 +1,185 @@
+"""The compile cache: compiled graphs kept in PyTorch's AOTAutograd cache (torch_adreno.compile_cache).
+
+A hit must give the very same results as a compile, under the current region's names; anything
+that changes the compiled program (options, input metadata, constants) must miss; what cannot be
+cached must still compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from torch_adreno import compile_cache
+from torch_adreno.compile_cache import CompiledGraph
+
+pytestmark = [pytest.mark.device,
+              pytest.mark.skipif(not compile_cache.AVAILABLE, reason="this torch has no bundled AOTAutograd cache")]
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCH_ADRENO_COMPILE_CACHE", raising=False)
+    return tmp_path
+
+
+def _aot_counts() -> dict[str, int]:
+    return dict(counters["aot_autograd"])
+
+
+def _delta(before: dict[str, int]) -> dict[str, int]:
+    after = _aot_counts()
+    return {k: after.get(k, 0) - before.get(k, 0) for k in ("autograd_cache_hit", "autograd_cache_miss",
+                                                             "autograd_cache_bypass")}
+
+
+def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, options: dict | None = None):
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x), y)
+
+    compiled = torch.compile(loss_fn, backend="adreno", options=options or {}, dynamic=False)
+    loss = compiled(x, y)
+    loss.backward()
+    return loss.detach().clone(), [p.grad.clone() for p in model.parameters()]
+
+
+def _model_and_batch():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
+    return model, torch.randn(8, 12), torch.randint(0, 5, (8,))
+
+
+def test_hit_gives_the_compiled_results_under_the_new_regions_names(cache_dir: Path) -> None:
+    model, x, y = _model_and_batch()
+    before = _aot_counts()
+    loss, grads = _step(model, x, y)
+    assert _delta(before) == {"autograd_cache_hit": 0, "autograd_cache_miss": 1, "autograd_cache_bypass": 0}
+    assert list((cache_dir / "aotautograd").iterdir()), "the entry was written"
+
+    bound: list[str] = []
+    original = CompiledGraph.bind
+
+    def recording(graph: CompiledGraph):
+        if graph.executable is None:
+            bound.append(graph.program.graph.name)
+        return original(graph)
+
+    before = _aot_counts()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CompiledGraph, "bind", recording)
+        # Lowering must not run on a hit: make it fail loudly if it does.
+        patch.setattr("torch_adreno.backend.lower_graph", lambda *a, **k: pytest.fail("lowered on a hit"))
+        hit_loss, hit_grads = _step(model, x, y)
+    assert _delta(before) == {"autograd_cache_hit": 1, "autograd_cache_miss": 0, "autograd_cache_bypass": 0}
+    assert torch.equal(hit_loss, loss)
+    for a, b in zip(hit_grads, grads, strict=True):
+        assert torch.equal(a, b)
+    # The loaded graphs carry the region compiled now, not the one that wrote the entry.
+    regions = {name.rsplit("_", 1)[1] for name in bound}
+    assert sorted(n.rsplit("_", 1)[0] for n in bound) == ["backward", "forward"] and len(regions) == 1
+    expected = F.cross_entropy(model(x), y)
+    assert torch.allclose(hit_loss, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("change", ["option", "shape", "stride", "constant"])
+def test_what_changes_the_program_misses(cache_dir: Path, change: str) -> None:
+    def run(scale: float, options: dict, x: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.reset()
+        return torch.compile(lambda x: torch.tanh(x) * scale, backend="adreno", options=options, dynamic=False)(x)
+
+    x = torch.randn(6, 4)
+    run(1.0, {}, x)
+    inputs, scale, options = {
+        "option": (x, 1.0, {"fusion": False}),
+        "shape": (torch.randn(7, 4), 1.0, {}),
+        "stride": (torch.randn(4, 6).t(), 1.0, {}),
+        "constant": (x, 2.0, {}),  # a Python float: a literal in the graph's code
+    }[change]
+    before = _aot_counts()
+    out = run(scale, options, inputs)
+    assert _delta(before)["autograd_cache_hit"] == 0
+    torch.testing.assert_close(out, torch.tanh(inputs) * scale)
+
+
+def test_tensors_read_by_the_graph_are_inputs_not_part_of_the_key(cache_dir: Path) -> None:
+    x = torch.randn(6, 4)
+    for scale in (1.0, 3.0):
+        torch._dynamo.reset()
+        weight = torch.full((4,), scale)
+        before = _aot_counts()
+        out = torch.compile(lambda x, w=weight: torch.tanh(x) * w, backend="adreno", dynamic=False)(x)
+        torch.testing.assert_close(out, torch.tanh(x) * scale)
+    assert _delta(before)["autograd_cache_hit"] == 1, "the second closure differs in value only: a hit"
+
+
+def test_host_fallback_graphs_compile_without_the_cache(cache_dir: Path) -> None:
+    def sort_twice(x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x, 0).values * 2  # no lowering: runs on the host
+
+    before = _aot_counts()
+    for _ in range(2):
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = torch.compile(sort_twice, backend="adreno", options={"fallback": "host"}, dynamic=False)(
+                torch.arange(5.0, 0, -1))
+        torch.testing.assert_close(out, torch.arange(1.0, 6) * 2)
+    # Each compile looked the graph up (a miss) and declined to save it (a bypass).
+    assert _delta(before) == {"autograd_cache_hit": 0, "autograd_cache_miss": 2, "autograd_cache_bypass": 2}
+
+
+def test_debug_dir_and_the_option_turn_it_off(cache_dir: Path, tmp_path: Path) -> None:
+    model, x, y = _model_and_batch()
+    _step(model, x, y)
+    for options in ({"debug_dir": str(tmp_path / "debug")}, {"compile_cache": False}):
+        before = _aot_counts()
+        _step(model, x, y, options)
+        assert _delta(before) == {"autograd_cache_hit": 0, "autograd_cache_miss": 0, "autograd_cache_bypass": 0}
+    assert list((tmp_path / "debug").rglob("*.cl")), "a debug compile writes its kernels"
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import torch, torch.nn.functional as F
+    import torch_adreno
+    from torch._dynamo.utils import counters
+    from torch_adreno.models import MODELS
+
+    spec = MODELS["lenet"]
+    torch.manual_seed(0)
+    model = spec.make()
+    x, y = spec.batch(torch.Generator().manual_seed(0))
+    compiled = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend="adreno", dynamic=False)
+    loss = compiled(x, y)
+    loss.backward()
+    print(json.dumps({"loss": loss.item(), "grad": [p.grad.double().sum().item() for p in model.parameters()],
+                      "counters": dict(counters["aot_autograd"])}))
+""")
+
+
+def test_a_second_process_loads_what_the_first_compiled(tmp_path: Path) -> None:
+    path = os.pathsep.join(p for p in (str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": path}
+    env.pop("TORCH_ADRENO_COMPILE_CACHE", None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["counters"].get("autograd_cache_miss") == 1
+    assert runs[1]["counters"].get("autograd_cache_hit") == 1
+    assert runs[1]["loss"] == runs[0]["loss"] and runs[1]["grad"] == runs[0]["grad"]

@@ -1,0 +1,238 @@
+"""Compiled graphs kept in PyTorch's AOTAutograd cache, so that a second process skips tracing
+and partitioning the joint graph and every stage of ours.
+
+A warm compile used to cost, per region, Dynamo's trace, AOTAutograd's joint trace and min-cut
+partition, and our lowering, fusion, memory plan and rendering (resnet_mini: ~0.7 + ~1.5 + ~0.9 s on
+a 2-core CI machine). AOTAutograd has a disk cache keyed by Dynamo's graph and its inputs'
+metadata; its *bundled* mode stores the compiled forward and backward themselves, for any backend
+whose compilers return an ``OutputCode``. :class:`CompiledGraph` is that object for us: it holds the
+:class:`~torch_adreno.kernels.KernelProgram` (picklable: IR, memory plan, kernel sources) and binds
+it to the device (builds the kernels, from the program-binary cache when warm) at its first use.
+
+Invariant: an entry is reused only when everything that decides its content matches: AOTAutograd's
+key (Dynamo's graph code, input shapes/dtypes/strides, autograd and functorch settings, torch
+version) plus :func:`cache_salt` (our options, the OpenCL device and driver, and a hash of this
+package's source, so any edit of the compiler invalidates every entry).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_adreno.config import Config
+from torch_adreno.kernels import HostStep, KernelProgram
+from torch_adreno.runtime import Executable, get_residency, get_runtime
+from torch_adreno.runtime.binary_cache import device_identity
+
+log = logging.getLogger(__name__)
+
+try:  # PyTorch's bundled AOTAutograd cache (torch >= 2.8); without it graphs are compiled each time.
+    from torch._functorch._aot_autograd import autograd_cache
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+    from torch._inductor.output_code import OutputCode
+
+    AVAILABLE = hasattr(torch._functorch.config, "bundled_autograd_cache")
+except ImportError:  # pragma: no cover - depends on the installed torch
+    AVAILABLE = False
+    OutputCode = object  # type: ignore[assignment,misc]
+
+#: Options that do not change a compiled graph (``debug_dir`` turns the cache off instead, so that
+#: every compile writes its debug files).
+_OPTIONS_OUTSIDE_KEY = ("debug_dir",)
+
+
+@functools.cache
+def source_hash() -> str:
+    """sha256 over this package's Python and OpenCL sources (path and bytes of each)."""
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cl")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_salt(config: Config) -> str:
+    """What besides Dynamo's graph decides a compiled graph: options, device+driver, our source."""
+    runtime = get_runtime(config.device)
+    residency = get_residency(runtime, config.zero_copy)
+    options = {k: v for k, v in config.as_dict().items() if k not in _OPTIONS_OUTSIDE_KEY}
+    return json.dumps({
+        "options": options, "zero_copy": residency.zero_copy, "device": device_identity(runtime.device),
+        "profile": repr(runtime.profile), "source": source_hash(),
+    }, sort_keys=True, default=str)
+
+
+def cache_usable(config: Config) -> bool:
+    return AVAILABLE and config.compile_cache and config.debug_dir is None
+
+
+#: The region whose graphs are being compiled (names graphs loaded from the cache).
+_loading_region: ContextVar[int] = ContextVar("torch_adreno_loading_region", default=0)
+
+
+@contextmanager
+def caching(gm: torch.fx.GraphModule, config: Config, region: int) -> Iterator[None]:
+    """Around AOTAutograd's compile of ``gm``: look it up in (and save it to) the bundled cache.
+
+    The backward is compiled together with the forward (not lazily at its first call) because the
+    entry is written once both exist, while the bundled mode is switched on.
+    """
+    if not cache_usable(config):
+        yield
+        return
+    salt = cache_salt(config)
+    upstream_key = autograd_cache.autograd_cache_key
+    autograd_cache.autograd_cache_key = functools.partial(graph_key, salt=salt)
+    token = _loading_region.set(region)
+    try:
+        with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True):
+            yield
+    finally:
+        _loading_region.reset(token)
+        autograd_cache.autograd_cache_key = upstream_key
+
+
+#: The settings of AOTAutograd's ``AOTConfig`` that its own cache key covers (the rest are compilers,
+#: decompositions and ids, fixed by our backend or irrelevant to the result).
+_AOT_CONFIG_KEY_FIELDS = ("num_params_buffers", "keep_inference_input_mutations", "is_export", "no_tangents",
+                          "dynamic_shapes", "aot_autograd_arg_pos_to_source", "static_input_indices", "pre_dispatch")
+
+
+def _tensor_key(value: torch.Tensor) -> list[Any]:
+    return [type(value).__name__, list(value.shape), list(value.stride()), value.storage_offset(), str(value.dtype),
+            str(value.device), str(value.layout), value.requires_grad, value.is_leaf, value.is_inference()]
+
+
+def _input_key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if any(not isinstance(s, int) for s in value.shape):
+            raise BypassAOTAutogradCache("an input has a symbolic shape")
+        return _tensor_key(value)
+    if isinstance(value, int | float | bool | str | None):
+        return [type(value).__name__, value]
+    raise BypassAOTAutogradCache(f"an input of type {type(value).__name__} has no cache key")
+
+
+def _module_key(gm: torch.fx.GraphModule, digest: Any) -> None:
+    """Digest the graph's code and every attribute it reads (constant tensors by value)."""
+    digest.update(gm.code.encode())
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            raise BypassAOTAutogradCache("the graph calls a submodule")
+        if node.op != "get_attr":
+            continue
+        value = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part)
+        digest.update(str(node.target).encode())
+        if isinstance(value, torch.fx.GraphModule):
+            _module_key(value, digest)
+        elif isinstance(value, torch.Tensor) and not value.is_meta and type(value) is torch.Tensor:
+            digest.update(json.dumps(_tensor_key(value)).encode())
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+        else:
+            raise BypassAOTAutogradCache(f"the graph reads an attribute of type {type(value).__name__}")
+
+
+def graph_key(mod: Any, example_inputs: Sequence[Any], aot_config: Any, compiler_config_extra: Any = None, *,
+              salt: str) -> tuple[str, list[str]]:
+    """The cache key of a Dynamo graph about to be compiled by us (stands in for AOTAutograd's own
+    ``autograd_cache_key`` while we compile).
+
+    Covers what AOTAutograd's key covers for graphs reaching this backend -- the graph's code and the
+    constants it reads, each input's tensor metadata, AOTAutograd's settings (its config and the
+    cacheable part of ``aot_config``), grad mode, autocast, deterministic algorithms and the torch
+    build -- plus ``salt``. Written here because the upstream key also hashes Inductor's state,
+    which imports and initialises Inductor's code generators and hashes torch's source: ~0.7 s in
+    every fresh process, as much as the whole warm compile of a small model. Raises
+    ``BypassAOTAutogradCache`` (AOTAutograd then compiles without the cache) for what it cannot
+    key: symbolic shapes, submodule calls, opaque attributes.
+    """
+    gm = mod.gm if hasattr(mod, "gm") and not isinstance(mod, torch.fx.GraphModule) else mod
+    autograd_cache.check_cacheable(gm)
+    digest = hashlib.sha256()
+    _module_key(gm, digest)
+    settings = {
+        "inputs": [_input_key(x) for x in example_inputs],
+        "aot_config": {name: repr(getattr(aot_config, name, None)) for name in _AOT_CONFIG_KEY_FIELDS},
+        "grad_enabled": torch.is_grad_enabled(),
+        "autocast": {d: str(torch.get_autocast_dtype(d)) for d in torch._C._autocast_supported_devices()
+                     if torch.is_autocast_enabled(d)},
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "torch": [torch.__version__, torch.version.git_version],
+        "compiler_config_extra": repr(compiler_config_extra),
+        "salt": salt,
+    }
+    digest.update(json.dumps(settings, sort_keys=True, default=repr).encode())
+    digest.update(torch._functorch.config.save_config())
+    # The prefix names the kind of entry in PyTorch's cache directory ("a" in torch versions that do not define it).
+    return getattr(autograd_cache, "AOTAUTOGRAD_CACHE_PREFIX", "a") + "adreno" + digest.hexdigest(), []
+
+
+def serializable(compiler: Any, config: Config) -> Any:
+    """``compiler`` as AOTAutograd needs it to consult the cache (it only does for such compilers)."""
+    return SerializableAOTDispatchCompiler(OutputCode, compiler) if cache_usable(config) else compiler
+
+
+class CompiledGraph(OutputCode):
+    """One compiled graph as AOTAutograd calls and caches it (boxed: ``graph(list_of_args)``).
+
+    Holds what survives a process (the program and how to bind it) and, once bound, the
+    :class:`Executable`. Pickled without the Executable; bound again on first use after loading.
+    """
+
+    def __init__(self, program: KernelProgram, config: Config, static_inputs: Sequence[int] = (),
+                 version_bumped_inputs: Sequence[int] = ()) -> None:
+        super().__init__()
+        self._boxed_call = True
+        self.program = program
+        self.device = config.device
+        self.zero_copy = config.zero_copy
+        self.tune = config.tune
+        self.static_inputs = tuple(static_inputs)
+        self.version_bumped_inputs = tuple(version_bumped_inputs)
+        self.executable: Executable | None = None
+
+    def bind(self) -> Executable:
+        """Build the program's kernels and buffers on the device (once)."""
+        if self.executable is None:
+            runtime = get_runtime(self.device)
+            self.executable = Executable(self.program, runtime, get_residency(runtime, self.zero_copy),
+                                         self.static_inputs, tune=self.tune,
+                                         version_bumped_inputs=self.version_bumped_inputs)
+        return self.executable
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        # Boxed: the very list AOTAutograd passes, which the Executable may clear as it goes.
+        return self.bind()(inputs)  # type: ignore[arg-type]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "executable": None}
+
+    def prepare_for_serialization(self) -> None:
+        if any(isinstance(step, HostStep) for step in self.program.steps):
+            # A host-fallback step runs a Python closure of the traced op, which does not pickle.
+            raise BypassAOTAutogradCache(f"{self.program.graph.name} runs ops on the host (fallback='host')")
+        self.executable = None
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+        """Loaded from the cache: take the name of the region being compiled now (an entry may
+        have been written by another region, in this process or an earlier one), then bind."""
+        kind = self.program.graph.name.rsplit("_", 1)[0]
+        self.program.graph.name = f"{kind}_{_loading_region.get()}"
+        self.bind()
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass
