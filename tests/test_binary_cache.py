@@ -239,3 +239,38 @@ def test_switch():
     assert cache_enabled(device, {}) == cache_enabled(device, {ENV_ENABLE: "auto"}) == (not pocl)
     with pytest.raises(OptionError, match=ENV_ENABLE):
         cache_enabled(device, {ENV_ENABLE: "sometimes"})
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("model_name", ["lenet", "transformer"])
+def test_every_kernel_of_a_training_step_is_built_without_its_graph_number(model_name, monkeypatch):
+    """Otherwise the graph's program is a binary-cache miss whenever it gets another number (a
+    second model compiled first, a recompile): split-K's second launch used to extend the first's
+    name, which kept every name of the backward as it was."""
+    import torch.nn.functional as F
+
+    import torch_adreno.backend as backend
+    from torch_adreno.kernels.program import assemble
+    from torch_adreno.models import MODELS
+
+    programs = []
+    original = backend.compile_program
+
+    def keep(*args, **kwargs):
+        programs.append(original(*args, **kwargs))
+        return programs[-1]
+
+    monkeypatch.setattr(backend, "compile_program", keep)
+    spec = MODELS[model_name]
+    model = spec.make()
+    x, y = spec.batch()
+    compiled = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend="adreno",
+                             options={"compile_cache": False}, dynamic=False)
+    compiled(x, y).backward()
+    assert len(programs) == 2
+    for program in programs:
+        names = [k.name for k in program.kernels]
+        source, _ = assemble(program.kernels)
+        mapping = build_names(source, names)
+        kept = [n for n in names if mapping[n] == n]
+        assert not kept, f"{program.graph.name}: built under their numbered names: {kept}"

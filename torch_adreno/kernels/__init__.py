@@ -122,7 +122,7 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str
     launches = render_gemm(name, header, spec, params, profile)
     if len(launches) == 1:
         (only,) = launches
-        return [KernelSource(name, only.kind, only.source, only.build_options, tuple(params), only.global_size,
+        return [KernelSource(only.kernel_name, only.kind, only.source, only.build_options, tuple(params), only.global_size,
                              only.local_size, group.origins, buffer_bytes(graph, group.reads),
                              buffer_bytes(graph, group.writes), only.macros, estimate_flops(group))]
     assert spec.partials is not None
@@ -133,10 +133,10 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str
     slices, total = launches
     multiply_flops = 2 * g.batch * g.m * g.n * g.k
     return [
-        KernelSource(name, slices.kind, slices.source, slices.build_options, tuple(params), slices.global_size,
+        KernelSource(slices.kernel_name, slices.kind, slices.source, slices.build_options, tuple(params), slices.global_size,
                      slices.local_size, group.origins, buffer_bytes(graph, sorted(operands)),
                      buffer_bytes(graph, [spec.partials]), slices.macros, multiply_flops),
-        KernelSource(name + total.name_suffix, total.kind, total.source, total.build_options, tuple(params),
+        KernelSource(total.kernel_name, total.kind, total.source, total.build_options, tuple(params),
                      total.global_size, total.local_size, group.origins,
                      buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),
                      buffer_bytes(graph, results), total.macros, estimate_flops(group) - multiply_flops),

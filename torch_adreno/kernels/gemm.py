@@ -219,11 +219,17 @@ def _row_store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]
                       *("    " + ln for ln in body), "}"])
 
 
+#: Prefix of the name of a split GEMM's second launch. A prefix, not a suffix: a kernel name that
+#: extends another's would keep the binary cache from renaming either (``runtime.build``), and every
+#: process would build such graphs again from source.
+SPLIT_SUM_PREFIX = "sum_slices_of_"
+
+
 @dataclass(frozen=True)
 class RenderedGemm:
-    """One launch of a GEMM kernel: ``name_suffix`` tells the second launch of a split GEMM apart."""
+    """One launch of a GEMM kernel, under the name ``kernel_name``."""
 
-    name_suffix: str
+    kernel_name: str
     kind: str
     source: str
     build_options: tuple[str, ...]
@@ -288,24 +294,25 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
     sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={slice_k}", f"-DROW_SUM={int(spec.row_sum is not None)}")
     if not use_local_memory_tiles(profile):
         launch = direct_launch(node.m, node.n, batch, choose_direct_tiling(node.m, node.n, profile))
-        first = RenderedGemm("", "gemm", prelude + _template("gemm_direct.cl"), (*launch.defines, "-cl-mad-enable", *sizes),
+        first = RenderedGemm(name, "gemm", prelude + _template("gemm_direct.cl"), (*launch.defines, "-cl-mad-enable", *sizes),
                              launch.global_size, launch.local_size, GEMM_MACROS)
     else:
         launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile))
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}")
-        first = RenderedGemm("", "gemm", prelude + _template("gemm.cl"), options, launch.global_size,
+        first = RenderedGemm(name, "gemm", prelude + _template("gemm.cl"), options, launch.global_size,
                              launch.local_size, GEMM_MACROS)
     if split == 1:
         return [first]
     assert spec.partials is not None
     outputs = node.batch * node.m * node.n
-    sum_header = header.replace(f"// kernel {name}:", f"// kernel {name}_sum: adds up {split} k slices of", 1)
+    sum_name = SPLIT_SUM_PREFIX + name
+    sum_header = header.replace(f"// kernel {name}:", f"// kernel {sum_name}: adds up {split} k slices of", 1)
     sum_prelude = "\n".join([
-        sum_header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {name}_sum", common[3], *epilogue, f"#define SLICE(i) {params[spec.partials].c_name}[i]",
+        sum_header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {sum_name}", common[3], *epilogue, f"#define SLICE(i) {params[spec.partials].c_name}[i]",
         f"#define ROW_BASE {split * outputs}", ""])
     local = linear_local_size(outputs, profile)
     second = RenderedGemm(
-        "_sum", "pointwise", sum_prelude + _template("gemm_split_sum.cl"),
+        sum_name, "pointwise", sum_prelude + _template("gemm_split_sum.cl"),
         (f"-DSPLIT_K={split}", f"-DBATCH={node.batch}", f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}",
          f"-DROW_SUM={int(spec.row_sum is not None)}"),
         (round_up(outputs, local),), (local,), SPLIT_SUM_MACROS)
