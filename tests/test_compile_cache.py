@@ -7,8 +7,10 @@ cached must still compile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -75,7 +77,12 @@ def test_hit_gives_the_compiled_results_under_the_new_regions_names(cache_dir: P
 
     def recording(graph: CompiledGraph):
         if graph.executable is None:
-            bound.append(graph.program.graph.name)
+            name = graph.program.graph.name
+            bound.append(name)
+            for kernel in graph.program.kernels:
+                assert kernel.name.startswith(f"{name}_") and kernel.source.startswith(f"// kernel {kernel.name}:")
+                assert not re.search(r"\b(forward|backward)_\d+_", kernel.source.replace(f"{name}_", "")), \
+                    "an identifier kept the number of the region that wrote the entry"
         return original(graph)
 
     before = _aot_counts()
@@ -124,6 +131,61 @@ def test_tensors_read_by_the_graph_are_inputs_not_part_of_the_key(cache_dir: Pat
         out = torch.compile(lambda x, w=weight: torch.tanh(x) * w, backend="adreno", dynamic=False)(x)
         torch.testing.assert_close(out, torch.tanh(x) * scale)
     assert _delta(before)["autograd_cache_hit"] == 1, "the second closure differs in value only: a hit"
+
+
+def test_default_dtype_and_aliased_inputs_miss(cache_dir: Path) -> None:
+    """A constant made under another default dtype, or inputs sharing memory, change the program."""
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.ones(3)
+
+    def update(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.mul_(2)
+        return a + b
+
+    for fn, first, second, context in [
+        (scaled, (torch.ones(3),), (torch.ones(3),), lambda: _default_dtype(torch.float64)),
+        (update, (torch.arange(4.0), torch.arange(4.0)), None, contextlib.nullcontext),
+    ]:
+        torch._dynamo.reset()
+        torch.compile(fn, backend="adreno", dynamic=False)(*first)
+        if second is None:
+            base = torch.arange(4.0)
+            second = (base[0:4], base[0:4])
+        torch._dynamo.reset()
+        before = _aot_counts()
+        # What a compile without the cache does with these (unsupported ops) is not the question here.
+        with context(), contextlib.suppress(Exception):
+            torch.compile(fn, backend="adreno", dynamic=False)(*second)
+        assert _delta(before)["autograd_cache_hit"] == 0, fn.__name__
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_retain_graph_without_memory_reuse(cache_dir: Path, dynamic: bool) -> None:
+    """The backward is compiled with the forward when the cache is on; a second backward over the
+    same graph is still allowed where our memory plan allows it (memory_reuse=False)."""
+    model, x, y = _model_and_batch()
+    before = _aot_counts()
+    for _ in ("miss", "hit"):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, t: F.cross_entropy(model(x), t), backend="adreno",
+                                 options={"memory_reuse": False}, dynamic=dynamic)
+        for batch in (x, x[:6]) if dynamic else (x,):
+            model.zero_grad(set_to_none=True)
+            loss = compiled(batch, y[: len(batch)])
+            loss.backward(retain_graph=True)
+            loss.backward()
+            torch.testing.assert_close(loss, F.cross_entropy(model(batch), y[: len(batch)]))
+    assert _delta(before)["autograd_cache_hit"] >= 1
 
 
 def test_host_fallback_graphs_compile_without_the_cache(cache_dir: Path) -> None:

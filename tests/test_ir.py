@@ -67,6 +67,18 @@ def test_expressions_are_structurally_hashable():
         x1.buffer = "y"  # type: ignore[misc]
 
 
+def test_pickled_expressions_hash_again_in_the_loading_process():
+    """A cached program is loaded by another process, whose str hashes differ: the cached hash
+    must not travel with the pickle."""
+    import pickle
+
+    x = ir.Load("x", (v("i", 4),), DType.F32)
+    hash(x)
+    loaded = pickle.loads(pickle.dumps(x))
+    assert "_hash" not in loaded.__dict__
+    assert loaded == x and hash(loaded) == hash(x) and {x: 1}[loaded] == 1
+
+
 def test_substitute_and_where_folding():
     i = v("i", 4)
     e = ir.call("add", ir.cast(i, DType.F32), ir.const(1.0, DType.F32))

@@ -11,14 +11,17 @@ the backward: they stay on the device as DeviceTensors.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
-from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import counters, flatten_graph_inputs
+from torch._functorch.aot_autograd import aot_module_simplified
 from torch.fx import GraphModule
 
 from torch_adreno import compile_cache, debug
@@ -158,7 +161,9 @@ def _decline_aot_buffer_donation() -> None:
     ``backward(retain_graph=True)`` over a non-empty list, which ``memory_reuse=False`` allows."""
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None) if context is not None else None
-    if meta is not None and hasattr(meta, "bw_donated_idxs"):
+    if meta is not None and isinstance(getattr(meta, "bw_donated_idxs", None), list):
+        meta.bw_donated_idxs.clear()  # in place: a subclass's outer metadata shares the list
+    elif meta is not None and hasattr(meta, "bw_donated_idxs"):
         meta.bw_donated_idxs = []
 
 
@@ -182,24 +187,51 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
         return compile_graph(gm, config, f"forward_{region}", gm.meta.get("adreno_num_host_outputs"),
                              _static_input_indices(), version_bumped_inputs=_version_bumped_input_indices(gm))
 
-    def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
-        return compile_graph(gm, config, f"backward_{region}", None,
-                             donated=gm.meta.get("adreno_donated_inputs", frozenset()), resident_outputs=True)
+    def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Any:
+        compiled = compile_graph(gm, config, f"backward_{region}", None,
+                                 donated=gm.meta.get("adreno_donated_inputs", frozenset()), resident_outputs=True)
+        # Autograd runs the backward outside Dynamo's reach; Dynamo must not trace it either.
+        return torch._dynamo.disable(compiled, reason="do not trace generated backwards pass")
 
     def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
         return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices(),
                              version_bumped_inputs=_version_bumped_input_indices(gm))
 
-    return aot_autograd(
-        fw_compiler=compile_cache.serializable(forward_compiler, config),
-        bw_compiler=compile_cache.serializable(backward_compiler, config),
-        inference_compiler=compile_cache.serializable(inference_compiler, config),
-        decompositions=_Decompositions(),
-        partition_fn=partition,
-        # In-place updates of inputs (an optimizer step, BatchNorm statistics in eval-free graphs)
-        # stay in the graph, so the device writes the new values where the inputs live.
-        keep_inference_input_mutations=True,
-    )
+    def compile_region(gm: GraphModule, example_inputs: list[Any]) -> Any:
+        return _aot_autograd(
+            gm, example_inputs,
+            fw_compiler=compile_cache.serializable(forward_compiler, config),
+            bw_compiler=compile_cache.serializable(torch._dynamo.disable(
+                backward_compiler, reason="do not trace the backward compiler"), config),
+            inference_compiler=compile_cache.serializable(inference_compiler, config),
+            decompositions=_Decompositions(),
+            partition_fn=partition,
+            # In-place updates of inputs (an optimizer step, BatchNorm statistics in eval-free graphs)
+            # stay in the graph, so the device writes the new values where the inputs live.
+            keep_inference_input_mutations=True,
+        )
+
+    return compile_region
+
+
+def _aot_autograd(gm: GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+    """AOTAutograd over a Dynamo graph, as ``torch._dynamo.backends.common.aot_autograd`` runs it,
+    except that Inductor's debug module is imported only when ``TORCH_COMPILE_DEBUG=1`` asks for
+    its AOT logs: the import costs ~0.27 s of each process's first compile, a quarter of a warm
+    compile from the cache. (The backward compiler is wrapped in ``torch._dynamo.disable`` by the
+    caller, as that helper does.)"""
+    if any(isinstance(x, list | tuple | dict) for x in example_inputs):
+        return flatten_graph_inputs(gm, example_inputs, functools.partial(_aot_autograd, **kwargs))
+    counters["aot_autograd"]["total"] += 1
+    logging: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if os.environ.get("TORCH_COMPILE_DEBUG", "0") == "1":
+        from torch._inductor.debug import enable_aot_logging
+
+        logging = enable_aot_logging()
+    with logging:
+        compiled = aot_module_simplified(gm, example_inputs, **kwargs)
+    counters["aot_autograd"]["ok"] += 1
+    return torch._dynamo.disable(compiled, reason="do not trace AOT-compiled graph")
 
 
 #: Distinct input shapes one symbolic graph is specialised for before it is an error (a changing
@@ -255,6 +287,16 @@ def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str
     return trace_and_compile(config, gm, example_inputs)
 
 
+def _tracing_context(example_inputs: list[Any]) -> contextlib.AbstractContextManager[Any]:
+    """Dynamo's tracing context, or where a graph is compiled at its first call (a shape
+    specialisation, outside Dynamo) one of our own: AOTAutograd leaves its metadata there, which
+    the compilers read (static inputs, version bumps, buffer donation to decline)."""
+    if torch._guards.TracingContext.try_get() is not None:
+        return contextlib.nullcontext()
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    return torch._guards.tracing(torch._guards.TracingContext(fake_mode))
+
+
 def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]) -> Any:
     # With MKL-DNN enabled, AOTAutograd traces nn.LSTM into one opaque CPU kernel
     # (mkldnn_rnn_layer); without it, into the matmuls and gates our lowerings cover.
@@ -270,7 +312,7 @@ def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]
         # lenet and resnet_mini, and fewer on the transformer (80 vs 82 launches, 158 vs 161 MB).
         region = next(_graph_ids)
         with (torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget, cse=False),
-              compile_cache.caching(gm, config, region)):
+              _tracing_context(example_inputs), compile_cache.caching(gm, config, region)):
             return make_backend(config, region)(gm, example_inputs)
     finally:
         torch._C._set_mkldnn_enabled(mkldnn_was_enabled)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_adreno.config import Config
 from torch_adreno.kernels import HostStep, KernelProgram
@@ -146,15 +147,33 @@ def _module_key(gm: torch.fx.GraphModule, digest: Any) -> None:
             raise BypassAOTAutogradCache(f"the graph reads an attribute of type {type(value).__name__}")
 
 
+def _alias_classes(inputs: Sequence[Any]) -> list[int | None]:
+    """Per input, the position of the first tensor input sharing its storage (None: not a tensor)."""
+    seen: list[StorageWeakRef] = []
+    classes: list[int | None] = []
+    for value in inputs:
+        if not isinstance(value, torch.Tensor):
+            classes.append(None)
+            continue
+        ref = StorageWeakRef(value.untyped_storage())
+        match = next((i for i, other in enumerate(seen) if other == ref), None)
+        if match is None:
+            seen.append(ref)
+            match = len(seen) - 1
+        classes.append(match)
+    return classes
+
+
 def graph_key(mod: Any, example_inputs: Sequence[Any], aot_config: Any, compiler_config_extra: Any = None, *,
               salt: str) -> tuple[str, list[str]]:
     """The cache key of a Dynamo graph about to be compiled by us (stands in for AOTAutograd's own
     ``autograd_cache_key`` while we compile).
 
     Covers what AOTAutograd's key covers for graphs reaching this backend -- the graph's code and the
-    constants it reads, each input's tensor metadata, AOTAutograd's settings (its config and the
-    cacheable part of ``aot_config``), grad mode, autocast, deterministic algorithms and the torch
-    build -- plus ``salt``. Written here because the upstream key also hashes Inductor's state,
+    constants it reads, each input's tensor metadata and which inputs share storage, AOTAutograd's
+    settings (its config and the cacheable part of ``aot_config``), grad mode, autocast, the default
+    dtype, deterministic algorithms and the torch build -- plus ``salt``. Graphs whose partition
+    user code may change (saved-tensor hooks, custom joint passes) are not cached. Written here because the upstream key also hashes Inductor's state,
     which imports and initialises Inductor's code generators and hashes torch's source: ~0.7 s in
     every fresh process, as much as the whole warm compile of a small model. Raises
     ``BypassAOTAutogradCache`` (AOTAutograd then compiles without the cache) for what it cannot
@@ -162,10 +181,16 @@ def graph_key(mod: Any, example_inputs: Sequence[Any], aot_config: Any, compiler
     """
     gm = mod.gm if hasattr(mod, "gm") and not isinstance(mod, torch.fx.GraphModule) else mod
     autograd_cache.check_cacheable(gm)
+    if any(name.startswith("saved_tensors_hooks") for name in [*gm.__dict__, *gm._modules]) or getattr(
+            torch._functorch.config, "joint_custom_pass", None) is not None:
+        raise BypassAOTAutogradCache("saved-tensor hooks or a custom joint pass")
     digest = hashlib.sha256()
     _module_key(gm, digest)
     settings = {
         "inputs": [_input_key(x) for x in example_inputs],
+        # Which inputs share memory decides how AOTAutograd handles their mutations.
+        "aliases": _alias_classes(example_inputs),
+        "default_dtype": str(torch.get_default_dtype()),
         "aot_config": {name: repr(getattr(aot_config, name, None)) for name in _AOT_CONFIG_KEY_FIELDS},
         "grad_enabled": torch.is_grad_enabled(),
         "autocast": {d: str(torch.get_autocast_dtype(d)) for d in torch._C._autocast_supported_devices()
@@ -231,7 +256,7 @@ class CompiledGraph(OutputCode):
         """Loaded from the cache: take the name of the region being compiled now (an entry may
         have been written by another region, in this process or an earlier one), then bind."""
         kind = self.program.graph.name.rsplit("_", 1)[0]
-        self.program.graph.name = f"{kind}_{_loading_region.get()}"
+        self.program = self.program.renamed(f"{kind}_{_loading_region.get()}")
         self.bind()
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:

@@ -75,6 +75,11 @@ class Expr:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The cached hash comes from str hashes, which differ between processes (a pickled
+        # program is loaded by another one): it is computed again after loading.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def _init(self, **fields: Any) -> None:
         for name, value in fields.items():
             object.__setattr__(self, name, value)

@@ -45,10 +45,14 @@ from torch_adreno.target import DeviceProfile
 __all__ = ["HostStep", "KernelProgram", "KernelSource", "launch_candidates", "render_program"]
 
 
-def kernel_name(graph_name: str, index: int, group: FusionGroup) -> str:
-    """Deterministic and descriptive: graph, position, kind and the ATen ops it computes."""
+def kernel_name(graph_name: str, index: int, group: FusionGroup, kind: str | None = None) -> str:
+    """Deterministic and descriptive: graph, position, kind and the ATen ops it computes.
+
+    ``kind`` overrides the group's (``splitsum``: the second launch of a split-K GEMM). No name
+    extends another: the binary cache renames kernels only when none does (``runtime.build``).
+    """
     ops = list(dict.fromkeys(o.op.split(".")[1] if "." in o.op else o.op for o in group.origins))
-    kind = {"pointwise": "pw", "reduction": "red", "gemm": "gemm"}.get(group.kind, group.kind)
+    kind = kind or {"pointwise": "pw", "reduction": "red", "gemm": "gemm"}.get(group.kind, group.kind)
     summary = "_".join(ops[:3]) + ("_etc" if len(ops) > 3 else "")
     return c_identifier(f"{graph_name}_{index}_{kind}_{summary}").lower()
 
@@ -102,7 +106,8 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
         params = make_params(graph, group.writes, group.reads, storage)
         options: tuple[str, ...] = ()
         if isinstance(spec, GemmKernel):
-            steps.extend(_gemm_steps(graph, group, spec, name, header, params, profile))
+            sum_name = kernel_name(graph.name, index, group, kind="splitsum")
+            steps.extend(_gemm_steps(graph, group, spec, name, sum_name, header, params, profile))
             continue
         if isinstance(spec, PointwiseKernel):
             source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
@@ -115,11 +120,11 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
     return KernelProgram(graph, plan, steps)
 
 
-def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str, header: str,
+def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str, sum_name: str, header: str,
                 params: dict[str, Any], profile: DeviceProfile) -> list[KernelSource]:
     """One launch, or for a split-K GEMM two: the slices into ``spec.partials``, then their sum
     through the epilogue (each launch counted with the bytes it moves)."""
-    launches = render_gemm(name, header, spec, params, profile)
+    launches = render_gemm(name, header, spec, params, profile, sum_name)
     if len(launches) == 1:
         (only,) = launches
         return [KernelSource(only.kernel_name, only.kind, only.source, only.build_options, tuple(params), only.global_size,

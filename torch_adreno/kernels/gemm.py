@@ -219,12 +219,6 @@ def _row_store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]
                       *("    " + ln for ln in body), "}"])
 
 
-#: Prefix of the name of a split GEMM's second launch. A prefix, not a suffix: a kernel name that
-#: extends another's would keep the binary cache from renaming either (``runtime.build``), and every
-#: process would build such graphs again from source.
-SPLIT_SUM_PREFIX = "sum_slices_of_"
-
-
 @dataclass(frozen=True)
 class RenderedGemm:
     """One launch of a GEMM kernel, under the name ``kernel_name``."""
@@ -247,10 +241,10 @@ def _template(file: str) -> str:
 
 
 def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Param],
-                profile: DeviceProfile) -> list[RenderedGemm]:
+                profile: DeviceProfile, sum_name: str | None = None) -> list[RenderedGemm]:
     """The launches of one GEMM kernel: one, or two for a split-K GEMM (``spec.split_k`` slices
     multiplied into ``spec.partials`` by ``gemm.cl``/``gemm_direct.cl``, then added up and stored
-    through the epilogue by ``gemm_split_sum.cl``)."""
+    through the epilogue by ``gemm_split_sum.cl``, as kernel ``sum_name``)."""
     node = spec.gemm
     v = node.vars()
     split = spec.split_k
@@ -305,7 +299,7 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
         return [first]
     assert spec.partials is not None
     outputs = node.batch * node.m * node.n
-    sum_name = SPLIT_SUM_PREFIX + name
+    assert sum_name is not None and not sum_name.startswith(name) and not name.startswith(sum_name)
     sum_header = header.replace(f"// kernel {name}:", f"// kernel {sum_name}: adds up {split} k slices of", 1)
     sum_prelude = "\n".join([
         sum_header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {sum_name}", common[3], *epilogue, f"#define SLICE(i) {params[spec.partials].c_name}[i]",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 from torch_adreno import ir
@@ -62,6 +62,15 @@ class KernelProgram:
     @property
     def kernels(self) -> list[KernelSource]:
         return [s for s in self.steps if isinstance(s, KernelSource)]
+
+    def renamed(self, graph_name: str) -> KernelProgram:
+        """This program for a graph named ``graph_name``: the graph, and its kernels and every
+        identifier named after them (``<graph name>_<index>_...``), renamed."""
+        old = re.compile(rf"\b{re.escape(self.graph.name)}_")
+        steps: list[Step] = [
+            replace(s, name=old.sub(f"{graph_name}_", s.name), source=old.sub(f"{graph_name}_", s.source))
+            if isinstance(s, KernelSource) else s for s in self.steps]
+        return replace(self, graph=replace(self.graph, name=graph_name), steps=steps)
 
 
 def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
