@@ -228,8 +228,12 @@ def _aot_autograd(gm: GraphModule, example_inputs: list[Any], **kwargs: Any) -> 
         from torch._inductor.debug import enable_aot_logging
 
         logging = enable_aot_logging()
-    with logging:
-        compiled = aot_module_simplified(gm, example_inputs, **kwargs)
+    try:
+        with logging:
+            compiled = aot_module_simplified(gm, example_inputs, **kwargs)
+    except Exception:
+        counters["aot_autograd"]["not_ok"] += 1
+        raise
     counters["aot_autograd"]["ok"] += 1
     return torch._dynamo.disable(compiled, reason="do not trace AOT-compiled graph")
 
