@@ -21,10 +21,11 @@ from torch_adreno.errors import (
 )
 from torch_adreno.profiler import profile
 from torch_adreno.runtime import DeviceTensor, list_devices
+from torch_adreno.training_step import TrainingStep
 
 __all__ = [
     "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "LoweringError", "OptionError",
-    "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
+    "TrainingStep", "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
 ]
 __version__ = "0.1.0"
 

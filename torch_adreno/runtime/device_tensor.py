@@ -35,10 +35,10 @@ def download(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype:
 def download_owned(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype: torch.dtype,
                    wait: bool = True) -> tuple[torch.Tensor, cl.Event | None, np.ndarray]:
     """As :func:`download`, also giving the NumPy array that owns the tensor's memory (it lives
-    exactly as long as some tensor over that memory does)."""
+    exactly as long as some tensor over that memory does). ``buffer=None``: allocate only."""
     array = np.empty(shape, dtype=_NUMPY_STORAGE[dtype])
     event = None
-    if array.size:
+    if array.size and buffer is not None:
         event = cl.enqueue_copy(runtime.queue, array, buffer, is_blocking=wait)
     tensor = torch.from_numpy(array)
     if dtype == torch.bool:

@@ -24,7 +24,7 @@ from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
-from torch_adreno.runtime.residency import Residency, host_array, shared_buffer, sync_shared
+from torch_adreno.runtime.residency import Residency, host_array, poison, shared_buffer, sync_shared
 from torch_adreno.runtime.tuning import TuningResult, tune_kernels
 
 
@@ -250,6 +250,14 @@ class Executable:
                 BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output",
                              copied=not self.runtime.profile.unified_memory)
                 outputs.append(host_outputs[out.buffer].reshape(shape))
+                continue
+            if self.residency.deferring and out.buffer in blocks:
+                # A gradient inside a TrainingStep: the optimizer graph reads the device copy and the
+                # step clears the gradient after it, so its host copy is never filled in.
+                tensor, _, owner = download_owned(self.runtime, None, shape, dtype, wait=False)
+                poison(tensor)
+                self.residency.adopt(tensor, owner, blocks[out.buffer])
+                outputs.append(tensor)
                 continue
             tensor, event, owner = download_owned(self.runtime, storage[out.buffer], shape, dtype, wait=False)
             BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output", event=event)

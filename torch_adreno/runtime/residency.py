@@ -62,6 +62,14 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy()
 
 
+def poison(tensor: torch.Tensor) -> None:
+    """Mark a host copy that is not current: a NaN in its first element (floating point only), so
+    that using it by mistake shows in any result computed from it. Written through NumPy, so the
+    tensor's version counter does not move."""
+    if tensor.numel() and tensor.is_floating_point():
+        host_array(tensor).reshape(-1)[0] = np.nan
+
+
 def version_of(tensor: torch.Tensor) -> int | None:
     try:
         return int(tensor._version)
@@ -102,6 +110,12 @@ class Residency:
         # a gradient on as an alias of the tensor we returned (same memory and version counter,
         # another object), so identity cannot find them. Each lives while its host memory does.
         self._adopted: dict[int, _Entry] = {}
+        #: While set (by :class:`torch_adreno.TrainingStep`, for the duration of one step), updated
+        #: inputs are not written back and gradients are not downloaded: the device copies are the
+        #: current values until :meth:`synchronize`.
+        self.deferring = False
+        # Host tensors whose current values are on the device only, by id: (tensor, buffer, version).
+        self._stale: dict[int, tuple[weakref.ref[torch.Tensor], Any, int | None]] = {}
 
     def finish_transfers(self) -> None:
         """Wait for the copies :meth:`buffer_for` and :meth:`write_back` started. Not waiting for
@@ -136,6 +150,14 @@ class Residency:
             )
         key = id(tensor)
         version = version_of(tensor)
+        stale = self._stale.get(key)
+        if stale is not None and stale[0]() is tensor and stale[2] is not None and version is not None \
+                and version != stale[2] and not (version_bumped and version == stale[2] + 1):
+            raise RuntimeError(
+                f"input {buffer} of {graph} was changed on the host while its current value was on the "
+                "device only (a TrainingStep defers host copies): call step.synchronize() before changing "
+                "parameters or optimizer state on the host"
+            )
         nbytes = tensor.numel() * tensor.element_size()
         shared = self.zero_copy and tensor.is_contiguous()
         entry = self._lookup(key)
@@ -176,7 +198,7 @@ class Residency:
 
     def write_back(self, tensor: torch.Tensor, device_buffer: Any, graph: str, buffer: str) -> None:
         """The device updated ``tensor`` (an optimizer step): make the host copy right again (once
-        :meth:`finish_transfers` returned)."""
+        :meth:`finish_transfers` returned), or while :attr:`deferring`, at :meth:`synchronize`."""
         nbytes = tensor.numel() * tensor.element_size()
         entry = self._lookup(id(tensor))
         if entry is not None and entry.ref() is tensor and entry.buffer is device_buffer:
@@ -186,6 +208,11 @@ class Residency:
         if entry is not None and entry.shared and entry.buffer is device_buffer:
             sync_shared(self.runtime, device_buffer, nbytes, write=False)
             return
+        if self.deferring and entry is not None and entry.ref() is tensor and entry.buffer is device_buffer \
+                and tensor.is_contiguous():
+            self._stale[id(tensor)] = (weakref.ref(tensor), device_buffer, version_of(tensor))
+            poison(tensor)
+            return
         if nbytes:
             if not tensor.is_contiguous():
                 raise RuntimeError(f"{graph}: cannot write the new value of non-contiguous input {buffer} back")
@@ -193,6 +220,37 @@ class Residency:
             event = cl.enqueue_copy(self.runtime.queue, target, device_buffer, is_blocking=False)
             self._in_flight.append((event, target))
         BUS.transfer(graph, "d2h", nbytes, buffer, "mutation")
+
+    def synchronize(self) -> int:
+        """Copy every deferred value to its host tensor; returns the bytes copied. A tensor the host
+        changed meanwhile gets the device's values too (the host changed an out-of-date copy, so its
+        change is discarded), reported in a RuntimeError raised once all are copied."""
+        copied = 0
+        conflicts = 0
+        for key, (ref, device_buffer, version) in list(self._stale.items()):
+            tensor = ref()
+            del self._stale[key]
+            if tensor is None:
+                continue
+            conflicts += version_of(tensor) != version
+            target = host_array(tensor)
+            event = cl.enqueue_copy(self.runtime.queue, target, device_buffer, is_blocking=False)
+            self._in_flight.append((event, target))
+            BUS.transfer("synchronize", "d2h", target.nbytes, "deferred", "synchronize", event=event)
+            copied += target.nbytes
+        self.finish_transfers()
+        if conflicts:
+            raise RuntimeError(
+                f"{conflicts} parameter or optimizer state tensor(s) were changed on the host while their current "
+                "values were on the device only (a TrainingStep defers host copies): those changes were made to "
+                "out-of-date copies and are discarded, the device's values restored; call step.synchronize() "
+                "before changing parameters or optimizer state on the host"
+            )
+        return copied
+
+    @property
+    def deferred_tensors(self) -> int:
+        return sum(1 for ref, _, _ in self._stale.values() if ref() is not None)
 
     def adopt(self, tensor: torch.Tensor, owner: np.ndarray, block: Any) -> None:
         """``tensor`` (over ``owner``'s memory) is a new host copy of what ``block`` holds on the
