@@ -41,7 +41,8 @@ def main() -> None:
         print("tinygrad: not installed, skipped")
     print(f"{'model':<12} {'variant':<28} {'median ms':>10}")
     for model in args.models:
-        variants = {"eager CPU": "eager", "adreno": base, "adreno device-opt": {**base, "optimizer_on_device": True}}
+        variants = {"eager CPU": "eager", "adreno": base, "adreno device-opt": {**base, "optimizer_on_device": True},
+                    "adreno TrainingStep": {**base, "training_step": True}}
         rows = [s.as_json() for s in compare_variants(model, variants, steps=args.steps)]
         if torch.cuda.is_available():
             rows += [stats.as_json() for compiled in (False, True)

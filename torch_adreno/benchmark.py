@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import torch_adreno
 from torch_adreno.models import MODELS
+from torch_adreno.training_step import TrainingStep
 
 #: A variant is "eager" or the options of torch.compile(backend="adreno").
 Variant = str | Mapping[str, Any]
@@ -60,6 +61,7 @@ class _Runner:
     def __init__(self, model_name: str, variant: Variant, optimizer: str, seed: int) -> None:
         variant = dict(variant) if variant != "eager" else variant  # type: ignore[arg-type]
         on_device = variant != "eager" and bool(variant.pop("optimizer_on_device", False))  # type: ignore[union-attr]
+        whole_step = variant != "eager" and bool(variant.pop("training_step", False))  # type: ignore[union-attr]
         spec = MODELS[model_name]
         torch.manual_seed(seed)
         self.model = spec.make()
@@ -73,11 +75,17 @@ class _Runner:
                                            else torch.optim.Adam(params, lr=1e-3))
         self.opt_step: Callable[[], Any] = (torch.compile(self.opt.step, backend="adreno", options=self.options)
                                             if on_device else self.opt.step)
-        self.reported_options = {**self.options, "optimizer_on_device": on_device} if not self.eager else {}
+        # TrainingStep: loss, backward and optimizer step compiled, training state kept on the device.
+        self.training_step = TrainingStep(self.model, _loss, self.opt, self.options) if whole_step else None
+        self.reported_options = ({**self.options, "optimizer_on_device": on_device or whole_step,
+                                  "training_step": whole_step} if not self.eager else {})
         self.compile_s: float | None = None
         self.times: list[float] = []
 
     def step(self) -> None:
+        if self.training_step is not None:
+            self.training_step(self.x, self.y)
+            return
         self.opt.zero_grad(set_to_none=True)
         self.step_loss(self.model, self.x, self.y).backward()
         self.opt_step()
