@@ -251,9 +251,10 @@ class Executable:
                              copied=not self.runtime.profile.unified_memory)
                 outputs.append(host_outputs[out.buffer].reshape(shape))
                 continue
-            if self.residency.deferring and out.buffer in blocks:
+            if self.residency.deferring and not self.residency.zero_copy and out.buffer in blocks:
                 # A gradient inside a TrainingStep: the optimizer graph reads the device copy and the
-                # step clears the gradient after it, so its host copy is never filled in.
+                # step clears the gradient after it, so its host copy is never filled in. (With
+                # zero-copy, graphs read host memory itself: there the download is the copy they use.)
                 tensor, _, owner = download_owned(self.runtime, None, shape, dtype, wait=False)
                 poison(tensor)
                 self.residency.adopt(tensor, owner, blocks[out.buffer])
