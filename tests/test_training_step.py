@@ -163,3 +163,80 @@ def test_batchnorm_statistics_are_deferred_and_synchronized(options) -> None:
         state = model.state_dict()
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(state[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoints_copies_and_loading_between_steps(tmp_path) -> None:
+    model, opt, reference, reference_opt = _setup()
+    batches = _batches(3)
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    step(*batches[0])
+    _eager_step(reference, reference_opt, *batches[0])
+    # A submodule's state_dict is a sync point too; whole-model pickles and deep copies work.
+    torch.testing.assert_close(model[0].state_dict()["weight"], reference[0].weight.detach(), rtol=1e-4, atol=1e-5)
+    torch.save(model, tmp_path / "model.pt")
+    twin = copy.deepcopy(model)
+    torch.testing.assert_close(twin[2].bias.detach(), reference[2].bias.detach(), rtol=1e-4, atol=1e-5)
+    # Loading a checkpoint between steps: the next step starts from the loaded values.
+    saved, saved_opt = copy.deepcopy(reference.state_dict()), copy.deepcopy(reference_opt.state_dict())
+    step(*batches[1])
+    model.load_state_dict(saved)
+    opt.load_state_dict(saved_opt)
+    torch.testing.assert_close(step(*batches[2]), _eager_step(reference, reference_opt, *batches[2]),
+                               rtol=1e-4, atol=1e-5)
+    step.close()
+
+
+def test_what_a_step_cannot_keep_on_the_device_is_refused() -> None:
+    model, _, _, _ = _setup()
+    with pytest.raises(ValueError, match=r"not in it: 2\.bias"):
+        torch_adreno.TrainingStep(model, _loss, torch.optim.SGD([model[0].weight, model[0].bias, model[2].weight],
+                                                                lr=0.1), options=COPY)
+    with pytest.raises(ValueError, match="fused"):
+        torch_adreno.TrainingStep(model, _loss, torch.optim.Adam(model.parameters(), fused=True), options=COPY)
+    step = torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1), options=COPY)
+    handle = model[0].weight.register_hook(lambda grad: grad)
+    with pytest.raises(ValueError, match="hooks"):
+        step(*_batches(1)[0])
+    handle.remove()
+    step.close()
+
+
+def test_compiled_evaluation_between_steps_sees_and_keeps_current_values() -> None:
+    """A copy-mode graph updating a deferred tensor (BatchNorm statistics in train mode) writes it
+    back as usual: no false conflict at the next step or sync point."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 5))
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    reference_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    evaluate = torch.compile(model, backend="adreno", options=COPY, dynamic=False)
+    with torch_adreno.TrainingStep(model, _loss, opt, options=COPY) as step:
+        for x, y in _batches(3):
+            torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y), rtol=1e-4, atol=1e-5)
+            with torch.no_grad():
+                torch.testing.assert_close(evaluate(x), reference(x), rtol=1e-4, atol=1e-5)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_inputs_updated_in_place_by_the_loss() -> None:
+    """A batch the loss updates in place is uploaded and deferred in the same call: the NaN mark
+    must not reach the device before the upload read the values."""
+    model, opt, reference, reference_opt = _setup()
+
+    def scaled_loss(m, x, y):
+        return F.cross_entropy(m(x.mul_(0.5)), y)
+
+    step = torch_adreno.TrainingStep(model, scaled_loss, opt, options=COPY)
+    x, y = _batches(1)[0]
+    ours, theirs = x.clone(), x.clone()  # the same tensors every step, halved each time
+    for _ in range(4):
+        loss = step(ours, y)
+        reference_opt.zero_grad(set_to_none=True)
+        expected = scaled_loss(reference, theirs, y)
+        expected.backward()
+        reference_opt.step()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-5)
+    step.close()
+    torch.testing.assert_close(ours, theirs)

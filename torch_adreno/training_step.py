@@ -18,10 +18,19 @@ points those host copies are out of date and carry a NaN in their first element,
 by mistake (an eager forward, a norm for logging) shows instead of silently computing with old
 values. Changing them on the host between sync points is an error at the next step or sync point,
 and the change (made to an out-of-date copy) is discarded for the device's values.
+
+What it requires, checked with a clear error: the loss compiles into one graph (``fullgraph``: an
+eager op between graphs would read gradients that never reach the host); every parameter that
+requires grad is in the optimizer, without gradient hooks; no fused optimizer; the optimizer step
+runs on the device (if Dynamo would fall back to eager code -- a recompile limit hit, say -- the
+step raises instead). Graphs compiled with zero-copy sharing (the default on unified-memory
+devices) read host memory itself: evaluate between steps with the step's options, or synchronize
+first. Integer state (``num_batches_tracked``) carries no NaN mark when out of date.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,66 +40,121 @@ from torch_adreno.config import Config
 from torch_adreno.runtime import get_residency, get_runtime
 
 
+class _SyncHook:
+    """A state_dict / load_state_dict pre-hook that synchronizes the step first. Holds the step
+    weakly, and pickles / deep-copies as a hook that does nothing (``torch.save(model)``,
+    ``copy.deepcopy(model)`` while a step is open)."""
+
+    def __init__(self, step: TrainingStep) -> None:
+        self._step = weakref.ref(step)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        step = self._step()
+        if step is not None:
+            step.synchronize()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_no_op, ())
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 class TrainingStep:
     """``step(*batch)`` runs ``loss_fn(model, *batch)``, its backward and ``optimizer.step()`` on the
     device, clears the gradients and returns the loss (detached). See the module docstring for
-    when host copies of the training state are current."""
+    when host copies of the training state are current and what a step requires."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
                  optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None) -> None:
         config = Config.from_options(options)
+        if any(group.get("fused") for group in optimizer.param_groups):
+            raise ValueError("TrainingStep needs an optimizer step it can compile; fused=True optimizers run "
+                             "their own kernels on the host: use fused=False")
         self.model = model
         self.optimizer = optimizer
+        self._params = [p for group in optimizer.param_groups for p in group["params"]]
+        in_optimizer = {id(p) for p in self._params}
+        outside = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in in_optimizer]
+        if outside:
+            raise ValueError(f"TrainingStep needs every parameter that requires grad in the optimizer (their "
+                             f"gradients stay on the device); not in it: {', '.join(outside[:5])}. Freeze them "
+                             "with requires_grad_(False) or add them to the optimizer")
         self._loss = torch.compile(lambda *batch: loss_fn(model, *batch), backend="adreno",
-                                   options=dict(options or {}), dynamic=False)
+                                   options=dict(options or {}), dynamic=False, fullgraph=True)
         self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}))
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
+        hook = _SyncHook(self)
         self._hooks = [
-            model.register_state_dict_pre_hook(self._synchronize_hook),
-            optimizer.register_state_dict_pre_hook(self._synchronize_hook),
+            *(module.register_state_dict_pre_hook(hook) for module in model.modules()),
+            model.register_load_state_dict_pre_hook(hook),
+            optimizer.register_state_dict_pre_hook(hook),
+            optimizer.register_load_state_dict_pre_hook(hook),
         ]
         self._closed = False
 
-    def __call__(self, *batch: Any) -> torch.Tensor:
+    def _check_can_step(self, batch: tuple[Any, ...]) -> None:
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        if any(p.grad is not None for p in params):
+        if any(p.grad is not None for p in self._params):
             raise ValueError(
                 "TrainingStep computes and clears the gradients itself, but some parameters already have a "
                 ".grad: call optimizer.zero_grad(set_to_none=True) before the first step, and do not call "
                 "backward() on the model outside the step"
             )
+        if any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in self._params):
+            raise ValueError("TrainingStep keeps gradients on the device, where parameter hooks cannot see them: "
+                             "remove the gradient hooks of the parameters")
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):
             raise ValueError("TrainingStep takes batches that do not require gradients (only parameters get them)")
+
+    def __call__(self, *batch: Any) -> torch.Tensor:
+        self._check_can_step(batch)
+        versions_before = self._residency.deferred_versions()
         self._residency.deferring = True
         try:
-            loss = self._loss(*batch)
-            loss.backward()
-            self._step()
+            # An eager fallback of the optimizer step would read gradients that never reached the host.
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                loss = self._loss(*batch)
+                loss.backward()
+                self._step()
+            # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
+            updated = [p for p in self._params if p.grad is not None] if not self._residency.zero_copy else []
+            if updated and not all(self._residency.is_deferred(p) for p in updated):
+                raise RuntimeError(
+                    "the optimizer step did not run on the device (Dynamo ran some of it as host code), so it "
+                    "read gradients that exist only on the device; the parameters' host copies are not valid. "
+                    "Use an optimizer whose step compiles (no fused=True, foreach=False for now)"
+                )
+        except BaseException:
+            # Only this step ran since the records were made: its version bumps are not host edits.
+            self._residency.accept_versions(versions_before)
+            raise
         finally:
             self._residency.deferring = False
             # The gradients' host copies were never filled in: nobody may read them.
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    def _synchronize_hook(self, *args: Any, **kwargs: Any) -> None:
-        self.synchronize()
-
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
         return self._residency.synchronize()
 
     def close(self) -> None:
-        """Synchronize and remove the state_dict hooks; the step cannot be called afterwards."""
+        """Synchronize and remove the hooks; the step cannot be called afterwards."""
         if not self._closed:
-            self.synchronize()
+            self._closed = True
             for hook in self._hooks:
                 hook.remove()
-            self._closed = True
+            self.synchronize()
 
     def __enter__(self) -> TrainingStep:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        try:
+            self.close()
+        except RuntimeError:
+            if exc is None:  # never hide the exception that ended the block
+                raise

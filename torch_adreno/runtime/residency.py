@@ -161,6 +161,11 @@ class Residency:
         nbytes = tensor.numel() * tensor.element_size()
         shared = self.zero_copy and tensor.is_contiguous()
         entry = self._lookup(key)
+        if stale is not None and stale[0]() is tensor and (entry is None or entry.buffer is not stale[1]) \
+                and version is not None:
+            # Deferred, then dropped from the table (evicted): the deferred copy is the current value.
+            self._remember(tensor, key, version, nbytes, stale[1], False, pinned)
+            return stale[1]
         same_object = (entry is not None and entry.ref() is tensor and entry.data_ptr == tensor.data_ptr()
                        and entry.nbytes == nbytes and entry.shared == shared)
         current = entry is not None and version is not None and entry.version is not None and (
@@ -208,9 +213,15 @@ class Residency:
         if entry is not None and entry.shared and entry.buffer is device_buffer:
             sync_shared(self.runtime, device_buffer, nbytes, write=False)
             return
+        if not self.deferring:
+            self._stale.pop(id(tensor), None)  # written back below: the host copy is current again
         if self.deferring and entry is not None and entry.ref() is tensor and entry.buffer is device_buffer \
                 and tensor.is_contiguous():
-            self._stale[id(tensor)] = (weakref.ref(tensor), device_buffer, version_of(tensor))
+            key = id(tensor)
+            self._stale[key] = (weakref.ref(tensor, self._make_stale_finalizer(key)), device_buffer,
+                                version_of(tensor))
+            # An upload of this memory may still be in flight: it must read the values, not the mark.
+            self.finish_transfers()
             poison(tensor)
             return
         if nbytes:
@@ -247,6 +258,35 @@ class Residency:
                 "before changing parameters or optimizer state on the host"
             )
         return copied
+
+    def _make_stale_finalizer(self, key: int) -> Any:
+        owner = weakref.ref(self)
+
+        def forget(ref: weakref.ref[Any]) -> None:
+            residency = owner()
+            if residency is not None and key in residency._stale and residency._stale[key][0] is ref:
+                del residency._stale[key]
+
+        return forget
+
+    def deferred_versions(self) -> dict[int, int | None]:
+        """The current version of each deferred tensor, by key (see :meth:`accept_versions`)."""
+        return {key: version_of(tensor) for key, (ref, _, _) in self._stale.items() if (tensor := ref()) is not None}
+
+    def accept_versions(self, before: dict[int, int | None]) -> None:
+        """After a step failed midway: take the current version of each deferred tensor the host had
+        not changed before the step (its record matched ``before``), since the only changes during
+        the step are the caller's own bumps (AOTAutograd bumps inputs it updates before the call).
+        Host edits made before the step stay conflicts."""
+        for key, (ref, device_buffer, version) in list(self._stale.items()):
+            tensor = ref()
+            if tensor is not None and key in before and before[key] == version:
+                self._stale[key] = (ref, device_buffer, version_of(tensor))
+
+    def is_deferred(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s current value was deferred to the device (and the host left as is)."""
+        stale = self._stale.get(id(tensor))
+        return stale is not None and stale[0]() is tensor and stale[2] == version_of(tensor)
 
     @property
     def deferred_tensors(self) -> int:
