@@ -116,9 +116,17 @@ class TrainingStep:
         try:
             # An eager fallback of the optimizer step would read gradients that never reached the host.
             with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-                loss = self._loss(*batch)
-                loss.backward()
-                self._step()
+                try:
+                    loss = self._loss(*batch)
+                    loss.backward()
+                    self._step()
+                except torch._dynamo.exc.FailOnRecompileLimitHit as err:
+                    raise RuntimeError(
+                        "TrainingStep: Dynamo reached its recompile limit for the loss or the optimizer step, and "
+                        "running it as host code would read gradients that are only on the device. Usual causes: "
+                        "many optimizers in one process (call torch._dynamo.reset() between training runs) or a "
+                        "learning rate changed as a Python float (give the optimizer a tensor lr)"
+                    ) from err
             # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
             updated = [p for p in self._params if p.grad is not None] if not self._residency.zero_copy else []
             if updated and not all(self._residency.is_deferred(p) for p in updated):
