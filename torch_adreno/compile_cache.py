@@ -79,8 +79,25 @@ def cache_usable(config: Config) -> bool:
     return AVAILABLE and config.compile_cache and config.debug_dir is None
 
 
-#: The region whose graphs are being compiled (names graphs loaded from the cache).
-_loading_region: ContextVar[int] = ContextVar("torch_adreno_loading_region", default=0)
+#: While our backend compiles: the cache salt of its options and the region being compiled (which
+#: names graphs loaded from the cache). Per context, so a concurrent compile elsewhere (Inductor in
+#: another thread) keeps PyTorch's own key.
+_compiling: ContextVar[tuple[str, int] | None] = ContextVar("torch_adreno_compiling", default=None)
+
+
+@functools.cache
+def _install_key() -> None:
+    """Route AOTAutograd's cache key through :func:`graph_key` while our backend compiles (once per
+    process; everywhere else the key stays PyTorch's)."""
+    upstream = autograd_cache.autograd_cache_key
+
+    def key(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
+        compiling = _compiling.get()
+        if compiling is None:
+            return upstream(*args, **kwargs)
+        return graph_key(*args, **kwargs, salt=compiling[0])
+
+    autograd_cache.autograd_cache_key = key
 
 
 @contextmanager
@@ -93,16 +110,13 @@ def caching(gm: torch.fx.GraphModule, config: Config, region: int) -> Iterator[N
     if not cache_usable(config):
         yield
         return
-    salt = cache_salt(config)
-    upstream_key = autograd_cache.autograd_cache_key
-    autograd_cache.autograd_cache_key = functools.partial(graph_key, salt=salt)
-    token = _loading_region.set(region)
+    _install_key()
+    token = _compiling.set((cache_salt(config), region))
     try:
         with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True):
             yield
     finally:
-        _loading_region.reset(token)
-        autograd_cache.autograd_cache_key = upstream_key
+        _compiling.reset(token)
 
 
 #: The settings of AOTAutograd's ``AOTConfig`` that its own cache key covers (the rest are compilers,
@@ -256,7 +270,9 @@ class CompiledGraph(OutputCode):
         """Loaded from the cache: take the name of the region being compiled now (an entry may
         have been written by another region, in this process or an earlier one), then bind."""
         kind = self.program.graph.name.rsplit("_", 1)[0]
-        self.program = self.program.renamed(f"{kind}_{_loading_region.get()}")
+        compiling = _compiling.get()
+        if compiling is not None:
+            self.program = self.program.renamed(f"{kind}_{compiling[1]}")
         self.bind()
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:

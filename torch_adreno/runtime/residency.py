@@ -54,6 +54,22 @@ class _Entry:
         self.block = None
 
 
+@dataclass
+class _Deferred:
+    """A host tensor whose current value is only on the device (see :attr:`Residency.deferring`)."""
+
+    ref: weakref.ref[torch.Tensor]
+    buffer: Any
+    #: The tensor's version when the value was deferred: any other version means the host changed it.
+    version: int | None
+
+    def alive(self, tensor: torch.Tensor) -> bool:
+        return self.ref() is tensor
+
+    def release(self) -> None:
+        """Nothing to release: the buffer belongs to the tensor's residency entry."""
+
+
 def host_array(tensor: torch.Tensor) -> np.ndarray:
     """A NumPy view of a contiguous CPU tensor's elements (a copy if it is not contiguous)."""
     t = tensor.detach()
@@ -114,8 +130,10 @@ class Residency:
         #: inputs are not written back and gradients are not downloaded: the device copies are the
         #: current values until :meth:`synchronize`.
         self.deferring = False
-        # Host tensors whose current values are on the device only, by id: (tensor, buffer, version).
-        self._stale: dict[int, tuple[weakref.ref[torch.Tensor], Any, int | None]] = {}
+        # Host tensors whose current values are on the device only, by id.
+        self._stale: dict[int, _Deferred] = {}
+        # Deferred tensors to mark as out of date once the copies in flight have read their memory.
+        self._to_mark: list[int] = []
 
     def finish_transfers(self) -> None:
         """Wait for the copies :meth:`buffer_for` and :meth:`write_back` started. Not waiting for
@@ -124,6 +142,13 @@ class Residency:
         if self._in_flight:
             cl.wait_for_events([event for event, _ in self._in_flight])
             self._in_flight.clear()
+        # Marked only now: an upload of the same memory may have been in flight until the wait.
+        for key in self._to_mark:
+            deferred = self._stale.get(key)
+            tensor = deferred.ref() if deferred is not None else None
+            if tensor is not None and deferred is not None and deferred.version == version_of(tensor):
+                poison(tensor)
+        self._to_mark.clear()
 
     def __len__(self) -> int:
         return len(self._pinned) + len(self._transient) + len(self._adopted)
@@ -151,8 +176,8 @@ class Residency:
         key = id(tensor)
         version = version_of(tensor)
         stale = self._stale.get(key)
-        if stale is not None and stale[0]() is tensor and stale[2] is not None and version is not None \
-                and version != stale[2] and not (version_bumped and version == stale[2] + 1):
+        if stale is not None and stale.alive(tensor) and stale.version is not None and version is not None \
+                and version != stale.version and not (version_bumped and version == stale.version + 1):
             raise RuntimeError(
                 f"input {buffer} of {graph} was changed on the host while its current value was on the "
                 "device only (a TrainingStep defers host copies): call step.synchronize() before changing "
@@ -161,11 +186,11 @@ class Residency:
         nbytes = tensor.numel() * tensor.element_size()
         shared = self.zero_copy and tensor.is_contiguous()
         entry = self._lookup(key)
-        if stale is not None and stale[0]() is tensor and (entry is None or entry.buffer is not stale[1]) \
+        if stale is not None and stale.alive(tensor) and (entry is None or entry.buffer is not stale.buffer) \
                 and version is not None:
             # Deferred, then dropped from the table (evicted): the deferred copy is the current value.
-            self._remember(tensor, key, version, nbytes, stale[1], False, pinned)
-            return stale[1]
+            self._remember(tensor, key, version, nbytes, stale.buffer, False, pinned)
+            return stale.buffer
         same_object = (entry is not None and entry.ref() is tensor and entry.data_ptr == tensor.data_ptr()
                        and entry.nbytes == nbytes and entry.shared == shared)
         current = entry is not None and version is not None and entry.version is not None and (
@@ -218,11 +243,9 @@ class Residency:
         if self.deferring and entry is not None and entry.ref() is tensor and entry.buffer is device_buffer \
                 and tensor.is_contiguous():
             key = id(tensor)
-            self._stale[key] = (weakref.ref(tensor, self._make_stale_finalizer(key)), device_buffer,
-                                version_of(tensor))
-            # An upload of this memory may still be in flight: it must read the values, not the mark.
-            self.finish_transfers()
-            poison(tensor)
+            self._stale[key] = _Deferred(weakref.ref(tensor, self._make_finalizer(key, "_stale")), device_buffer,
+                                         version_of(tensor))
+            self._to_mark.append(key)  # at finish_transfers, which every graph call ends with
             return
         if nbytes:
             if not tensor.is_contiguous():
@@ -238,14 +261,14 @@ class Residency:
         change is discarded), reported in a RuntimeError raised once all are copied."""
         copied = 0
         conflicts = 0
-        for key, (ref, device_buffer, version) in list(self._stale.items()):
-            tensor = ref()
+        for key, deferred in list(self._stale.items()):
+            tensor = deferred.ref()
             del self._stale[key]
             if tensor is None:
                 continue
-            conflicts += version_of(tensor) != version
+            conflicts += version_of(tensor) != deferred.version
             target = host_array(tensor)
-            event = cl.enqueue_copy(self.runtime.queue, target, device_buffer, is_blocking=False)
+            event = cl.enqueue_copy(self.runtime.queue, target, deferred.buffer, is_blocking=False)
             self._in_flight.append((event, target))
             BUS.transfer("synchronize", "d2h", target.nbytes, "deferred", "synchronize", event=event)
             copied += target.nbytes
@@ -259,38 +282,28 @@ class Residency:
             )
         return copied
 
-    def _make_stale_finalizer(self, key: int) -> Any:
-        owner = weakref.ref(self)
-
-        def forget(ref: weakref.ref[Any]) -> None:
-            residency = owner()
-            if residency is not None and key in residency._stale and residency._stale[key][0] is ref:
-                del residency._stale[key]
-
-        return forget
-
     def deferred_versions(self) -> dict[int, int | None]:
         """The current version of each deferred tensor, by key (see :meth:`accept_versions`)."""
-        return {key: version_of(tensor) for key, (ref, _, _) in self._stale.items() if (tensor := ref()) is not None}
+        return {key: version_of(tensor) for key, d in self._stale.items() if (tensor := d.ref()) is not None}
 
     def accept_versions(self, before: dict[int, int | None]) -> None:
         """After a step failed midway: take the current version of each deferred tensor the host had
         not changed before the step (its record matched ``before``), since the only changes during
         the step are the caller's own bumps (AOTAutograd bumps inputs it updates before the call).
         Host edits made before the step stay conflicts."""
-        for key, (ref, device_buffer, version) in list(self._stale.items()):
-            tensor = ref()
-            if tensor is not None and key in before and before[key] == version:
-                self._stale[key] = (ref, device_buffer, version_of(tensor))
+        for key, deferred in self._stale.items():
+            tensor = deferred.ref()
+            if tensor is not None and key in before and before[key] == deferred.version:
+                deferred.version = version_of(tensor)
 
     def is_deferred(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor``'s current value was deferred to the device (and the host left as is)."""
         stale = self._stale.get(id(tensor))
-        return stale is not None and stale[0]() is tensor and stale[2] == version_of(tensor)
+        return stale is not None and stale.alive(tensor) and stale.version == version_of(tensor)
 
     @property
     def deferred_tensors(self) -> int:
-        return sum(1 for ref, _, _ in self._stale.values() if ref() is not None)
+        return sum(1 for d in self._stale.values() if d.ref() is not None)
 
     def adopt(self, tensor: torch.Tensor, owner: np.ndarray, block: Any) -> None:
         """``tensor`` (over ``owner``'s memory) is a new host copy of what ``block`` holds on the
@@ -334,7 +347,8 @@ class Residency:
 
     def _make_finalizer(self, key: int, *tables: str) -> Any:
         """A weakref callback dropping ``key``'s entry from the named tables (default: the
-        tensor-keyed ones) and releasing it, unless the entry was replaced meanwhile."""
+        tensor-keyed ones; also ``_adopted`` and ``_stale``) and releasing it, unless the entry was
+        replaced meanwhile."""
         owner = weakref.ref(self)
         names = tables or ("_pinned", "_transient")
 
