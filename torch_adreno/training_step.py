@@ -30,7 +30,12 @@ first. Integer state (``num_batches_tracked``) carries no NaN mark when out of d
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
+import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +43,15 @@ import torch
 
 from torch_adreno.config import Config
 from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.runtime.capture import PERSISTENT, StepRecorder
+from torch_adreno.runtime.events import BUS, StepRecord
+from torch_adreno.runtime.replay import CaptureError, ReplayedStep
+from torch_adreno.step_capture import Guard, batch_signature, build_guard, tensor_names
+
+_log = logging.getLogger("torch_adreno")
+
+#: Replays kept per TrainingStep, one per batch geometry (a partial last batch is a second one).
+MAX_REPLAYS = 4
 
 
 class _SyncHook:
@@ -67,7 +81,11 @@ class TrainingStep:
     when host copies of the training state are current and what a step requires."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
-                 optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None) -> None:
+                 optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None, *,
+                 replay: bool = True) -> None:
+        """``replay``: from the second step with a batch geometry on, run the step as the launch list
+        recorded from the step before (see :mod:`torch_adreno.runtime.replay`), not through Dynamo,
+        AOTAutograd and autograd, while the guards of :mod:`torch_adreno.step_capture` hold."""
         config = Config.from_options(options)
         if any(group.get("fused") for group in optimizer.param_groups):
             raise ValueError("TrainingStep needs an optimizer step it can compile; fused=True optimizers run "
@@ -93,6 +111,17 @@ class TrainingStep:
             optimizer.register_load_state_dict_pre_hook(hook),
         ]
         self._closed = False
+        self._replay_enabled = replay
+        self._replays: OrderedDict[tuple[Any, ...], tuple[ReplayedStep, Guard]] = OrderedDict()
+        # Batch geometries that completed a step through the compiled graphs (compiled and warm).
+        self._warm: set[tuple[Any, ...]] = set()
+        # Batch geometries whose capture cannot be replayed, with the reason.
+        self._unreplayable: dict[tuple[Any, ...], str] = {}
+
+    @property
+    def replay(self) -> ReplayedStep | None:
+        """The replay the last batch geometry would use (None before it was captured)."""
+        return next(reversed(self._replays.values()))[0] if self._replays else None
 
     def _check_can_step(self, batch: tuple[Any, ...]) -> None:
         if self._closed:
@@ -111,11 +140,63 @@ class TrainingStep:
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         self._check_can_step(batch)
+        signature = batch_signature(batch) if self._replay_enabled else None
+        reason = None
+        if signature is not None and signature in self._replays:
+            replay, guard = self._replays[signature]
+            reason = guard(batch)
+            if reason is None:
+                loss = replay(batch)
+                self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
+                BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
+                return loss
+            del self._replays[signature]
+            _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
+        capture = signature is not None and signature in self._warm and signature not in self._unreplayable
+        start = time.perf_counter()
+        recorder = StepRecorder(self._residency.runtime, batch) if capture else None
+        loss = self._compiled_step(batch, recorder)
+        kind = "full"
+        if recorder is not None and signature is not None:
+            try:
+                self._replays[signature] = self._build_replay(recorder, loss, batch)
+                kind = "capture"
+            except CaptureError as err:
+                reason = f"its capture cannot be replayed: {err}"
+                self._unreplayable[signature] = reason
+                _log.warning("TrainingStep: this step is not replayed: %s", err)
+            while len(self._replays) > MAX_REPLAYS:
+                self._replays.popitem(last=False)
+        elif signature is not None and signature in self._unreplayable:
+            reason = self._unreplayable[signature]
+        if signature is not None:
+            self._warm.add(signature)
+        BUS.step(StepRecord(kind, time.perf_counter() - start, 0, reason))
+        return loss
+
+    def _build_replay(self, recorder: StepRecorder, loss: torch.Tensor,
+                      batch: tuple[Any, ...]) -> tuple[ReplayedStep, Guard]:
+        opt = self.optimizer
+        optimizer_module = importlib.import_module("torch.optim.optimizer")
+        hooks = [*optimizer_module._global_optimizer_pre_hooks.values(),
+                 *optimizer_module._global_optimizer_post_hooks.values(),
+                 *opt._optimizer_step_pre_hooks.values(), *opt._optimizer_step_post_hooks.values()]
+        if hooks:
+            raise CaptureError("the optimizer has step hooks, which run Python code in every step")
+        replay = ReplayedStep(recorder, loss, self._residency)
+        names = tensor_names(self.model, opt)
+        persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
+        return replay, build_guard(batch, self.model, opt, persistent, names)
+
+    def _compiled_step(self, batch: tuple[Any, ...], recorder: StepRecorder | None) -> torch.Tensor:
+        """The step through the compiled graphs (Dynamo, AOTAutograd, autograd), recorded when
+        ``recorder`` is given."""
         versions_before = self._residency.deferred_versions()
         self._residency.deferring = True
         try:
             # An eager fallback of the optimizer step would read gradients that never reached the host.
-            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
+                    (recorder if recorder is not None else contextlib.nullcontext()):
                 try:
                     loss = self._loss(*batch)
                     loss.backward()
@@ -144,6 +225,7 @@ class TrainingStep:
             # The gradients' host copies were never filled in: nobody may read them.
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""

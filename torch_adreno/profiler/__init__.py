@@ -25,7 +25,7 @@ import pyopencl as cl
 
 from torch_adreno.profiler.roofline import DevicePeaks, device_peaks
 from torch_adreno.runtime import events
-from torch_adreno.runtime.events import GraphRunRecord, HostOpRecord, LaunchRecord, TransferRecord
+from torch_adreno.runtime.events import GraphRunRecord, HostOpRecord, LaunchRecord, StepRecord, TransferRecord
 
 __all__ = ["DevicePeaks", "KernelRecord", "profile"]
 
@@ -83,6 +83,8 @@ class profile:  # named like torch.profiler.profile
         self.transfers: list[TransferRecord] = []
         self.host_ops: list[HostOpRecord] = []
         self.graph_runs: list[GraphRunRecord] = []
+        #: One record per TrainingStep call: replayed, captured or run through the compiled graphs.
+        self.steps: list[StepRecord] = []
         self._transfer_times: list[tuple[int, int] | None] = []
         self._active = False
         self._runtime: Any = None
@@ -110,6 +112,9 @@ class profile:  # named like torch.profiler.profile
 
     def on_host_op(self, record: HostOpRecord) -> None:
         self.host_ops.append(record)
+
+    def on_step(self, record: StepRecord) -> None:
+        self.steps.append(record)
 
     # -- context manager -----------------------------------------------------------------------
 
@@ -156,6 +161,27 @@ class profile:  # named like torch.profiler.profile
     def bytes_shared(self) -> int:
         """Bytes the device used in host memory in place (zero-copy), both directions."""
         return sum(t.nbytes for t in self.transfers if not t.copied)
+
+    @property
+    def replayed_steps(self) -> int:
+        """TrainingStep calls that ran the recorded launch list (no Dynamo, AOTAutograd or autograd)."""
+        return sum(1 for s in self.steps if s.kind == "replay")
+
+    @property
+    def step_captures(self) -> int:
+        """TrainingStep calls that ran the compiled graphs and recorded them for replay."""
+        return sum(1 for s in self.steps if s.kind == "capture")
+
+    @property
+    def replay_fallbacks(self) -> list[str]:
+        """Why TrainingStep calls did not replay (a guard failed, a capture could not be replayed)."""
+        return [s.reason for s in self.steps if s.reason is not None]
+
+    @property
+    def host_time_per_replayed_step_us(self) -> float | None:
+        """Median host time of a replayed step's own work (batch, seeds, enqueue loop)."""
+        times = sorted(s.host_seconds for s in self.steps if s.kind == "replay")
+        return times[len(times) // 2] * 1e6 if times else None
 
     @property
     def host_fallback_ops(self) -> list[str]:

@@ -60,6 +60,20 @@ class HostOpRecord:
     node: str
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One call of a :class:`~torch_adreno.TrainingStep`. ``kind``: "replay" (the recorded launch
+    list), "capture" (the compiled graphs, recorded for replay) or "full" (the compiled graphs);
+    ``reason`` says why a step was not replayed, or why its capture cannot be replayed.
+    ``host_seconds``: a replay's own host work before it waits for the loss (batch, seeds, the
+    enqueue loop); for the other kinds, the whole call."""
+
+    kind: str
+    host_seconds: float
+    launches: int
+    reason: str | None = None
+
+
 class Subscriber(Protocol):
     def on_graph(self, record: GraphRunRecord) -> None: ...
     def on_launch(self, record: LaunchRecord) -> None: ...
@@ -93,6 +107,12 @@ class _Bus:
     def host_op(self, record: HostOpRecord) -> None:
         for s in self.subscribers:
             s.on_host_op(record)
+
+    def step(self, record: StepRecord) -> None:
+        for s in self.subscribers:
+            handler = getattr(s, "on_step", None)
+            if handler is not None:
+                handler(record)
 
 
 BUS = _Bus()

@@ -21,6 +21,7 @@ from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
 from torch_adreno.lowering.context import IR_TO_TORCH
 from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
+from torch_adreno.runtime.capture import ACTIVE_RECORDER
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
@@ -192,6 +193,9 @@ class Executable:
                 BUS.launch(LaunchRecord(self.graph.name, step.source, event))
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)
+        recorder = ACTIVE_RECORDER.get()
+        if recorder is not None:
+            recorder.record_call(self, args, storage, host_outputs, outputs)
         self.residency.finish_transfers()
         self._last_call = storage
         for donor in self._donors:

@@ -134,6 +134,11 @@ class Residency:
         self._stale: dict[int, _Deferred] = {}
         # Deferred tensors to mark as out of date once the copies in flight have read their memory.
         self._to_mark: list[int] = []
+        # Host-pointer buffers a replayed step wrote, made coherent for the host at the next sync
+        # point rather than after every step (see :meth:`defer`), by buffer handle.
+        self._unsynced_shared: dict[int, tuple[cl.Buffer, int]] = {}
+        #: How many times :meth:`synchronize` ran (a replayed step re-defers its updates after one).
+        self.synchronizations = 0
 
     def finish_transfers(self) -> None:
         """Wait for the copies :meth:`buffer_for` and :meth:`write_back` started. Not waiting for
@@ -261,6 +266,10 @@ class Residency:
         change is discarded), reported in a RuntimeError raised once all are copied."""
         copied = 0
         conflicts = 0
+        self.synchronizations += 1
+        for buffer, nbytes in self._unsynced_shared.values():
+            sync_shared(self.runtime, buffer, nbytes, write=False)
+        self._unsynced_shared.clear()
         for key, deferred in list(self._stale.items()):
             tensor = deferred.ref()
             del self._stale[key]
@@ -281,6 +290,21 @@ class Residency:
                 "before changing parameters or optimizer state on the host"
             )
         return copied
+
+    def defer(self, tensor: torch.Tensor, device_buffer: cl.Buffer) -> None:
+        """A replayed step updated ``tensor`` on the device (through ``device_buffer``, the buffer
+        this table holds for it): its host copy is current again only at the next
+        :meth:`synchronize`. A copy is recorded as deferred and marked out of date; host memory used
+        in place is made coherent for the host then. The step has finished when this is called."""
+        entry = self._lookup(id(tensor))
+        nbytes = tensor.numel() * tensor.element_size()
+        if entry is not None and entry.shared and entry.buffer is device_buffer:
+            self._unsynced_shared[device_buffer.int_ptr] = (device_buffer, nbytes)
+            return
+        key = id(tensor)
+        self._stale[key] = _Deferred(weakref.ref(tensor, self._make_finalizer(key, "_stale")), device_buffer,
+                                     version_of(tensor))
+        poison(tensor)
 
     def deferred_versions(self) -> dict[int, int | None]:
         """The current version of each deferred tensor, by key (see :meth:`accept_versions`)."""

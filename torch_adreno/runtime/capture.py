@@ -1,0 +1,236 @@
+"""Recording the device work of one training step, so that it can be replayed (see :mod:`.replay`).
+
+While a :class:`StepRecorder` is active (``with recorder:``, on the thread that runs the step),
+every :class:`~torch_adreno.runtime.executable.Executable` call on its device reports, after its
+launches, what it enqueued and over which buffers: the recording is the step's whole device work
+as one list of operations (kernel launches and buffer-to-buffer copies) over *memory identities*.
+
+A memory identity is what a buffer holds across the step, whatever OpenCL object a graph bound it
+through. Each is one of:
+
+- ``internal``: created during the step (an arena slot, a saved activation, a gradient, the loss,
+  scratch): written before it is read, dead after its last use, so a replay may place it anywhere;
+- ``batch``: the memory of a batch tensor (or a view of one) the step was called with;
+- ``seed``: a random-number seed a graph drew for this call (a replay draws fresh ones);
+- ``persistent``: a host tensor that outlives the step (parameter, buffer, optimizer state,
+  a tensor learning rate): the replay binds the very buffer the residency holds for it.
+
+Several OpenCL buffers may stand for one identity: with zero-copy, a gradient written by the
+backward into host memory is bound by the optimizer through another buffer over that memory.
+
+Invariant: a recording is complete or marked :attr:`StepRecorder.unsupported` with the reason (a
+graph ran an op on the host, a device tensor came from outside the step, ...); an unsupported
+recording is never replayed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyopencl as cl
+import torch
+
+from torch_adreno.runtime.device import DeviceRuntime
+
+#: The recorder of the step running on this thread (None: not recording). An Executable call
+#: reads it once; with no recorder that is the whole cost.
+ACTIVE_RECORDER: contextvars.ContextVar[StepRecorder | None] = contextvars.ContextVar(
+    "torch_adreno_step_recorder", default=None)
+
+INTERNAL, BATCH, SEED, PERSISTENT = "internal", "batch", "seed", "persistent"
+
+
+@dataclass
+class MemoryIdentity:
+    """What one or more bound buffers hold during the step (see the module docstring)."""
+
+    index: int
+    kind: str
+    nbytes: int
+    #: The buffer as the capture bound it (persistent: the residency's buffer, replayed as is).
+    buffer: cl.Buffer
+    #: Where it came from, for messages: "<graph>.<buffer>".
+    label: str
+    #: Persistent: the host tensor; batch: the view of the batch tensor that was bound.
+    tensor: torch.Tensor | None = None
+    #: Batch: which argument of the step, and the view's geometry in that argument's storage.
+    batch_position: int = -1
+    view: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    #: Batch: bound as host memory used in place (zero-copy) rather than as an uploaded copy.
+    shared: bool = False
+    #: Internal: an arena slot of a graph (allocated for the graph's lifetime on the full path).
+    arena: bool = False
+
+
+@dataclass(frozen=True)
+class RecordedLaunch:
+    graph: str
+    kernel: cl.Kernel
+    source: Any  # KernelSource
+    #: The memory identity bound to each kernel argument, in argument order.
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RecordedCopy:
+    """A device-side copy: the new value of an updated input into the input's own memory."""
+
+    graph: str
+    destination: int
+    source: int
+    nbytes: int
+
+
+@dataclass
+class StepRecorder:
+    """Collects what the Executable calls of one step enqueue (see the module docstring)."""
+
+    runtime: DeviceRuntime
+    batch: tuple[Any, ...]
+    identities: list[MemoryIdentity] = field(default_factory=list)
+    operations: list[RecordedLaunch | RecordedCopy] = field(default_factory=list)
+    #: Persistent identities the step updates (parameters, optimizer state), with their tensors.
+    updated: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    #: Seed identities in the order the graphs drew them (a replay draws in the same order).
+    seeds: list[int] = field(default_factory=list)
+    #: Why this recording cannot be replayed (None: it can).
+    unsupported: str | None = None
+    graphs: list[str] = field(default_factory=list)
+    _by_buffer: dict[int, int] = field(default_factory=dict)
+    _by_host_memory: dict[int, int] = field(default_factory=dict)
+    #: The identity holding each output a graph returned, by the host address of the tensor.
+    _outputs: dict[int, int] = field(default_factory=dict)
+    _zero_copy: bool = False
+    _token: Any = None
+
+    def __enter__(self) -> StepRecorder:
+        self._token = ACTIVE_RECORDER.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ACTIVE_RECORDER.reset(self._token)
+
+    # -- identities --------------------------------------------------------------------------
+
+    def _new(self, kind: str, buffer: cl.Buffer, nbytes: int, label: str, **fields: Any) -> int:
+        index = len(self.identities)
+        self.identities.append(MemoryIdentity(index, kind, nbytes, buffer, label, **fields))
+        self._by_buffer[buffer.int_ptr] = index
+        return index
+
+    def _internal(self, buffer: cl.Buffer, label: str, host: torch.Tensor | None = None,
+                  arena: bool = False) -> int:
+        known = self._by_buffer.get(buffer.int_ptr)
+        if known is not None:
+            return known
+        index = self._new(INTERNAL, buffer, buffer.size, label, arena=arena)
+        if host is not None:
+            self._by_host_memory[host.data_ptr()] = index
+        return index
+
+    def _batch_view(self, value: torch.Tensor) -> tuple[int, tuple[tuple[int, ...], tuple[int, ...], int]] | None:
+        """Which batch argument ``value`` is a view of, and the view's geometry."""
+        if value.numel() == 0:
+            return None
+        storage = value.untyped_storage().data_ptr()
+        for position, tensor in enumerate(self.batch):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() == storage \
+                    and tensor.dtype == value.dtype:
+                return position, (tuple(value.shape), tuple(value.stride()), value.storage_offset())
+        return None
+
+    def _input(self, graph: str, name: str, value: Any, buffer: cl.Buffer, is_seed: bool) -> int:
+        known = self._by_buffer.get(buffer.int_ptr)
+        label = f"{graph}.{name}"
+        if known is not None:
+            return known
+        from torch_adreno.runtime.device_tensor import DeviceTensor
+
+        if isinstance(value, DeviceTensor):
+            self.unsupported = f"{label} is a device tensor made before the step"
+            return self._new(INTERNAL, buffer, buffer.size, label)
+        if value.numel() and value.data_ptr() in self._by_host_memory:
+            # Host memory a graph of this step wrote (a zero-copy gradient), bound anew.
+            index = self._by_host_memory[value.data_ptr()]
+            self._by_buffer[buffer.int_ptr] = index
+            return index
+        if is_seed:
+            index = self._new(SEED, buffer, buffer.size, label)
+            self.seeds.append(index)
+            return index
+        view = self._batch_view(value)
+        if view is not None:
+            shared = self.residency_shares(value)
+            return self._new(BATCH, buffer, value.numel() * value.element_size(), label, tensor=value,
+                             batch_position=view[0], view=view[1], shared=shared)
+        return self._new(PERSISTENT, buffer, buffer.size, label, tensor=value)
+
+    def residency_shares(self, value: torch.Tensor) -> bool:
+        """Whether the residency bound ``value`` as its own host memory (zero-copy) or as a copy."""
+        return bool(self._zero_copy and value.is_contiguous())
+
+    # -- what an Executable call reports ----------------------------------------------------
+
+    def record_call(self, executable: Any, args: list[Any], storage: dict[str, Any],
+                    host_outputs: dict[str, torch.Tensor], outputs: list[Any]) -> None:
+        """Called by ``executable`` after it enqueued everything for one call with ``args``."""
+        from torch_adreno.kernels import HostStep
+        from torch_adreno.memory import StorageKind
+
+        if executable.runtime is not self.runtime:
+            self.unsupported = f"{executable.graph.name} ran on another device than the step's"
+            return
+        self._zero_copy = executable.residency.zero_copy
+        graph = executable.graph
+        plan = executable.program.plan
+        self.graphs.append(graph.name)
+        first_seed = len(args) - len(graph.random_seeds)
+        identity: dict[str, int] = {}
+        for pos, name in enumerate(graph.inputs):
+            if name is not None:
+                identity[name] = self._input(graph.name, name, args[pos], storage[name], pos >= first_seed)
+        for name, alloc in plan.allocations.items():
+            if name in identity or name not in storage:
+                continue
+            if alloc.kind is StorageKind.INPUT_ALIAS:
+                assert alloc.in_place_of is not None
+                identity[name] = identity[alloc.in_place_of]
+            else:
+                identity[name] = self._internal(storage[name], f"{graph.name}.{name}", host_outputs.get(name),
+                                                arena=alloc.kind is StorageKind.ARENA)
+        for step in executable._steps:
+            if isinstance(step, HostStep):
+                self.unsupported = f"{graph.name} runs {step.node.target} on the host (fallback='host')"
+                continue
+            if step.empty:
+                continue
+            self.operations.append(RecordedLaunch(graph.name, step.kernel, step.source,
+                                                  tuple(identity[name] for name in step.source.params)))
+        for target, value in graph.mutations.items():
+            tensor = args[executable._input_positions[target]]
+            if plan.allocations[value].kind is not StorageKind.INPUT_ALIAS:
+                nbytes = graph.buffers[value].nbytes
+                if nbytes:
+                    self.operations.append(RecordedCopy(graph.name, identity[target], identity[value], nbytes))
+            if self.identities[identity[target]].kind is PERSISTENT:
+                self.updated.append((tensor, identity[target]))
+            else:
+                self.unsupported = f"{graph.name} updates {target}, which is not a tensor that outlives the step"
+        for out, value in zip(graph.outputs, outputs, strict=True):
+            if out.buffer is not None and isinstance(value, torch.Tensor) and value.numel():
+                self._outputs[value.data_ptr()] = identity[out.buffer]
+
+    def output_identity(self, tensor: torch.Tensor) -> int | None:
+        """The identity holding ``tensor``, an output some graph of the step returned."""
+        return self._outputs.get(tensor.data_ptr()) if tensor.numel() else None
+
+
+def active_recorder() -> StepRecorder | None:
+    return ACTIVE_RECORDER.get()
+
+
+__all__ = ["ACTIVE_RECORDER", "BATCH", "INTERNAL", "PERSISTENT", "SEED", "MemoryIdentity", "RecordedCopy",
+           "RecordedLaunch", "StepRecorder", "active_recorder"]
+

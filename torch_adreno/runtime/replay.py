@@ -1,0 +1,252 @@
+"""A recorded training step, replayed: one launch list over buffers fixed at capture.
+
+Built from a :class:`~torch_adreno.runtime.capture.StepRecorder` that watched one whole step
+(forward, backward, optimizer). Every kernel of the step gets its own kernel object with every
+argument bound once; memory made during the step (arena slots, saved activations, gradients,
+scratch, the loss) is laid out anew by one memory plan spanning the whole step, so a saved
+activation's bytes are free after its last backward read and a gradient's after the optimizer's;
+persistent tensors (parameters, optimizer state) keep the residency's buffers. A replay then:
+
+1. puts the batch in place: uploads it into its captured buffers, or, with zero-copy, binds the
+   new batch's host memory to the kernels that read it (nothing copied);
+2. uploads fresh random seeds, drawn from torch's default generator in the capture's order;
+3. enqueues the launches in one loop with nothing in it but the enqueue;
+4. reads the loss (the one blocking wait of the step).
+
+No Dynamo, AOTAutograd wrapper or autograd engine runs. What a replay assumes (the same batch
+geometry, the same tensors, hyperparameters, modes) is checked by its owner before each call
+(:mod:`torch_adreno.step_capture`). The enqueue loop is :meth:`ReplayedStep._enqueue_all`: the one
+place a driver-recorded queue (``cl_qcom_recordable_queues``) would replace.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import torch
+
+from torch_adreno.runtime.capture import BATCH, INTERNAL, PERSISTENT, SEED, RecordedCopy, RecordedLaunch, StepRecorder
+from torch_adreno.runtime.events import BUS, LaunchRecord
+from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
+
+REPLAY_GRAPH = "replayed_step"
+
+
+class CaptureError(RuntimeError):
+    """A recorded step cannot be replayed; the message says why (the step runs the full path)."""
+
+
+@dataclass(frozen=True)
+class StepMemoryPlan:
+    """Where the memory made during a step lives in a replay.
+
+    Invariant: two internal identities whose lifetimes (first to last operation that touches them,
+    the loss to the end of the step) overlap never share a slot; a slot is as large as the largest
+    identity placed in it."""
+
+    slot_of: dict[int, int]
+    slot_bytes: tuple[int, ...]
+    lifetimes: dict[int, tuple[int, int]]
+    #: Bytes of every internal identity, each its own memory (no sharing at all).
+    unshared_bytes: int
+    #: Device bytes the step holds without a replay: every graph's arenas (allocated for the graph's
+    #: lifetime) plus the peak of what escapes a graph call (saved activations, gradients, loss).
+    full_path_bytes: int
+
+    @property
+    def planned_bytes(self) -> int:
+        return sum(self.slot_bytes)
+
+
+def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemoryPlan:
+    """Lifetimes of the step's internal identities over its operations, packed into slots: the
+    largest first, each into the smallest slot that is big enough and free for its whole lifetime."""
+    lifetimes: dict[int, tuple[int, int]] = {}
+    end = len(recorder.operations)
+    for position, op in enumerate(recorder.operations):
+        used = op.args if isinstance(op, RecordedLaunch) else (op.destination, op.source)
+        for index in used:
+            first, _ = lifetimes.get(index, (position, position))
+            lifetimes[index] = (first, position)
+    for index in keep_to_end:
+        first, _ = lifetimes.get(index, (0, end))
+        lifetimes[index] = (first, end)
+    internal = [i for i in lifetimes if recorder.identities[i].kind is INTERNAL]
+    slots: list[list[tuple[int, int]]] = []
+    sizes: list[int] = []
+    slot_of: dict[int, int] = {}
+    for index in sorted(internal, key=lambda i: (-recorder.identities[i].nbytes, i)):
+        first, last = lifetimes[index]
+        nbytes = recorder.identities[index].nbytes
+        free = [s for s, spans in enumerate(slots) if sizes[s] >= nbytes
+                and all(last < a or first > b for a, b in spans)]
+        if free:
+            slot = min(free, key=lambda s: sizes[s])
+        else:
+            slot = len(slots)
+            slots.append([])
+            sizes.append(nbytes)
+        slots[slot].append((first, last))
+        slot_of[index] = slot
+    arenas = {i for i in internal if recorder.identities[i].arena}
+    escaping = [i for i in internal if i not in arenas]
+    peak = max((sum(recorder.identities[i].nbytes for i in escaping
+                    if lifetimes[i][0] <= t <= lifetimes[i][1]) for t in range(end + 1)), default=0)
+    return StepMemoryPlan(slot_of, tuple(sizes), lifetimes, sum(recorder.identities[i].nbytes for i in internal),
+                          sum(recorder.identities[i].nbytes for i in arenas) + peak)
+
+
+@dataclass
+class _BatchBinding:
+    position: int
+    #: as_strided geometry when the bound view differs from the batch argument itself.
+    view: tuple[tuple[int, ...], tuple[int, ...], int] | None
+    nbytes: int
+    label: str
+    #: Copy mode: the replay's own device buffer the batch is uploaded into.
+    buffer: cl.Buffer | None
+    #: Zero-copy: the (kernel, argument index) pairs bound to the batch's host memory each replay.
+    consumers: list[tuple[cl.Kernel, int]]
+
+
+class ReplayedStep:
+    """One recorded step as a static list of device operations (see the module docstring)."""
+
+    def __init__(self, recorder: StepRecorder, loss: torch.Tensor, residency: Residency) -> None:
+        if recorder.unsupported is not None:
+            raise CaptureError(recorder.unsupported)
+        loss_identity = recorder.output_identity(loss)
+        if loss_identity is None or recorder.identities[loss_identity].kind is not INTERNAL:
+            raise CaptureError("the loss is not an output a graph of the step wrote on the device")
+        self.runtime = recorder.runtime
+        self.residency = residency
+        self.graphs = tuple(recorder.graphs)
+        self.memory = plan_step_memory(recorder, {loss_identity})
+        context = self.runtime.context
+        slots = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in self.memory.slot_bytes]
+        buffers: dict[int, cl.Buffer | None] = {}
+        self._batch: list[_BatchBinding] = []
+        batch_of: dict[int, _BatchBinding] = {}
+        self._seeds: list[cl.Buffer] = []
+        for identity in recorder.identities:
+            if identity.index in self.memory.slot_of:
+                buffers[identity.index] = slots[self.memory.slot_of[identity.index]]
+            elif identity.kind is PERSISTENT:
+                buffers[identity.index] = identity.buffer
+            elif identity.kind is SEED:
+                buffers[identity.index] = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
+            elif identity.kind is BATCH:
+                assert identity.tensor is not None and identity.view is not None
+                own = tuple(identity.tensor.shape), tuple(identity.tensor.stride()), identity.tensor.storage_offset()
+                base = recorder.batch[identity.batch_position]
+                whole = own == (tuple(base.shape), tuple(base.stride()), base.storage_offset())
+                device = None if identity.shared else cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
+                binding = _BatchBinding(identity.batch_position, None if whole else identity.view, identity.nbytes,
+                                        identity.label, device, [])
+                self._batch.append(binding)
+                batch_of[identity.index] = binding
+                buffers[identity.index] = device
+        self._seeds = [buffers[i] for i in recorder.seeds]  # type: ignore[misc]
+        self._slots = slots
+        self._launches: list[tuple[str, Any, cl.Kernel]] = []
+        self._operations: list[Any] = []
+        #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy).
+        self._described: list[tuple[str, Any] | None] = []
+        queue = self.runtime.queue
+        for op in recorder.operations:
+            if isinstance(op, RecordedCopy):
+                self._operations.append(functools.partial(
+                    cl.enqueue_copy, queue, buffers[op.destination], buffers[op.source], byte_count=op.nbytes))
+                self._described.append(None)
+                continue
+            # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
+            kernel = cl.Kernel(op.kernel.program, op.kernel.function_name)
+            for position, index in enumerate(op.args):
+                if index in batch_of and batch_of[index].buffer is None:
+                    batch_of[index].consumers.append((kernel, position))
+                else:
+                    kernel.set_arg(position, buffers[index])
+            self._launches.append((op.graph, op.source, kernel))
+            self._described.append((op.graph, op.source))
+            self._operations.append(functools.partial(
+                cl.enqueue_nd_range_kernel, queue, kernel, op.source.global_size, op.source.local_size))
+        self._loss_buffer = buffers[loss_identity]
+        self._loss_shape = tuple(loss.shape)
+        self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
+        self._updated = [(tensor, buffers[index]) for tensor, index in recorder.updated]
+        self._synchronizations_seen = -1
+        #: Host seconds of the last replay's own work (batch, seeds, enqueue loop), before its wait.
+        self.last_host_seconds = 0.0
+
+    @property
+    def kernel_launches(self) -> int:
+        return len(self._launches)
+
+    def _bind_batch(self, batch: tuple[Any, ...], keep: list[Any]) -> None:
+        queue = self.runtime.queue
+        record = BUS.active
+        for binding in self._batch:
+            tensor = batch[binding.position]
+            view = tensor if binding.view is None else tensor.as_strided(*binding.view)
+            if binding.buffer is None:
+                buffer = shared_buffer(self.runtime, view)
+                keep.append(buffer)
+                for kernel, position in binding.consumers:
+                    kernel.set_arg(position, buffer)
+            else:
+                array = host_array(view)
+                keep.append(array)
+                event = cl.enqueue_copy(queue, binding.buffer, array, is_blocking=False)
+                if record:
+                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
+                continue
+            if record:
+                BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input",
+                             copied=not self.runtime.profile.unified_memory)
+
+    def _upload_seeds(self, keep: list[Any]) -> None:
+        for buffer in self._seeds:
+            # As the full path draws them (Executable): torch.manual_seed(n) makes replays repeat too.
+            seed = host_array(torch.randint(0, 2**62, (), dtype=torch.int64))
+            keep.append(seed)
+            cl.enqueue_copy(self.runtime.queue, buffer, seed, is_blocking=False)
+            BUS.transfer(REPLAY_GRAPH, "h2d", seed.nbytes, "seed", "input")
+
+    def _enqueue_all(self) -> None:
+        if not BUS.active:
+            for operation in self._operations:
+                operation()
+            return
+        for operation, described in zip(self._operations, self._described, strict=True):
+            event = operation()
+            if described is not None:
+                BUS.launch(LaunchRecord(described[0], described[1], event))
+
+    def __call__(self, batch: tuple[Any, ...]) -> torch.Tensor:
+        """Run the step on ``batch`` (checked by the caller to match the capture's) and return the loss."""
+        start = time.perf_counter()
+        keep: list[Any] = []
+        self._bind_batch(batch, keep)
+        self._upload_seeds(keep)
+        self._enqueue_all()
+        self.last_host_seconds = time.perf_counter() - start
+        loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
+        cl.enqueue_copy(self.runtime.queue, loss, self._loss_buffer, is_blocking=True)
+        BUS.transfer(REPLAY_GRAPH, "d2h", loss.nbytes, "loss", "output")
+        self._defer_updates()
+        del keep  # the batch's memory and the seeds were in use until the blocking read above
+        return torch.from_numpy(loss)
+
+    def _defer_updates(self) -> None:
+        """The updated tensors' current values are on the device: keep the residency's deferral
+        records (made at capture, cleared by a synchronize) in place for the next sync point."""
+        synchronizations = self.residency.synchronizations
+        if synchronizations != self._synchronizations_seen:
+            for tensor, buffer in self._updated:
+                self.residency.defer(tensor, buffer)
+            self._synchronizations_seen = synchronizations
