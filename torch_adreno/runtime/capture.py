@@ -138,7 +138,7 @@ class StepRecorder:
         for position, tensor in enumerate(self.batch):
             if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() == storage \
                     and tensor.dtype == value.dtype:
-                return position, (tuple(value.shape), tuple(value.stride()), value.storage_offset())
+                return position, (tuple(value.shape), tuple(value.stride()), int(value.storage_offset()))
         return None
 
     def _input(self, graph: str, name: str, value: Any, buffer: cl.Buffer, is_seed: bool) -> int:

@@ -30,7 +30,15 @@ import numpy as np
 import pyopencl as cl
 import torch
 
-from torch_adreno.runtime.capture import BATCH, INTERNAL, PERSISTENT, SEED, RecordedCopy, RecordedLaunch, StepRecorder
+from torch_adreno.runtime.capture import (
+    BATCH,
+    INTERNAL,
+    PERSISTENT,
+    SEED,
+    RecordedCopy,
+    RecordedLaunch,
+    StepRecorder,
+)
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
 
@@ -175,10 +183,10 @@ class ReplayedStep:
             self._described.append((op.graph, op.source))
             self._operations.append(functools.partial(
                 cl.enqueue_nd_range_kernel, queue, kernel, op.source.global_size, op.source.local_size))
-        self._loss_buffer = buffers[loss_identity]
+        self._loss_buffer: cl.Buffer = slots[self.memory.slot_of[loss_identity]]
         self._loss_shape = tuple(loss.shape)
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
-        self._updated = [(tensor, buffers[index]) for tensor, index in recorder.updated]
+        self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
         self._synchronizations_seen = -1
         #: Host seconds of the last replay's own work (batch, seeds, enqueue loop), before its wait.
         self.last_host_seconds = 0.0
