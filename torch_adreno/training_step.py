@@ -101,7 +101,9 @@ class TrainingStep:
                              "with requires_grad_(False) or add them to the optimizer")
         self._loss = torch.compile(lambda *batch: loss_fn(model, *batch), backend="adreno",
                                    options=dict(options or {}), dynamic=False, fullgraph=True)
-        self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}))
+        # Static: a hyperparameter given as a float and changed (lr, momentum) is a recompile
+        # specialised to the new value, not a float64 graph input.
+        self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}), dynamic=False)
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
         hook = _SyncHook(self)
         self._hooks = [

@@ -188,6 +188,8 @@ class ReplayedStep:
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
         self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
         self._synchronizations_seen = -1
+        # The zero-copy batch buffers bound last, with the tensors whose memory they are.
+        self._bound_batch: list[tuple[cl.Buffer, torch.Tensor]] = []
         #: Host seconds of the last replay's own work (batch, seeds, enqueue loop), before its wait.
         self.last_host_seconds = 0.0
 
@@ -197,13 +199,16 @@ class ReplayedStep:
 
     def _bind_batch(self, batch: tuple[Any, ...], keep: list[Any]) -> None:
         queue = self.runtime.queue
+        self._bound_batch = []
         record = BUS.active
         for binding in self._batch:
             tensor = batch[binding.position]
             view = tensor if binding.view is None else tensor.as_strided(*binding.view)
             if binding.buffer is None:
                 buffer = shared_buffer(self.runtime, view)
-                keep.append(buffer)
+                # Referenced until the next replay binds another: a kernel never points at a
+                # released buffer (some drivers fault on enqueue when one does).
+                self._bound_batch.append((buffer, view))
                 for kernel, position in binding.consumers:
                     kernel.set_arg(position, buffer)
             else:

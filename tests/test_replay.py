@@ -1,0 +1,359 @@
+"""Whole-step capture and replay of TrainingStep: bit-identical to the compiled graphs, guarded.
+
+Every test checks that replays actually ran (``profile().replayed_steps``), so a replay that
+silently fell back to the full path would fail them.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_adreno
+from torch_adreno.models import MODELS
+from torch_adreno.runtime.replay import plan_step_memory
+
+pytestmark = pytest.mark.device
+
+COPY = {"zero_copy": False}
+MODES = [pytest.param({}, id="default"), pytest.param(COPY, id="copy")]
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+def _mlp(dropout: float = 0.0) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Dropout(dropout),
+                               torch.nn.Linear(32, 5))
+
+
+def _batches(n: int, batch: int = 16):
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 12, generator=generator), torch.randint(0, 5, (batch,), generator=generator))
+            for _ in range(n)]
+
+
+def _eager_step(model, opt, x, y) -> torch.Tensor:
+    opt.zero_grad(set_to_none=True)
+    loss = _loss(model, x, y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _train(make_model, make_opt, batches, replay: bool, options=None, seed: int = 0):
+    model = make_model()
+    opt = make_opt(model.parameters())
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=options, replay=replay)
+    torch.manual_seed(seed)
+    with torch_adreno.profile() as prof:
+        losses = [step(x, y) for x, y in batches]
+    step.synchronize()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return torch.stack(losses), state, prof, step
+
+
+def _assert_bit_identical(a, b) -> None:
+    assert torch.equal(a[0], b[0]), (a[0], b[0])
+    assert a[1].keys() == b[1].keys()
+    for key in a[1]:
+        assert torch.equal(a[1][key], b[1][key]), key
+
+
+@pytest.mark.parametrize("options", MODES)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_replay_is_bit_identical_to_the_compiled_graphs(options, optimizer) -> None:
+    def make_opt(params):
+        if optimizer == "adam":
+            return torch.optim.Adam(params, lr=0.01)
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
+
+    batches = _batches(8)
+    full = _train(_mlp, make_opt, batches, replay=False, options=options)
+    replayed = _train(_mlp, make_opt, batches, replay=True, options=options)
+    assert [s.kind for s in replayed[2].steps] == ["full", "capture"] + ["replay"] * 6
+    assert full[2].replayed_steps == 0
+    _assert_bit_identical(full, replayed)
+
+
+def _reference_model_losses(name: str, steps: int, replay: bool, options=None):
+    spec = MODELS[name]
+    generator = torch.Generator().manual_seed(1)
+    batches = [spec.batch(generator) for _ in range(steps)]
+
+    def make():
+        torch.manual_seed(0)
+        return spec.make()
+
+    return _train(make, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), batches, replay, options)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_reference_models_replay_bit_identically(name) -> None:
+    full = _reference_model_losses(name, 5, replay=False)
+    replayed = _reference_model_losses(name, 5, replay=True)
+    assert replayed[2].replayed_steps == 3
+    _assert_bit_identical(full, replayed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])
+def test_reference_models_replay_bit_identically_over_50_steps(name) -> None:
+    steps = 50 if name in ("mlp", "lenet") else 12
+    full = _reference_model_losses(name, steps, replay=False, options=COPY)
+    replayed = _reference_model_losses(name, steps, replay=True, options=COPY)
+    assert replayed[2].replayed_steps == steps - 2
+    _assert_bit_identical(full, replayed)
+
+
+def test_dropout_masks_change_every_replay_and_match_the_compiled_graphs() -> None:
+    (x, y), = _batches(1)
+    batches = [(x, y)] * 6
+
+    def make_opt(params):
+        return torch.optim.SGD(params, lr=0.0)
+
+    full = _train(lambda: _mlp(0.5), make_opt, batches, replay=False, seed=7)
+    replayed = _train(lambda: _mlp(0.5), make_opt, batches, replay=True, seed=7)
+    assert replayed[2].replayed_steps == 4
+    assert torch.equal(full[0], replayed[0])
+    # lr 0 and one batch: only the dropout masks differ from step to step.
+    assert len(set(replayed[0].tolist())) == 6
+    again = _train(lambda: _mlp(0.5), make_opt, batches, replay=True, seed=8)
+    assert not torch.equal(again[0], replayed[0])
+
+
+class _Lockstep:
+    """A TrainingStep and eager PyTorch trained side by side on the same batches."""
+
+    def __init__(self, options=None, lr=0.1, tensor_lr=False) -> None:
+        self.model = _mlp()
+        self.reference = copy.deepcopy(self.model)
+        lr_value = torch.tensor(lr) if tensor_lr else lr
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr_value, momentum=0.9)
+        self.reference_opt = torch.optim.SGD(self.reference.parameters(), lr=lr, momentum=0.9)
+        self.step = torch_adreno.TrainingStep(self.model, _loss, self.opt, options=options)
+        self.batches = iter(_batches(40))
+
+    def run(self, n: int, batch=None) -> torch_adreno.profile:
+        with torch_adreno.profile() as prof:
+            for _ in range(n):
+                x, y = batch if batch is not None else next(self.batches)
+                loss = self.step(x, y)
+                expected = _eager_step(self.reference, self.reference_opt, x, y)
+                torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+        return prof
+
+    def check_parameters(self) -> None:
+        self.step.synchronize()
+        for p, q in zip(self.model.parameters(), self.reference.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def _assert_guard_fell_back(prof, words: str) -> None:
+    assert any(words in reason for reason in prof.replay_fallbacks), prof.replay_fallbacks
+    assert prof.step_captures == 1, [s.kind for s in prof.steps]
+
+
+@pytest.mark.parametrize("options", MODES)
+def test_guard_new_hyperparameters(options) -> None:
+    run = _Lockstep(options)
+    assert run.run(4).replayed_steps == 2
+    for opt in (run.opt, run.reference_opt):
+        opt.param_groups[0]["lr"] = 0.02
+        opt.param_groups[0]["momentum"] = 0.5
+    prof = run.run(4)
+    _assert_guard_fell_back(prof, "hyperparameter 'lr' of group 0 changed")
+    assert prof.replayed_steps == 3
+    run.check_parameters()
+
+
+@pytest.mark.parametrize("options", MODES)
+def test_guard_tensor_learning_rate_set_by_a_scheduler(options) -> None:
+    run = _Lockstep(options, tensor_lr=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(run.opt, step_size=1, gamma=0.5)
+    reference_scheduler = torch.optim.lr_scheduler.StepLR(run.reference_opt, step_size=1, gamma=0.5)
+    run.run(3)
+    for _ in range(3):
+        scheduler.step()
+        reference_scheduler.step()
+        prof = run.run(3)
+        # The new rate is written into the tensor: never replayed stale, replayed again after one capture.
+        _assert_guard_fell_back(prof, "optimizer.param_groups[0]['lr'] was changed on the host")
+        assert prof.replayed_steps == 2
+    run.check_parameters()
+
+
+@pytest.mark.parametrize("options", MODES)
+def test_guard_train_and_eval_mode(options) -> None:
+    run = _Lockstep(options)
+    run.run(3)
+    run.model.eval()
+    run.reference.eval()
+    prof = run.run(3)
+    _assert_guard_fell_back(prof, "train/eval mode of the model changed")
+    run.model.train()
+    run.reference.train()
+    _assert_guard_fell_back(run.run(3), "train/eval mode")
+    run.check_parameters()
+
+
+def test_guard_batch_geometry() -> None:
+    run = _Lockstep()
+    run.run(3)
+    x, y = next(run.batches)
+    strided = torch.randn(12, 16).t()  # the same shape, other strides
+    prof = run.run(1, (strided, y))
+    assert prof.replayed_steps == 0 and not prof.step_captures
+    # Each geometry replays once warm: the contiguous batches kept their replay.
+    assert run.run(2).replayed_steps == 2
+    smaller = _batches(3, batch=8)
+    with torch_adreno.profile() as prof:
+        for xs, ys in smaller:
+            loss = run.step(xs, ys)
+            torch.testing.assert_close(loss, _eager_step(run.reference, run.reference_opt, xs, ys),
+                                       rtol=1e-4, atol=1e-5)
+    assert [s.kind for s in prof.steps] == ["full", "capture", "replay"]
+    run.check_parameters()
+
+
+def test_guard_grad_mode() -> None:
+    run = _Lockstep()
+    run.run(3)
+    x, y = next(run.batches)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="does not require grad"):
+        run.step(x, y)  # as the compiled graphs fail: no replay trains without grad mode
+
+
+@pytest.mark.parametrize("options", MODES)
+def test_guard_state_loaded_or_replaced(options) -> None:
+    run = _Lockstep(options)
+    run.run(3)
+    snapshot = copy.deepcopy(run.reference.state_dict())
+    optimizer_snapshot = copy.deepcopy(run.reference_opt.state_dict())
+    run.run(2)
+    run.model.load_state_dict(snapshot)
+    run.reference.load_state_dict(snapshot)
+    prof = run.run(3)
+    _assert_guard_fell_back(prof, "was changed on the host")
+    # Loading the optimizer's state gives it new state tensors: replays must not update the old ones.
+    run.opt.load_state_dict(optimizer_snapshot)
+    run.reference_opt.load_state_dict(optimizer_snapshot)
+    prof = run.run(3)
+    _assert_guard_fell_back(prof, "was replaced")
+    run.check_parameters()
+
+
+@pytest.mark.unified_memory
+def test_guard_host_edit_with_zero_copy() -> None:
+    run = _Lockstep()
+    run.run(3)
+    with torch.no_grad():
+        for p in (*run.model.parameters(), *run.reference.parameters()):
+            p.mul_(0.5)
+    _assert_guard_fell_back(run.run(3), "0.weight was changed on the host")
+    run.check_parameters()
+
+
+def test_host_edit_between_sync_points_in_copy_mode_is_still_refused() -> None:
+    run = _Lockstep(COPY)
+    run.run(3)
+    with torch.no_grad():
+        run.model[0].weight.add_(1.0)
+    x, y = next(run.batches)
+    with pytest.raises(RuntimeError, match="changed on the host"):
+        run.step(x, y)
+
+
+def test_replays_keep_host_copies_right_at_every_sync_point() -> None:
+    run = _Lockstep(COPY)
+    run.run(4)
+    run.check_parameters()  # synchronize after replays
+    assert run.run(3).replayed_steps == 3  # and replays go on after it
+    state = run.model.state_dict()  # a sync point through the hook
+    for key, value in run.reference.state_dict().items():
+        torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5)
+    assert run.run(2).replayed_steps == 2
+    # Between sync points the host copies are marked out of date, also after replays.
+    assert torch.isnan(run.model[0].weight.view(-1)[0])
+    run.check_parameters()
+
+
+def test_optimizer_step_hooks_are_not_replayed() -> None:
+    run = _Lockstep()
+    calls = []
+    run.opt.register_step_post_hook(lambda *args: calls.append(1))
+    prof = run.run(4)
+    assert prof.replayed_steps == 0
+    assert any("step hooks" in reason for reason in prof.replay_fallbacks)
+
+
+def test_host_fallback_graphs_are_not_replayed() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(12, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_fn(m, x, y):
+        return F.cross_entropy(torch.special.i0(m(x)), y)  # i0: an op without a lowering
+
+    step = torch_adreno.TrainingStep(model, loss_fn, opt, options={"fallback": "host"})
+    with pytest.warns(UserWarning), torch_adreno.profile() as prof:
+        for x, y in _batches(3):
+            step(x, y)
+    assert prof.replayed_steps == 0
+    assert any("on the host" in reason for reason in prof.replay_fallbacks)
+
+
+def test_profile_of_replayed_steps() -> None:
+    run = _Lockstep()
+    run.run(2)
+    with torch_adreno.profile() as prof:
+        for x, y in _batches(3):
+            run.step(x, y)
+    replay = run.step.replay
+    assert prof.replayed_steps == 3
+    assert prof.kernel_launches == 3 * replay.kernel_launches
+    assert all(k.device_time_us is not None and k.device_time_us >= 0 for k in prof.kernels)
+    assert prof.host_time_per_replayed_step_us is not None and prof.host_time_per_replayed_step_us > 0
+    assert prof.transfer_bytes("d2h", "output", copied=None) == 3 * 4  # the loss, and nothing else
+
+
+def test_step_memory_plan_shares_only_disjoint_lifetimes() -> None:
+    run = _Lockstep()
+    run.run(3)
+    memory = run.step.replay.memory
+    by_slot: dict[int, list[tuple[int, int]]] = {}
+    for identity, slot in memory.slot_of.items():
+        by_slot.setdefault(slot, []).append(memory.lifetimes[identity])
+    for spans in by_slot.values():
+        spans.sort()
+        assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans
+    assert memory.planned_bytes < memory.unshared_bytes
+    assert len(memory.slot_bytes) < len(memory.slot_of)
+
+
+def test_plan_step_memory_packs_by_lifetime() -> None:
+    from torch_adreno.runtime.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
+
+    recorder = StepRecorder.__new__(StepRecorder)
+    recorder.identities = [MemoryIdentity(i, INTERNAL, n, None, f"b{i}") for i, n in enumerate([400, 100, 300, 50])]
+    launch = lambda *args: RecordedLaunch("g", None, None, args)  # noqa: E731
+    # b0 dies at op 1; b2 (born at op 2) may take its place; b1 lives throughout; b3 is the loss.
+    recorder.operations = [launch(0, 1), launch(0, 1), launch(2, 1), launch(2, 3)]
+    plan = plan_step_memory(recorder, keep_to_end={3})
+    assert plan.slot_of[0] == plan.slot_of[2]
+    assert len({plan.slot_of[0], plan.slot_of[1], plan.slot_of[3]}) == 3
+    assert plan.planned_bytes == 400 + 100 + 50
+    assert plan.lifetimes[3] == (3, 4)
+
+
+def test_replay_can_be_turned_off_and_steps_pickle_their_models() -> None:
+    run = _Lockstep()
+    run.step = torch_adreno.TrainingStep(run.model, _loss, run.opt, replay=False)
+    assert run.run(4).replayed_steps == 0
+    pickle.dumps(run.model)
