@@ -7,6 +7,7 @@ silently fell back to the full path would fail them.
 from __future__ import annotations
 
 import copy
+import itertools
 import pickle
 
 import pytest
@@ -207,7 +208,7 @@ def test_guard_train_and_eval_mode(options) -> None:
 def test_guard_batch_geometry() -> None:
     run = _Lockstep()
     run.run(3)
-    x, y = next(run.batches)
+    _, y = next(run.batches)
     strided = torch.randn(12, 16).t()  # the same shape, other strides
     prof = run.run(1, (strided, y))
     assert prof.replayed_steps == 0 and not prof.step_captures
@@ -332,7 +333,7 @@ def test_step_memory_plan_shares_only_disjoint_lifetimes() -> None:
         by_slot.setdefault(slot, []).append(memory.lifetimes[identity])
     for spans in by_slot.values():
         spans.sort()
-        assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(spans)), spans
     assert memory.planned_bytes < memory.unshared_bytes
     assert len(memory.slot_bytes) < len(memory.slot_of)
 
