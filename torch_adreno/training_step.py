@@ -141,6 +141,7 @@ class TrainingStep:
             raise ValueError("TrainingStep takes batches that do not require gradients (only parameters get them)")
 
     def __call__(self, *batch: Any) -> torch.Tensor:
+        started = time.perf_counter()
         self._check_can_step(batch)
         signature = batch_signature(batch) if self._replay_enabled else None
         reason = None
@@ -148,7 +149,7 @@ class TrainingStep:
             replay, guard = self._replays[signature]
             reason = guard(batch)
             if reason is None:
-                loss = replay(batch)
+                loss = replay(batch, started)
                 self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
                 BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
                 return loss

@@ -44,6 +44,9 @@ from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
 
 REPLAY_GRAPH = "replayed_step"
 
+#: Launch counts after which a replay flushes the queue: early, then at doubling intervals.
+FLUSH_AFTER = frozenset({4, 16, 48, 112, 240, 496, 1008})
+
 
 class CaptureError(RuntimeError):
     """A recorded step cannot be replayed; the message says why (the step runs the full path)."""
@@ -183,6 +186,11 @@ class ReplayedStep:
             self._described.append((op.graph, op.source))
             self._operations.append(functools.partial(
                 cl.enqueue_nd_range_kernel, queue, kernel, op.source.global_size, op.source.local_size))
+            if len(self._launches) in FLUSH_AFTER:
+                # Hand what is enqueued to the device now, so that it computes while the host enqueues
+                # the rest (some drivers submit only at a flush or a blocking call).
+                self._operations.append(queue.flush)
+                self._described.append(None)
         self._loss_buffer: cl.Buffer = slots[self.memory.slot_of[loss_identity]]
         self._loss_shape = tuple(loss.shape)
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
@@ -190,7 +198,8 @@ class ReplayedStep:
         self._synchronizations_seen = -1
         # The zero-copy batch buffers bound last, with the tensors whose memory they are.
         self._bound_batch: list[tuple[cl.Buffer, torch.Tensor]] = []
-        #: Host seconds of the last replay's own work (batch, seeds, enqueue loop), before its wait.
+        #: Host seconds of the last replay's own work (the caller's checks, batch, seeds, enqueue
+        #: loop), before it waits for the loss.
         self.last_host_seconds = 0.0
 
     @property
@@ -240,9 +249,11 @@ class ReplayedStep:
             if described is not None:
                 BUS.launch(LaunchRecord(described[0], described[1], event))
 
-    def __call__(self, batch: tuple[Any, ...]) -> torch.Tensor:
-        """Run the step on ``batch`` (checked by the caller to match the capture's) and return the loss."""
-        start = time.perf_counter()
+    def __call__(self, batch: tuple[Any, ...], started: float | None = None) -> torch.Tensor:
+        """Run the step on ``batch`` (checked by the caller to match the capture's) and return the
+        loss. ``started``: the ``time.perf_counter()`` at which the caller's own host work for this
+        step began (its checks), counted in :attr:`last_host_seconds`."""
+        start = time.perf_counter() if started is None else started
         keep: list[Any] = []
         self._bind_batch(batch, keep)
         self._upload_seeds(keep)
