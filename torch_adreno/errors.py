@@ -47,6 +47,10 @@ class DeviceNotFoundError(AdrenoError):
     """No OpenCL device matches the selection; the message lists the available ones."""
 
 
+class AmbiguousDeviceError(DeviceNotFoundError):
+    """A device name substring matches several devices; the message lists them."""
+
+
 class KernelBuildError(AdrenoError):
     """The OpenCL compiler rejected a generated kernel (a bug: please report it with the message)."""
 
