@@ -11,8 +11,8 @@ it to the device (builds the kernels, from the program-binary cache when warm) a
 
 Invariant: an entry is reused only when everything that decides its content matches: AOTAutograd's
 key (Dynamo's graph code, input shapes/dtypes/strides, autograd and functorch settings, torch
-version) plus :func:`cache_salt` (our options, the OpenCL device and driver, and a hash of this
-package's source, so any edit of the compiler invalidates every entry).
+version) plus :func:`cache_salt` (our options, the OpenCL device and driver, the code choices made
+for it, and a hash of this package's source, so any edit of the compiler invalidates every entry).
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_adreno.config import Config
-from torch_adreno.kernels import HostStep, KernelProgram
+from torch_adreno.kernels import HostStep, KernelProgram, gemm
 from torch_adreno.runtime import Executable, get_residency, get_runtime
 from torch_adreno.runtime.binary_cache import device_identity
+from torch_adreno.target import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +65,26 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
+def code_choices(profile: DeviceProfile) -> dict[str, Any]:
+    """The kernel stage's choices of code for a device, as its functions make them now: which GEMM
+    template (local-memory tiles or direct) and whether the 128-wide tiles are allowed.
+
+    They follow from the profile and our source, both in the key already, unless the functions
+    themselves are replaced (tests pick a template so): keyed on their results, a graph compiled
+    with one choice is never served where the other is made."""
+    return {"gemm_template": "tiled" if gemm.use_local_memory_tiles(profile) else "direct",
+            "gemm_wide_tiles": profile.compute_units >= gemm.DESKTOP_COMPUTE_UNITS}
+
+
 def cache_salt(config: Config) -> str:
-    """What besides Dynamo's graph decides a compiled graph: options, device+driver, our source."""
+    """What besides Dynamo's graph decides a compiled graph: options, device+driver, our source and
+    the code choices made for the device."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     options = {k: v for k, v in config.as_dict().items() if k not in _OPTIONS_OUTSIDE_KEY}
     return json.dumps({
         "options": options, "zero_copy": residency.zero_copy, "device": device_identity(runtime.device),
-        "profile": repr(runtime.profile), "source": source_hash(),
+        "profile": repr(runtime.profile), "code_choices": code_choices(runtime.profile), "source": source_hash(),
     }, sort_keys=True, default=str)
 
 
