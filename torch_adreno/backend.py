@@ -130,11 +130,26 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
                   static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset(),
                   version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> CompiledGraph:
-    """One FX graph compiled and bound to the device, as AOTAutograd calls it."""
+    """One FX graph compiled and bound to the device, as AOTAutograd calls it; its outputs come
+    back with the strides eager gives them (as traced: the output node's example values)."""
     program = compile_program(gm, config, name, num_host_outputs, donated, resident_outputs)
-    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs)
+    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs, _traced_output_strides(gm))
     compiled.bind()
     return compiled
+
+
+def _traced_output_strides(gm: GraphModule) -> list[tuple[int, ...] | None]:
+    """Per output of ``gm``, the strides of its traced value (None: not a tensor, or unknown)."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], list | tuple) else [output.args[0]]
+    strides: list[tuple[int, ...] | None] = []
+    for value in values:
+        example = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if isinstance(example, torch.Tensor) and all(isinstance(s, int) for s in example.stride()):
+            strides.append(tuple(example.stride()))
+        else:
+            strides.append(None)
+    return strides
 
 
 def _static_input_indices() -> list[int]:

@@ -21,16 +21,19 @@ import functools
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_adreno.config import Config
+from torch_adreno.ir import OutputRole
 from torch_adreno.kernels import HostStep, KernelProgram, gemm
 from torch_adreno.runtime import Executable, get_residency, get_runtime
 from torch_adreno.runtime.binary_cache import device_identity
@@ -238,6 +241,58 @@ def serializable(compiler: Any, config: Config) -> Any:
     return SerializableAOTDispatchCompiler(OutputCode, compiler) if cache_usable(config) else compiler
 
 
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+#: Outputs up to this many elements whose layout interleaves dimensions are checked for overlap
+#: element by element (once, at compile time); larger ones stay dense.
+_OVERLAP_CHECK_ELEMENTS = 1 << 24
+
+
+def _non_overlapping(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether no two elements of a tensor of this shape and these strides share memory."""
+    dims = sorted((stride, size) for size, stride in zip(shape, strides, strict=True) if size > 1)
+    reach = 1  # elements spanned by the dimensions of smaller stride
+    for stride, size in dims:
+        if stride == 0:
+            return False
+        if stride < reach:  # interleaved (a strided slice of a permuted tensor): count the offsets
+            numel = math.prod(shape)
+            if numel > _OVERLAP_CHECK_ELEMENTS:
+                return False
+            # numpy, not torch: this runs while the compile's fake-tensor mode is active.
+            offsets = np.zeros((), dtype=np.int64)
+            for extent, step in zip(shape, strides, strict=True):
+                offsets = offsets[..., None] + np.arange(extent, dtype=np.int64) * step
+            return int(np.unique(offsets).size) == numel
+        reach = stride * size
+    return True
+
+
+def _outputs_to_restride(program: KernelProgram, output_strides: Sequence[tuple[int, ...] | None]
+                         ) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """(position, eager's strides) of the host outputs the program computes (not inputs passed
+    through, not device-resident) whose eager strides are not the row-major ones of our buffers:
+    channels_last results, transposed or permuted outputs. Outputs whose elements overlap (an
+    expanded view) cannot be written in eager's layout and stay dense."""
+    graph = program.graph
+    inputs = graph.input_buffers()
+    restrided = []
+    for position, (out, strides) in enumerate(zip(graph.outputs, output_strides, strict=False)):
+        if strides is None or out.buffer is None or out.buffer in inputs or out.role is not OutputRole.HOST:
+            continue
+        shape = out.shape if out.shape is not None else graph.buffers[out.buffer].shape
+        if len(strides) == len(shape) and any(size > 1 and stride != dense for size, stride, dense in zip(
+                shape, strides, _contiguous_strides(shape), strict=True)) and _non_overlapping(shape, strides):
+            restrided.append((position, tuple(strides)))
+    return tuple(restrided)
+
+
 class CompiledGraph(OutputCode):
     """One compiled graph as AOTAutograd calls and caches it (boxed: ``graph(list_of_args)``).
 
@@ -246,7 +301,8 @@ class CompiledGraph(OutputCode):
     """
 
     def __init__(self, program: KernelProgram, config: Config, static_inputs: Sequence[int] = (),
-                 version_bumped_inputs: Sequence[int] = ()) -> None:
+                 version_bumped_inputs: Sequence[int] = (),
+                 output_strides: Sequence[tuple[int, ...] | None] = ()) -> None:
         super().__init__()
         self._boxed_call = True
         self.program = program
@@ -255,6 +311,7 @@ class CompiledGraph(OutputCode):
         self.tune = config.tune
         self.static_inputs = tuple(static_inputs)
         self.version_bumped_inputs = tuple(version_bumped_inputs)
+        self.restrided_outputs = _outputs_to_restride(program, output_strides)
         self.executable: Executable | None = None
 
     def bind(self) -> Executable:
@@ -268,7 +325,12 @@ class CompiledGraph(OutputCode):
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         # Boxed: the very list AOTAutograd passes, which the Executable may clear as it goes.
-        return self.bind()(inputs)  # type: ignore[arg-type]
+        outputs = self.bind()(inputs)  # type: ignore[arg-type]
+        for position, strides in self.restrided_outputs:
+            dense = outputs[position]
+            if isinstance(dense, torch.Tensor) and dense.stride() != strides:
+                outputs[position] = torch.empty_strided(dense.shape, strides, dtype=dense.dtype).copy_(dense)
+        return outputs
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "executable": None}
