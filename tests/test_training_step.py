@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_adreno
+from torch_adreno.training_gradients import GradientOnDevice
 
 pytestmark = pytest.mark.device
 
@@ -58,7 +59,7 @@ def test_steps_match_eager_and_only_the_batch_and_loss_cross(optimizer: str) -> 
             loss = step(x, y)
         expected = _eager_step(reference, reference_opt, x, y)
         torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
-        assert all(p.grad is None for p in model.parameters())
+        assert all(isinstance(p.grad, GradientOnDevice) for p in model.parameters())  # cleared, marked
         if i >= 2:  # after warm-up: the batch up, the loss down, nothing else
             minimum = x.numel() * x.element_size() + y.numel() * y.element_size() + loss.element_size()
             copied = prof.bytes_host_to_device + prof.bytes_device_to_host
@@ -240,3 +241,48 @@ def test_inputs_updated_in_place_by_the_loss() -> None:
         torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-5)
     step.close()
     torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("options", [COPY, {}], ids=["copies", "default"])
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")], ids=["l2", "inf"])
+def test_gradient_clipping_matches_eager_clip_between_backward_and_step(options, norm_type) -> None:
+    """Gradients far above the norm (a large learning-rate-free loss scale) are clipped on the
+    device as clip_grad_norm_ clips them between backward and step; only the batch and the loss
+    cross in copy mode."""
+    model, opt, reference, reference_opt = _setup("adam")
+    step = torch_adreno.TrainingStep(model, lambda m, x, y: 50.0 * _loss(m, x, y), opt, options=options,
+                                     max_grad_norm=0.5, norm_type=norm_type)
+    for i, (x, y) in enumerate(_batches(4)):
+        with torch_adreno.profile() as prof:
+            loss = step(x, y)
+        reference_opt.zero_grad(set_to_none=True)
+        expected = 50.0 * _loss(reference, x, y)
+        expected.backward()
+        norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5, norm_type)
+        assert norm > 5.0  # the clip did something
+        reference_opt.step()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-4)
+        assert any("training_gradients.py" in line for k in prof.kernels for line in k.source_lines)
+        if options is COPY and i >= 2:
+            minimum = x.numel() * x.element_size() + y.numel() * y.element_size() + loss.element_size()
+            assert prof.bytes_host_to_device + prof.bytes_device_to_host <= 1.05 * minimum
+    step.close()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_reading_gradients_after_a_step_says_where_they_went() -> None:
+    model, opt, _, _ = _setup()
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    x, y = _batches(1)[0]
+    step(x, y)
+    with pytest.raises(RuntimeError, match="max_grad_norm"):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # silently 0 if .grad were None
+    with pytest.raises(RuntimeError, match="TrainingStep"):
+        model[0].weight.grad.norm()
+    assert copy.deepcopy(model)[0].weight.grad is None
+    opt.zero_grad()  # removes the markers, as it removes gradients
+    assert all(p.grad is None for p in model.parameters())
+    step(x, y)  # and the next step puts them back
+    assert isinstance(model[0].weight.grad, GradientOnDevice)
+    step.close()

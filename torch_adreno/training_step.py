@@ -38,6 +38,13 @@ import torch
 
 from torch_adreno.config import Config
 from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.training_gradients import (
+    GradientOnDevice,
+    check_norm_type,
+    clear_gradient_markers,
+    gradient_clipper,
+    mark_gradients_on_device,
+)
 
 
 class _SyncHook:
@@ -67,8 +74,10 @@ class TrainingStep:
     when host copies of the training state are current and what a step requires."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
-                 optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None) -> None:
+                 optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None, *,
+                 max_grad_norm: float | None = None, norm_type: float = 2.0) -> None:
         config = Config.from_options(options)
+        check_norm_type(norm_type)
         if any(group.get("fused") for group in optimizer.param_groups):
             raise ValueError("TrainingStep needs an optimizer step it can compile; fused=True optimizers run "
                              "their own kernels on the host: use fused=False")
@@ -84,6 +93,8 @@ class TrainingStep:
         self._loss = torch.compile(lambda *batch: loss_fn(model, *batch), backend="adreno",
                                    options=dict(options or {}), dynamic=False, fullgraph=True)
         self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}))
+        self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options or {})
+        self._gradient_markers: dict[int, GradientOnDevice] = {}
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
         hook = _SyncHook(self)
         self._hooks = [
@@ -97,6 +108,7 @@ class TrainingStep:
     def _check_can_step(self, batch: tuple[Any, ...]) -> None:
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
+        clear_gradient_markers(self._params)  # left by the previous step
         if any(p.grad is not None for p in self._params):
             raise ValueError(
                 "TrainingStep computes and clears the gradients itself, but some parameters already have a "
@@ -119,6 +131,7 @@ class TrainingStep:
                 try:
                     loss = self._loss(*batch)
                     loss.backward()
+                    self._clip_gradients()
                     self._step()
                 except torch._dynamo.exc.FailOnRecompileLimitHit as err:
                     raise RuntimeError(
@@ -142,8 +155,15 @@ class TrainingStep:
         finally:
             self._residency.deferring = False
             # The gradients' host copies were never filled in: nobody may read them.
-            self.optimizer.zero_grad(set_to_none=True)
+            mark_gradients_on_device(self._params, self._gradient_markers)
         return loss.detach()
+
+    def _clip_gradients(self) -> None:
+        """``clip_grad_norm_`` over the gradients, on the device (when ``max_grad_norm`` is set)."""
+        if self._clip is not None:
+            grads = [p.grad for p in self._params if p.grad is not None]
+            if grads:
+                self._clip(grads)
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""

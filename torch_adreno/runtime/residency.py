@@ -201,7 +201,7 @@ class Residency:
                 self._transient.move_to_end(key)
             return entry.buffer
         if not shared and not (same_object and entry is not None):
-            adopted = self._adopted_copy(tensor, nbytes, version)
+            adopted = self._adopted_copy(tensor, nbytes, version, version_bumped)
             if adopted is not None:
                 return adopted
         reason = "parameter" if pinned else "input"
@@ -238,6 +238,13 @@ class Residency:
         if entry is not None and entry.shared and entry.buffer is device_buffer:
             sync_shared(self.runtime, device_buffer, nbytes, write=False)
             return
+        adopted = self._adopted.get(tensor.data_ptr()) if tensor.is_contiguous() else None
+        if adopted is not None and adopted.buffer is device_buffer and adopted.ref() is not None:
+            # A graph output updated in place on the device (gradients clipped inside a step): the
+            # device copy stays the current one.
+            adopted.version = version_of(tensor)
+            if self.deferring:
+                return  # its host copy was never filled in while deferring (see Executable)
         if not self.deferring:
             self._stale.pop(id(tensor), None)  # written back below: the host copy is current again
         if self.deferring and entry is not None and entry.ref() is tensor and entry.buffer is device_buffer \
@@ -318,14 +325,16 @@ class Residency:
         self._adopted[key] = _Entry(owner_ref, version, key, tensor.numel() * tensor.element_size(), block.buffer,
                                     False, None, block)
 
-    def _adopted_copy(self, tensor: torch.Tensor, nbytes: int, version: int | None) -> cl.Buffer | None:
+    def _adopted_copy(self, tensor: torch.Tensor, nbytes: int, version: int | None,
+                      version_bumped: bool) -> cl.Buffer | None:
         """The device copy of ``tensor``'s memory made by :meth:`adopt`, if still current; a stale
         one is dropped (the tensor gets an entry of its own when it is uploaded)."""
         entry = self._adopted.get(tensor.data_ptr())
         if entry is None:
             return None
         if entry.ref() is not None and entry.nbytes == nbytes and tensor.is_contiguous() \
-                and version is not None and entry.version == version:
+                and version is not None and entry.version is not None \
+                and (entry.version == version or (version_bumped and entry.version + 1 == version)):
             return entry.buffer
         del self._adopted[tensor.data_ptr()]
         entry.release()
