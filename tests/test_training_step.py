@@ -104,11 +104,13 @@ def test_host_changes_between_sync_points_are_refused() -> None:
     step(x, y)
     with torch.no_grad():
         model[2].bias.add_(1.0)
-    with pytest.raises(RuntimeError, match="changed on the host"):
+        opt.state[model[0].weight]["momentum_buffer"].mul_(2.0)
+    # Named as the user knows them, not as graph inputs (primals_1 of forward_0).
+    with pytest.raises(RuntimeError, match=r"^2\.bias was changed on the host"):
         step(x, y)
     # The next sync point reports it too, after restoring the device's values over the change made
     # to an out-of-date copy; training then goes on from them.
-    with pytest.raises(RuntimeError, match="discarded"):
+    with pytest.raises(RuntimeError, match=r"\(2\.bias, state\['momentum_buffer'\] of 0\.weight\).*discarded"):
         step.synchronize()
     assert not torch.isnan(model[2].bias).any()
     step(x, y)
@@ -286,3 +288,28 @@ def test_reading_gradients_after_a_step_says_where_they_went() -> None:
     step(x, y)  # and the next step puts them back
     assert isinstance(model[0].weight.grad, GradientOnDevice)
     step.close()
+
+
+def test_changing_batch_shapes_are_named_as_the_cause_of_a_recompile_limit() -> None:
+    """Each new batch shape compiles the loss anew; at Dynamo's limit the error names the shapes
+    seen and the fix, not optimizers or learning rates."""
+    model, opt, _, _ = _setup()
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    generator = torch.Generator().manual_seed(0)
+    with torch._dynamo.config.patch(recompile_limit=2), \
+            pytest.raises(RuntimeError, match=r"3 different shapes \(\(\[4, 12\], \[4\]\), .*drop_last=True") as info:
+        for n in (4, 5, 6):
+            step(torch.randn(n, 12, generator=generator), torch.randint(0, 5, (n,), generator=generator))
+    assert "lr" not in str(info.value)
+    step.close()
+
+
+def test_recompile_limit_messages_follow_what_changed() -> None:
+    from torch_adreno.training_state import batch_signature, recompile_limit_message
+
+    one = [batch_signature((torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)))]
+    assert "tensor lr" in recompile_limit_message("optimizer step", one)
+    assert "TORCH_LOGS=recompiles" in recompile_limit_message("loss", one)
+    many = one + [batch_signature((torch.zeros(n, 3), 1.0)) for n in range(5, 10)]
+    message = recompile_limit_message("loss", many)
+    assert "6 different shapes (([4, 3], [4]), ([5, 3], float)" in message and ", ...)" in message

@@ -31,7 +31,7 @@ first. Integer state (``num_batches_tracked``) carries no NaN mark when out of d
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
@@ -44,6 +44,12 @@ from torch_adreno.training_gradients import (
     clear_gradient_markers,
     gradient_clipper,
     mark_gradients_on_device,
+)
+from torch_adreno.training_state import (
+    REMEMBERED_SIGNATURES,
+    batch_signature,
+    name_of,
+    recompile_limit_message,
 )
 
 
@@ -104,6 +110,8 @@ class TrainingStep:
             optimizer.register_load_state_dict_pre_hook(hook),
         ]
         self._closed = False
+        self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
+        self._residency.add_namer(self._name_of)
 
     def _check_can_step(self, batch: tuple[Any, ...]) -> None:
         if self._closed:
@@ -120,6 +128,12 @@ class TrainingStep:
                              "remove the gradient hooks of the parameters")
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):
             raise ValueError("TrainingStep takes batches that do not require gradients (only parameters get them)")
+        signature = batch_signature(batch)
+        if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
+            self._batch_signatures[signature] = None
+
+    def _name_of(self, tensor: torch.Tensor) -> str | None:
+        return name_of(tensor, self.model, self.optimizer)
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         self._check_can_step(batch)
@@ -128,18 +142,15 @@ class TrainingStep:
         try:
             # An eager fallback of the optimizer step would read gradients that never reached the host.
             with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                stage = "loss"
                 try:
                     loss = self._loss(*batch)
                     loss.backward()
+                    stage = "optimizer step"
                     self._clip_gradients()
                     self._step()
                 except torch._dynamo.exc.FailOnRecompileLimitHit as err:
-                    raise RuntimeError(
-                        "TrainingStep: Dynamo reached its recompile limit for the loss or the optimizer step, and "
-                        "running it as host code would read gradients that are only on the device. Usual causes: "
-                        "many optimizers in one process (call torch._dynamo.reset() between training runs) or a "
-                        "learning rate changed as a Python float (give the optimizer a tensor lr)"
-                    ) from err
+                    raise RuntimeError(recompile_limit_message(stage, list(self._batch_signatures))) from err
             # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
             updated = [p for p in self._params if p.grad is not None] if not self._residency.zero_copy else []
             if updated and not all(self._residency.is_deferred(p) for p in updated):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,22 @@ class Residency:
         self._stale: dict[int, _Deferred] = {}
         # Deferred tensors to mark as out of date once the copies in flight have read their memory.
         self._to_mark: list[int] = []
+        # Who can name a tensor in the user's words (TrainingSteps), asked only for error messages.
+        self._namers: list[weakref.WeakMethod[Callable[[torch.Tensor], str | None]]] = []
+
+    def add_namer(self, namer: Callable[[torch.Tensor], str | None]) -> None:
+        """Register a bound method naming tensors (``0.weight``) for error messages; held weakly."""
+        self._namers = [ref for ref in self._namers if ref() is not None]
+        self._namers.append(weakref.WeakMethod(namer))
+
+    def name_of(self, tensor: torch.Tensor, fallback: str) -> str:
+        """``tensor``'s name from the registered namers, else ``fallback``."""
+        for ref in self._namers:
+            namer = ref()
+            name = namer(tensor) if namer is not None else None
+            if name is not None:
+                return name
+        return fallback
 
     def finish_transfers(self) -> None:
         """Wait for the copies :meth:`buffer_for` and :meth:`write_back` started. Not waiting for
@@ -179,8 +196,8 @@ class Residency:
         if stale is not None and stale.alive(tensor) and stale.version is not None and version is not None \
                 and version != stale.version and not (version_bumped and version == stale.version + 1):
             raise RuntimeError(
-                f"input {buffer} of {graph} was changed on the host while its current value was on the "
-                "device only (a TrainingStep defers host copies): call step.synchronize() before changing "
+                f"{self.name_of(tensor, f'input {buffer} of {graph}')} was changed on the host while its current "
+                "value was on the device only (a TrainingStep defers host copies): call step.synchronize() before changing "
                 "parameters or optimizer state on the host"
             )
         nbytes = tensor.numel() * tensor.element_size()
@@ -267,13 +284,14 @@ class Residency:
         changed meanwhile gets the device's values too (the host changed an out-of-date copy, so its
         change is discarded), reported in a RuntimeError raised once all are copied."""
         copied = 0
-        conflicts = 0
+        conflicts: list[str] = []
         for key, deferred in list(self._stale.items()):
             tensor = deferred.ref()
             del self._stale[key]
             if tensor is None:
                 continue
-            conflicts += version_of(tensor) != deferred.version
+            if version_of(tensor) != deferred.version:
+                conflicts.append(self.name_of(tensor, f"a tensor of shape {list(tensor.shape)}"))
             target = host_array(tensor)
             event = cl.enqueue_copy(self.runtime.queue, target, deferred.buffer, is_blocking=False)
             self._in_flight.append((event, target))
@@ -282,7 +300,8 @@ class Residency:
         self.finish_transfers()
         if conflicts:
             raise RuntimeError(
-                f"{conflicts} parameter or optimizer state tensor(s) were changed on the host while their current "
+                f"{len(conflicts)} parameter or optimizer state tensor(s) ({', '.join(conflicts[:6])}"
+                f"{', ...' if len(conflicts) > 6 else ''}) were changed on the host while their current "
                 "values were on the device only (a TrainingStep defers host copies): those changes were made to "
                 "out-of-date copies and are discarded, the device's values restored; call step.synchronize() "
                 "before changing parameters or optimizer state on the host"
