@@ -64,8 +64,10 @@ def test_steps_match_eager_and_only_the_batch_and_loss_cross(optimizer: str) -> 
             minimum = x.numel() * x.element_size() + y.numel() * y.element_size() + loss.element_size()
             copied = prof.bytes_host_to_device + prof.bytes_device_to_host
             assert copied <= 1.05 * minimum, (copied, minimum)
-    # Out of date on the host until a sync point, and visibly so.
-    assert torch.isnan(model[0].weight.detach().reshape(-1)[0])
+    # Out of date on the host until a sync point or the first read (seen here bypassing the read
+    # trap), and visibly so.
+    with torch._C.DisableTorchFunction():
+        assert torch.isnan(model[0].weight.detach().reshape(-1)[0])
     state = model.state_dict()  # a sync point
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(state[name], value, rtol=1e-4, atol=1e-5)
@@ -96,13 +98,33 @@ def test_synchronize_then_eager_use_and_more_steps() -> None:
         step(*batches[0])
 
 
-def test_host_changes_between_sync_points_are_refused() -> None:
+def test_host_edits_between_steps_apply_to_current_values() -> None:
+    """An in-place edit through PyTorch between steps first makes the host copies current (the
+    read trap), so it edits the current values and the next step starts from them, as in eager."""
+    model, opt, reference, reference_opt = _setup()
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    for x, y in _batches(2):
+        step(x, y)
+        _eager_step(reference, reference_opt, x, y)
+        for m, o in ((model, opt), (reference, reference_opt)):
+            with torch.no_grad():
+                m[2].bias.add_(1.0)
+                o.state[m[0].weight]["momentum_buffer"].mul_(2.0)
+    x, y = _batches(3)[2]
+    torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y), rtol=1e-4, atol=1e-5)
+    step.close()
+    _assert_models_match(model, reference)
+
+
+def test_host_changes_the_read_trap_cannot_see_are_refused() -> None:
+    """Edits that bypass torch functions (C code, another thread; here: torch function handling
+    disabled) change an out-of-date copy: refused at the next step or sync point, by name."""
     model, opt, _, _ = _setup()
     step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
     x, y = _batches(1)[0]
     step(x, y)
     step(x, y)
-    with torch.no_grad():
+    with torch.no_grad(), torch._C.DisableTorchFunction():
         model[2].bias.add_(1.0)
         opt.state[model[0].weight]["momentum_buffer"].mul_(2.0)
     # Named as the user knows them, not as graph inputs (primals_1 of forward_0).
@@ -313,3 +335,99 @@ def test_recompile_limit_messages_follow_what_changed() -> None:
     many = one + [batch_signature((torch.zeros(n, 3), 1.0)) for n in range(5, 10)]
     message = recompile_limit_message("loss", many)
     assert "6 different shapes (([4, 3], [4]), ([5, 3], float)" in message and ", ...)" in message
+
+
+def _assert_models_match(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        with torch._C.DisableTorchFunction():  # the values as stored, not made current by reading
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_first_read_of_an_out_of_date_host_copy_synchronizes(tmp_path) -> None:
+    """Copy mode: every usual way of reading, copying or saving a model between steps gets the
+    current values (no NaN mark, no stale elements past the first), each a sync point of its own."""
+    import io
+
+    from torch_adreno.runtime import host_sync
+
+    model, opt, reference, reference_opt = _setup("adam")
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    residency = step._residency
+    x, y = _batches(1)[0]
+    reads = {
+        "deepcopy": lambda: copy.deepcopy(model),
+        "torch.save": lambda: torch.save(model, io.BytesIO()),
+        "clone": lambda: model[0].weight.clone(),
+        "slice past element 0": lambda: model[2].weight[1:, 2:],
+        "numpy": lambda: model[0].bias.detach().numpy(),
+        "eager forward": lambda: model(x),
+        "list op": lambda: torch._foreach_norm(list(model.parameters())),
+        "optimizer state": lambda: opt.state[model[0].weight]["exp_avg"].sum(),
+    }
+    for what, read in reads.items():
+        step(x, y)
+        _eager_step(reference, reference_opt, x, y)
+        assert residency.deferred_tensors and host_sync.is_armed(residency), what
+        model[0].weight.shape, model[0].weight.data_ptr(), model[0].weight.is_contiguous()  # metadata: no sync
+        assert residency.deferred_tensors, what
+        with torch_adreno.profile() as prof:
+            read()
+        assert residency.deferred_tensors == 0 and prof.bytes_device_to_host > 0, what
+        assert not host_sync.is_armed(residency), what
+        _assert_models_match(model, reference)
+    # What was read is right too.
+    step(x, y)
+    _eager_step(reference, reference_opt, x, y)
+    twin = copy.deepcopy(model)
+    _assert_models_match(twin, reference)
+    torch.save(model, tmp_path / "model.pt")
+    step(x, y)
+    _eager_step(reference, reference_opt, x, y)
+    torch.testing.assert_close(model[2].weight[1:, 2:], reference[2].weight[1:, 2:], rtol=1e-4, atol=1e-5)
+    _assert_models_match(torch.load(tmp_path / "model.pt", weights_only=False), twin)
+    step.close()
+    assert not any(m is not None and type(m).__name__ == "SyncOnFirstTouch"
+                   for m in torch.overrides._get_current_function_mode_stack())
+
+
+def test_read_trap_stays_out_of_steps_user_modes_and_compiled_code() -> None:
+    """The mode goes under the user's own modes (their exit pops theirs), is off the stack while a
+    step runs (no Dynamo trace of it, no recompiles of the step), and a graph compiled between steps
+    reads the device copies without synchronizing."""
+    from torch.overrides import TorchFunctionMode
+
+    from torch_adreno.runtime import host_sync
+
+    class Counting(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    model, opt, reference, reference_opt = _setup()
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    residency = step._residency
+    evaluate = torch.compile(model, backend="adreno", options=COPY, dynamic=False)
+    batches = _batches(4)
+    for x, y in batches[:2]:
+        torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y), rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            torch.testing.assert_close(evaluate(x), reference(x), rtol=1e-4, atol=1e-5)
+        assert residency.deferred_tensors and host_sync.is_armed(residency)  # read on the device: no sync
+    user = Counting()
+    with user:
+        x, y = batches[2]
+        step(x, y)
+        _eager_step(reference, reference_opt, x, y)
+        stack = torch.overrides._get_current_function_mode_stack()
+        assert stack[-1] is user and host_sync.is_armed(residency)
+        calls = Counting.calls
+        twin = copy.deepcopy(model)
+        assert Counting.calls > calls and residency.deferred_tensors == 0
+    assert torch.overrides._get_current_function_mode_stack() == [] or not host_sync.is_armed(residency)
+    _assert_models_match(twin, reference)
+    x, y = batches[3]
+    torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y), rtol=1e-4, atol=1e-5)
+    step.close()
+    _assert_models_match(model, reference)

@@ -37,6 +37,11 @@ class GradientOnDevice(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if torch.compiler.is_compiling():
+            # Dynamo describing a parameter it compiles (a model evaluated between steps) looks at
+            # its .grad's metadata; that is no use of the gradient.
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
         raise RuntimeError(GRADIENTS_STAY_ON_THE_DEVICE)
 
     @classmethod

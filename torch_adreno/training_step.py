@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from torch_adreno.config import Config
-from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.runtime import get_residency, get_runtime, host_sync
 from torch_adreno.training_gradients import (
     GradientOnDevice,
     check_norm_type,
@@ -113,7 +113,8 @@ class TrainingStep:
         self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
 
-    def _check_can_step(self, batch: tuple[Any, ...]) -> None:
+    def _before_step(self, batch: tuple[Any, ...]) -> None:
+        host_sync.suspend(self._residency)  # the step's compiled code must not trace it
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
         clear_gradient_markers(self._params)  # left by the previous step
@@ -136,7 +137,7 @@ class TrainingStep:
         return name_of(tensor, self.model, self.optimizer)
 
     def __call__(self, *batch: Any) -> torch.Tensor:
-        self._check_can_step(batch)
+        self._before_step(batch)
         versions_before = self._residency.deferred_versions()
         self._residency.deferring = True
         try:
@@ -165,9 +166,14 @@ class TrainingStep:
             raise
         finally:
             self._residency.deferring = False
-            # The gradients' host copies were never filled in: nobody may read them.
-            mark_gradients_on_device(self._params, self._gradient_markers)
+            self._after_step()
         return loss.detach()
+
+    def _after_step(self) -> None:
+        # The gradients' host copies were never filled in: nobody may read them.
+        mark_gradients_on_device(self._params, self._gradient_markers)
+        if self._residency.deferred_tensors:
+            host_sync.arm(self._residency)  # the first read of an out-of-date host copy synchronizes
 
     def _clip_gradients(self) -> None:
         """``clip_grad_norm_`` over the gradients, on the device (when ``max_grad_norm`` is set)."""
@@ -178,7 +184,10 @@ class TrainingStep:
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
-        return self._residency.synchronize()
+        try:
+            return self._residency.synchronize()
+        finally:
+            host_sync.suspend(self._residency)
 
     def close(self) -> None:
         """Synchronize and remove the hooks; the step cannot be called afterwards."""

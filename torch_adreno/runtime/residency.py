@@ -327,6 +327,10 @@ class Residency:
         stale = self._stale.get(id(tensor))
         return stale is not None and stale.alive(tensor) and stale.version == version_of(tensor)
 
+    def deferred_keys(self) -> Any:
+        """The ids of the deferred tensors (a live view: ``id(t) in residency.deferred_keys()``)."""
+        return self._stale.keys()
+
     @property
     def deferred_tensors(self) -> int:
         return sum(1 for d in self._stale.values() if d.ref() is not None)
