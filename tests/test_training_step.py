@@ -431,3 +431,22 @@ def test_read_trap_stays_out_of_steps_user_modes_and_compiled_code() -> None:
     torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y), rtol=1e-4, atol=1e-5)
     step.close()
     _assert_models_match(model, reference)
+
+
+def test_zero_copy_graphs_between_copy_mode_steps_read_current_values() -> None:
+    """A graph sharing host memory (zero-copy, PoCL's default) reads the host copies themselves:
+    those a copy-mode step deferred are made current before it runs, every time."""
+    from torch_adreno.runtime import get_runtime
+
+    if not get_runtime().profile.unified_memory:
+        pytest.skip("zero-copy needs unified memory")
+    model, opt, reference, reference_opt = _setup()
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    evaluate = torch.compile(model, backend="adreno", options={"zero_copy": True}, dynamic=False)
+    for x, y in _batches(3):
+        step(x, y)
+        _eager_step(reference, reference_opt, x, y)
+        with torch.no_grad(), torch._C.DisableTorchFunction():  # only the graph call can synchronize
+            torch.testing.assert_close(evaluate(x), reference(x), rtol=1e-4, atol=1e-5)
+        assert step._residency.deferred_tensors == 0
+    step.close()

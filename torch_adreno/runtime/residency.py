@@ -30,6 +30,9 @@ from torch_adreno.runtime.events import BUS
 
 TRANSIENT_SLOTS = 16
 
+# Every residency, so that one reading a host tensor another deferred can make it current first.
+_ALL_RESIDENCIES: list[weakref.ref[Residency]] = []
+
 
 @dataclass
 class _Entry:
@@ -135,6 +138,8 @@ class Residency:
         self._stale: dict[int, _Deferred] = {}
         # Deferred tensors to mark as out of date once the copies in flight have read their memory.
         self._to_mark: list[int] = []
+        _ALL_RESIDENCIES[:] = [ref for ref in _ALL_RESIDENCIES if ref() is not None]
+        _ALL_RESIDENCIES.append(weakref.ref(self))
         # Who can name a tensor in the user's words (TrainingSteps), asked only for error messages.
         self._namers: list[weakref.WeakMethod[Callable[[torch.Tensor], str | None]]] = []
 
@@ -191,6 +196,7 @@ class Residency:
                 "and keeps its own device copies"
             )
         key = id(tensor)
+        self._synchronize_elsewhere_deferred(tensor, key)
         version = version_of(tensor)
         stale = self._stale.get(key)
         if stale is not None and stale.alive(tensor) and stale.version is not None and version is not None \
@@ -242,6 +248,17 @@ class Residency:
         if version is not None:
             self._remember(tensor, key, version, nbytes, device_buffer, shared, pinned)
         return device_buffer
+
+    def _synchronize_elsewhere_deferred(self, tensor: torch.Tensor, key: int) -> None:
+        """A graph of this residency reads ``tensor``, whose current value another residency holds
+        deferred (a zero-copy graph evaluating a model between copy-mode steps): copy it to the
+        host first, or this graph would read the out-of-date host copy."""
+        for ref in _ALL_RESIDENCIES:
+            other = ref()
+            if other is not None and other is not self and other._stale:
+                deferred = other._stale.get(key)
+                if deferred is not None and deferred.alive(tensor):
+                    other.synchronize()
 
     def write_back(self, tensor: torch.Tensor, device_buffer: Any, graph: str, buffer: str) -> None:
         """The device updated ``tensor`` (an optimizer step): make the host copy right again (once
