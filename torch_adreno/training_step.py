@@ -8,24 +8,30 @@
 What it adds over compiling the loss and ``optimizer.step`` separately, on a device with memory of
 its own (on unified-memory devices -- phones, PoCL -- nothing is copied either way): per step,
 only the batch goes up and the loss comes down. Gradients never leave the device (the optimizer
-graph reads them there; the step sets ``.grad`` to None after it), and the new parameters and
-optimizer state are not written back to the host after every step.
+graph reads them there; ``max_grad_norm=`` clips them there, between backward and step, see
+:mod:`torch_adreno.training_gradients`); after the step each ``.grad`` is a marker whose every use
+raises an error saying so. The new parameters and optimizer state are not written back to the host
+after every step.
 
 Host copies of parameters and optimizer state are brought up to date -- the sync points:
 ``step.synchronize()``; ``model.state_dict()`` and ``optimizer.state_dict()`` (hooks installed
-here, so checkpoints are right); and ``step.close()`` (or leaving ``with step:``). Between sync
-points those host copies are out of date and carry a NaN in their first element, so using them
-by mistake (an eager forward, a norm for logging) shows instead of silently computing with old
-values. Changing them on the host between sync points is an error at the next step or sync point,
-and the change (made to an out-of-date copy) is discarded for the device's values.
+here, so checkpoints are right); ``step.close()`` (or leaving ``with step:``); and in copy mode,
+the first torch call reading an out-of-date host copy in the thread that ran the step (eager
+forward, ``clone``, slices, ``numpy()``, ``copy.deepcopy`` / ``torch.save`` of the model, an
+in-place edit), by the torch function mode of :mod:`torch_adreno.runtime.host_sync`. What that
+mode cannot see -- other threads, NumPy arrays or views taken before the step, C code -- reads
+host copies marked out of date by a NaN in their first element (floating point only: integer
+state such as ``num_batches_tracked`` carries no mark); a change made there to an out-of-date
+copy is an error at the next step or sync point, naming the tensor (``2.bias``,
+``state['exp_avg'] of 0.weight``), and is discarded for the device's values.
 
 What it requires, checked with a clear error: the loss compiles into one graph (``fullgraph``: an
 eager op between graphs would read gradients that never reach the host); every parameter that
 requires grad is in the optimizer, without gradient hooks; no fused optimizer; the optimizer step
 runs on the device (if Dynamo would fall back to eager code -- a recompile limit hit, say -- the
-step raises instead). Graphs compiled with zero-copy sharing (the default on unified-memory
-devices) read host memory itself: evaluate between steps with the step's options, or synchronize
-first. Integer state (``num_batches_tracked``) carries no NaN mark when out of date.
+step raises instead, naming the cause it sees: batches of changing shapes, or the optimizer's).
+Graphs compiled with zero-copy sharing (the default on unified-memory devices) read host memory
+itself; those of one residency reading a host copy another deferred synchronize it first.
 """
 
 from __future__ import annotations
