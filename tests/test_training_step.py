@@ -148,8 +148,14 @@ def test_misuse_is_refused_with_a_reason() -> None:
     with pytest.raises(ValueError, match="zero_grad"):
         step(x, y)
     opt.zero_grad(set_to_none=True)
+    step(x, y)
+    # A refused step leaves what the last one left: out-of-date host copies still made current on
+    # first read, gradients still marked.
     with pytest.raises(ValueError, match="do not require gradients"):
-        step(x.requires_grad_(), y)
+        step(x.clone().requires_grad_(), y)
+    assert isinstance(model[0].weight.grad, GradientOnDevice)
+    assert not torch.isnan(copy.deepcopy(model)[0].weight).any()
+    step.close()
 
 
 def test_no_growth_over_many_steps() -> None:
@@ -415,6 +421,8 @@ def test_read_trap_stays_out_of_steps_user_modes_and_compiled_code() -> None:
         with torch.no_grad():
             torch.testing.assert_close(evaluate(x), reference(x), rtol=1e-4, atol=1e-5)
         assert residency.deferred_tensors and host_sync.is_armed(residency)  # read on the device: no sync
+    opt.zero_grad()  # reads and clears .grad only: no synchronization
+    assert residency.deferred_tensors and host_sync.is_armed(residency)
     user = Counting()
     with user:
         x, y = batches[2]
@@ -449,4 +457,41 @@ def test_zero_copy_graphs_between_copy_mode_steps_read_current_values() -> None:
         with torch.no_grad(), torch._C.DisableTorchFunction():  # only the graph call can synchronize
             torch.testing.assert_close(evaluate(x), reference(x), rtol=1e-4, atol=1e-5)
         assert step._residency.deferred_tensors == 0
+    step.close()
+
+
+def test_the_read_trap_follows_the_thread_that_stepped() -> None:
+    """The mode stack is per thread: a step run in a worker thread arms the trap there, and leaves
+    the main thread's stack as it was."""
+    import threading
+
+    from torch_adreno.runtime import host_sync
+
+    model, opt, reference, reference_opt = _setup()
+    step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
+    x, y = _batches(1)[0]
+    seen: dict[str, object] = {}
+
+    def worker() -> None:
+        try:
+            step(x, y)
+            seen["armed"] = host_sync.is_armed(step._residency)
+            seen["twin"] = copy.deepcopy(model)
+            seen["deferred after read"] = step._residency.deferred_tensors
+        except BaseException as err:  # reported by the assertions below
+            seen["error"] = err
+
+    before = torch.overrides._get_current_function_mode_stack()
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert "error" not in seen, seen.get("error")
+    _eager_step(reference, reference_opt, x, y)
+    assert seen["armed"] and seen["deferred after read"] == 0
+    assert torch.overrides._get_current_function_mode_stack() == before
+    _assert_models_match(seen["twin"], reference)
+    step(x, y)  # and back in this thread
+    _eager_step(reference, reference_opt, x, y)
+    twin = copy.deepcopy(model)
+    _assert_models_match(twin, reference)
     step.close()

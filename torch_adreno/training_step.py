@@ -121,10 +121,17 @@ class TrainingStep:
 
     def _before_step(self, batch: tuple[Any, ...]) -> None:
         host_sync.suspend(self._residency)  # the step's compiled code must not trace it
+        try:
+            self._check_can_step(batch)
+        except BaseException:
+            if self._residency.deferred_tensors:  # no step ran: host copies still out of date
+                host_sync.arm(self._residency)
+            raise
+
+    def _check_can_step(self, batch: tuple[Any, ...]) -> None:
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        clear_gradient_markers(self._params)  # left by the previous step
-        if any(p.grad is not None for p in self._params):
+        if any(p.grad is not None and type(p.grad) is not GradientOnDevice for p in self._params):
             raise ValueError(
                 "TrainingStep computes and clears the gradients itself, but some parameters already have a "
                 ".grad: call optimizer.zero_grad(set_to_none=True) before the first step, and do not call "
@@ -138,6 +145,7 @@ class TrainingStep:
         signature = batch_signature(batch)
         if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
             self._batch_signatures[signature] = None
+        clear_gradient_markers(self._params)  # left by the previous step; autograd would accumulate into them
 
     def _name_of(self, tensor: torch.Tensor) -> str | None:
         return name_of(tensor, self.model, self.optimizer)
