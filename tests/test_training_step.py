@@ -495,3 +495,30 @@ def test_the_read_trap_follows_the_thread_that_stepped() -> None:
     twin = copy.deepcopy(model)
     _assert_models_match(twin, reference)
     step.close()
+
+
+@pytest.mark.parametrize("norm_type", [0.5, 1.0, 2.0, 3.0, float("inf")])
+def test_the_clip_function_is_clip_grad_norm(norm_type: float) -> None:
+    """The arithmetic compiled into the step, run eagerly, against torch's clip_grad_norm_."""
+    from torch_adreno.training_gradients import clip_function
+
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(7, 5, generator=generator) * 4, torch.randn(3, generator=generator)]
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    ours = [g.clone() for g in grads]
+    clip_function(0.7, norm_type)(ours)
+    torch.nn.utils.clip_grad_norm_(params, 0.7, norm_type)
+    for mine, p in zip(ours, params, strict=True):
+        torch.testing.assert_close(mine, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_clipping_arguments_are_refused() -> None:
+    model, opt, _, _ = _setup()
+    for bad in ({"max_grad_norm": 0.0}, {"max_grad_norm": -1.0}, {"max_grad_norm": float("inf")},
+                {"max_grad_norm": float("nan")}):
+        with pytest.raises(ValueError, match="max_grad_norm must be a positive finite number"):
+            torch_adreno.TrainingStep(model, _loss, opt, options=COPY, **bad)
+    with pytest.raises(ValueError, match="norm_type must be positive"):
+        torch_adreno.TrainingStep(model, _loss, opt, options=COPY, max_grad_norm=1.0, norm_type=0)

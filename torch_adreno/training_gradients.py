@@ -81,11 +81,10 @@ def check_norm_type(norm_type: float) -> float:
     return norm_type
 
 
-def gradient_clipper(max_norm: float, norm_type: float,
-                     options: Mapping[str, Any]) -> Callable[[list[torch.Tensor]], None]:
-    """A compiled function scaling the gradients in place by ``min(1, max_norm / (total_norm +
-    1e-6))``, where ``total_norm`` is the ``norm_type`` norm of all gradients together, and
-    the arithmetic of ``torch.nn.utils.clip_grad_norm_``. Written with ops the backend lowers
+def clip_function(max_norm: float, norm_type: float) -> Callable[[list[torch.Tensor]], None]:
+    """A function scaling the gradients in place by ``min(1, max_norm / (total_norm + 1e-6))``,
+    where ``total_norm`` is the ``norm_type`` norm of all gradients together: the arithmetic of
+    ``torch.nn.utils.clip_grad_norm_``. Written with ops the backend lowers
     (``linalg.vector_norm`` is not among them). The norm is not returned: inside a step every graph
     output stays on the device, and a host copy nobody fills in is no value to hand out."""
     max_norm = float(max_norm)
@@ -107,4 +106,11 @@ def gradient_clipper(max_norm: float, norm_type: float,
         for g in grads:
             g.mul_(scale)
 
-    return torch.compile(clip, backend="adreno", options=dict(options), dynamic=False, fullgraph=True)
+    return clip
+
+
+def gradient_clipper(max_norm: float, norm_type: float,
+                     options: Mapping[str, Any]) -> Callable[[list[torch.Tensor]], None]:
+    """:func:`clip_function` compiled for the device, as one graph."""
+    return torch.compile(clip_function(max_norm, norm_type), backend="adreno", options=dict(options),
+                         dynamic=False, fullgraph=True)
