@@ -311,6 +311,10 @@ def test_reading_gradients_after_a_step_says_where_they_went() -> None:
     with pytest.raises(RuntimeError, match="TrainingStep"):
         model[0].weight.grad.norm()
     assert copy.deepcopy(model)[0].weight.grad is None
+    assert model[0].weight.grad.shape == model[0].weight.shape  # metadata is fine
+    opt.zero_grad(set_to_none=False)  # zeroing a marker does nothing
+    assert isinstance(model[0].weight.grad, GradientOnDevice)
+    step(x, y)
     opt.zero_grad()  # removes the markers, as it removes gradients
     assert all(p.grad is None for p in model.parameters())
     step(x, y)  # and the next step puts them back

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from torch_adreno.runtime.host_sync import METADATA_FUNCTIONS
+
 GRADIENTS_STAY_ON_THE_DEVICE = (
     "this parameter is trained by a torch_adreno.TrainingStep: its gradient existed on the device only, "
     "between the step's backward and its optimizer step, and was cleared after the step. To clip gradients, "
@@ -24,10 +26,15 @@ GRADIENTS_STAY_ON_THE_DEVICE = (
 )
 
 
+#: What ``optimizer.zero_grad(set_to_none=False)`` does to a gradient: to a marker, nothing.
+_CLEARING = frozenset({torch.Tensor.zero_, torch.Tensor.detach_, torch.Tensor.requires_grad_, torch._foreach_zero_})
+
+
 class GradientOnDevice(torch.Tensor):
     """The ``.grad`` of a parameter after a TrainingStep: same shape, dtype and device as the
-    parameter, no storage, and every use (an op, an attribute, ``numpy()``) raises a RuntimeError
-    explaining where the gradient went. ``p.grad is None`` is false, so code skipping parameters
+    parameter, no storage, and every use of its values (an op, ``numpy()``, ``print``) raises a
+    RuntimeError explaining where the gradient went; metadata (shape, dtype) reads and zeroing
+    (``optimizer.zero_grad(set_to_none=False)``) work. ``p.grad is None`` is false, so code skipping parameters
     without a gradient reaches the error instead of silently skipping all of them."""
 
     @staticmethod
@@ -37,9 +44,11 @@ class GradientOnDevice(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if torch.compiler.is_compiling():
-            # Dynamo describing a parameter it compiles (a model evaluated between steps) looks at
-            # its .grad's metadata; that is no use of the gradient.
+        if func in _CLEARING:  # optimizer.zero_grad(set_to_none=False): zeroing no gradient is fine
+            return args[0] if func is not torch._foreach_zero_ else None
+        if func in METADATA_FUNCTIONS or torch.compiler.is_compiling():
+            # Shape, dtype, ...: no use of the values (Dynamo describing a parameter it compiles
+            # between steps looks at its .grad this way).
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
         raise RuntimeError(GRADIENTS_STAY_ON_THE_DEVICE)
