@@ -42,8 +42,59 @@ def test_unknown_option_through_torch_compile_is_a_value_error():
 def test_bad_option_value():
     with pytest.raises(ValueError, match="'error', 'host'"):
         Config.from_options({"fallback": "gpu"})
-    with pytest.raises(ValueError, match="device"):
+    with pytest.raises(ValueError, match="device") as caught:
         Config.from_options({"device": 1.5})
+    assert str(caught.value).startswith("option 'device': must be an int index") and str(caught.value).count(
+        "device'") == 1, "the option's name once, not repeated"
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_device_name_is_refused_not_read_as_the_default(empty):
+    with pytest.raises(torch_adreno.OptionError, match=r"option 'device': must name a device.*empty string"):
+        Config.from_options({"device": empty})
+    with pytest.raises(torch_adreno.OptionError, match=f"environment variable {ENV_DEVICE}: must name a device"):
+        Config.from_options({}, environ={ENV_DEVICE: " "})
+    with pytest.raises(torch_adreno.DeviceNotFoundError, match="empty device name"):
+        select_device(empty)
+    # An empty environment variable is an unset one, as usual for environment variables.
+    assert Config.from_options({}, environ={ENV_DEVICE: ""}).device is None
+
+
+def _fake_devices(*names):
+    """Device entries as list_devices gives them, for names of our choosing (no driver needed)."""
+    from types import SimpleNamespace
+
+    import pyopencl as cl
+
+    from torch_adreno.runtime.device import DeviceEntry
+
+    return [DeviceEntry(i, "Portable Computing Language", SimpleNamespace(name=name, type=cl.device_type.CPU))
+            for i, name in enumerate(names)]
+
+
+def test_a_device_name_matching_several_devices_is_refused_with_the_matches(monkeypatch):
+    import torch_adreno.runtime.device as device
+
+    monkeypatch.setattr(device, "list_devices", lambda: _fake_devices("pthread-Xeon", "cuda-H200", "Other GPU"))
+    with pytest.raises(torch_adreno.DeviceNotFoundError,
+                       match=r"'Portable' matches 3 OpenCL devices:\n  \[0\] Portable Computing Language: "
+                             r"pthread-Xeon\n  \[1\] .*cuda-H200\n  \[2\] .*Other GPU\nPass the index"):
+        select_device("Portable")
+    monkeypatch.setenv(ENV_DEVICE, "Portable")
+    with pytest.raises(device.AmbiguousDeviceError, match="matches 3"):
+        select_device(None)
+    assert select_device("cuda").index == 1
+    assert select_device(" H200 ").index == 1
+
+
+def test_a_full_device_name_wins_over_names_containing_it(monkeypatch):
+    import torch_adreno.runtime.device as device
+
+    monkeypatch.setattr(device, "list_devices", lambda: _fake_devices("GPU", "GPU Pro"))
+    assert select_device("gpu").index == 0
+    assert select_device("gpu pro").index == 1
+    with pytest.raises(device.AmbiguousDeviceError, match="'GP' matches 2"):
+        select_device("GP")
 
 
 def test_environment_variables(monkeypatch):

@@ -245,3 +245,26 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path: Path) -> None:
     assert runs[0]["counters"].get("autograd_cache_miss") == 1
     assert runs[1]["counters"].get("autograd_cache_hit") == 1
     assert runs[1]["loss"] == runs[0]["loss"] and runs[1]["grad"] == runs[0]["grad"]
+
+
+@pytest.mark.parametrize("choice", ["use_local_memory_tiles", "DESKTOP_COMPUTE_UNITS"])
+def test_a_changed_code_choice_misses(cache_dir: Path, monkeypatch: pytest.MonkeyPatch, choice: str) -> None:
+    """Which GEMM template (and tile width) a device gets is decided by functions of the kernel
+    stage; where they decide differently (a test picking a template), the entry of the other
+    choice is not served. Positive control: the unchanged choice hits."""
+    from torch_adreno.kernels import gemm
+
+    model, x, y = _model_and_batch()
+    _step(model, x, y)
+    before = _aot_counts()
+    _step(model, x, y)
+    assert _delta(before)["autograd_cache_hit"] == 1, "the same choice hits"
+    profile = compile_cache.get_runtime(None).profile
+    if choice == "use_local_memory_tiles":
+        monkeypatch.setattr(gemm, choice, lambda p: not profile.is_gpu)
+    else:
+        monkeypatch.setattr(gemm, choice, 1 if profile.compute_units < gemm.DESKTOP_COMPUTE_UNITS else 10**6)
+    before = _aot_counts()
+    loss, _ = _step(model, x, y)
+    assert _delta(before) == {"autograd_cache_hit": 0, "autograd_cache_miss": 1, "autograd_cache_bypass": 0}
+    torch.testing.assert_close(loss, F.cross_entropy(model(x), y))

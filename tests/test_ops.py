@@ -169,38 +169,67 @@ def test_int_and_bool_outputs():
     assert_matches_eager(fn, r(8, 5), grad=False)
 
 
-@pytest.mark.parametrize("template", ["tiled", "direct"])
-@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 17, 5), (129, 70, 33), (64, 64, 64), (17, 200, 3), (130, 37, 131)])
-def test_both_gemm_templates_on_this_device(monkeypatch, template, shape):
-    """The local-memory template serves GPUs, the direct one CPUs: check both here, whatever the device."""
+#: The first line of each GEMM template, as it opens every kernel rendered from it.
+_TEMPLATE_HEADERS = {"tiled": "// Tiled GEMM template:", "direct": "// Direct GEMM template"}
+
+
+class _GemmTemplatesLaunched(torch_adreno.profile):
+    """A profile that also keeps the source and build options of each GEMM kernel launched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemms: list[tuple[str, tuple[str, ...]]] = []
+        self.template = ""
+
+    def on_launch(self, record) -> None:
+        super().on_launch(record)
+        if record.kernel.kind == "gemm":
+            self.gemms.append((record.kernel.source, record.kernel.build_options))
+
+    def assert_only(self, template: str) -> None:
+        assert self.gemms, "no GEMM kernel launched"
+        for source, _ in self.gemms:
+            assert _TEMPLATE_HEADERS[template] in source, f"a GEMM kernel not from the {template} template ran"
+
+
+@pytest.fixture
+def gemm_template(monkeypatch, request):
+    """Selects the GEMM template of ``request.param`` on any device (and the 128-wide tiles), and
+    yields a recorder of the GEMM kernels launched, to check that this template is the one that
+    ran (the compile cache keys on the choice, see ``compile_cache.code_choices``)."""
     from torch_adreno.kernels import gemm
 
-    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
+    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: request.param == "tiled")
     monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
+    with _GemmTemplatesLaunched() as launched:
+        launched.template = request.param
+        yield launched
+    launched.assert_only(request.param)
+
+
+@pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 17, 5), (129, 70, 33), (64, 64, 64), (17, 200, 3), (130, 37, 131)])
+def test_both_gemm_templates_on_this_device(gemm_template, shape):
+    """The local-memory template serves GPUs, the direct one CPUs: check both here, whatever the device."""
     m, k, n = shape
     assert_matches_eager(lambda a, b: a @ b, r(m, k), r(k, n))
     assert_matches_eager(lambda a, b: a.t() @ b.t(), r(k, m), r(n, k))
 
 
-@pytest.mark.parametrize("template", ["tiled", "direct"])
-def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(monkeypatch, template):
+@pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
+def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(gemm_template):
     """130 x 140 outputs take 128 x 128 tiles (8 x 8 per work-item, float4 local reads) on the
     tiled template; the bias gradient is the ROW_SUM of the weight-gradient GEMM."""
-    from torch_adreno.kernels import gemm
-
-    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
-    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
     assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(33, 140), r(130, 140), r(130), atol=1e-4)
+    assert any("-DROW_SUM=1" in options for _, options in gemm_template.gemms)
+    if gemm_template.template == "tiled":
+        assert any({"-DTILE_M=128", "-DTILE_N=128"} <= set(options) for _, options in gemm_template.gemms)
 
 
-@pytest.mark.parametrize("template", ["tiled", "direct"])
-def test_split_k_gemms_match_eager(monkeypatch, template):
+@pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
+def test_split_k_gemms_match_eager(gemm_template):
     """A weight gradient over k = 8 x 32 x 32 into 5 x 27 outputs, and a 4096-long product, are
     split into k slices (two launches each); the bias gradient's row sums are split alike."""
-    from torch_adreno.kernels import gemm
-
-    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
-    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
     with torch_adreno.profile() as prof:
         assert_matches_eager(lambda x, w, b: torch.relu(F.conv2d(x, w, b, padding=1)), r(8, 3, 32, 32), r(5, 3, 3, 3),
                              r(5), atol=1e-3)
@@ -208,12 +237,8 @@ def test_split_k_gemms_match_eager(monkeypatch, template):
     assert_matches_eager(lambda a, b: a.t() @ b, r(4099, 20), r(4099, 30), atol=1e-3)
 
 
-@pytest.mark.parametrize("template", ["tiled", "direct"])
-def test_both_gemm_templates_for_convolution(monkeypatch, template):
-    from torch_adreno.kernels import gemm
-
-    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
-    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
+@pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
+def test_both_gemm_templates_for_convolution(gemm_template):
     assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4)
 
 

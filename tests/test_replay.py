@@ -251,25 +251,32 @@ def test_guard_state_loaded_or_replaced(options) -> None:
     run.check_parameters()
 
 
-@pytest.mark.unified_memory
-def test_guard_host_edit_with_zero_copy() -> None:
-    run = _Lockstep()
+@pytest.mark.parametrize("options", MODES)
+def test_guard_host_edit_through_torch(options) -> None:
+    # In copy mode the edit first brings the host copy up to date (host_sync), then applies.
+    run = _Lockstep(options)
     run.run(3)
     with torch.no_grad():
-        for p in (*run.model.parameters(), *run.reference.parameters()):
-            p.mul_(0.5)
+        run.model[0].weight.add_(1.0)
+        run.reference[0].weight.add_(1.0)
     _assert_guard_fell_back(run.run(3), "0.weight was changed on the host")
     run.check_parameters()
 
 
-def test_host_edit_between_sync_points_in_copy_mode_is_still_refused() -> None:
+def test_clipped_steps_replay_like_eager() -> None:
     run = _Lockstep(COPY)
-    run.run(3)
-    with torch.no_grad():
-        run.model[0].weight.add_(1.0)
-    x, y = next(run.batches)
-    with pytest.raises(RuntimeError, match="changed on the host"):
-        run.step(x, y)
+    run.step = torch_adreno.TrainingStep(run.model, _loss, run.opt, options=COPY, max_grad_norm=0.05)
+    with torch_adreno.profile() as prof:
+        for x, y in _batches(5):
+            loss = run.step(x, y)
+            run.reference_opt.zero_grad(set_to_none=True)
+            expected = _loss(run.reference, x, y)
+            expected.backward()
+            torch.nn.utils.clip_grad_norm_(run.reference.parameters(), 0.05)
+            run.reference_opt.step()
+            torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-5)
+    assert prof.replayed_steps == 3
+    run.check_parameters()
 
 
 def test_replays_keep_host_copies_right_at_every_sync_point() -> None:

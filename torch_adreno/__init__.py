@@ -17,6 +17,7 @@ from torch_adreno.errors import (
     DeviceNotFoundError,
     LoweringError,
     OptionError,
+    ShapeLimitError,
     UnsupportedOpError,
 )
 from torch_adreno.profiler import profile
@@ -25,7 +26,7 @@ from torch_adreno.training_step import TrainingStep
 
 __all__ = [
     "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "LoweringError", "OptionError",
-    "TrainingStep", "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
+    "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
 ]
 __version__ = "0.1.0"
 

@@ -15,20 +15,23 @@ import contextlib
 import functools
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._dynamo.convert_frame import compile_lock, preserve_global_state
 from torch._dynamo.utils import counters, flatten_graph_inputs
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch.fx import GraphModule
+from torch.utils._python_dispatch import _disable_current_modes
 
 from torch_adreno import compile_cache, debug
 from torch_adreno.compile_cache import CompiledGraph
 from torch_adreno.config import Config
 from torch_adreno.decompositions import OWN_DECOMPOSITIONS
-from torch_adreno.errors import OptionError
+from torch_adreno.errors import OptionError, ShapeLimitError
 from torch_adreno.fusion import fuse
 from torch_adreno.kernels import KernelProgram, render_program
 from torch_adreno.lowering import lower_graph
@@ -127,11 +130,26 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
                   static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset(),
                   version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> CompiledGraph:
-    """One FX graph compiled and bound to the device, as AOTAutograd calls it."""
+    """One FX graph compiled and bound to the device, as AOTAutograd calls it; its outputs come
+    back with the strides eager gives them (as traced: the output node's example values)."""
     program = compile_program(gm, config, name, num_host_outputs, donated, resident_outputs)
-    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs)
+    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs, _traced_output_strides(gm))
     compiled.bind()
     return compiled
+
+
+def _traced_output_strides(gm: GraphModule) -> list[tuple[int, ...] | None]:
+    """Per output of ``gm``, the strides of its traced value (None: not a tensor, or unknown)."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], list | tuple) else [output.args[0]]
+    strides: list[tuple[int, ...] | None] = []
+    for value in values:
+        example = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if isinstance(example, torch.Tensor) and all(isinstance(s, int) for s in example.stride()):
+            strides.append(tuple(example.stride()))
+        else:
+            strides.append(None)
+    return strides
 
 
 def _static_input_indices() -> list[int]:
@@ -249,15 +267,58 @@ def _is_symbolic(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and any(not isinstance(s, int) for s in value.shape)
 
 
+def _describe_graph(gm: GraphModule) -> str:
+    """Dynamo's compile id of ``gm`` and the parameters it reads, to tell the user which graph."""
+    compile_id = gm.meta.get("dynamo_compile_id")
+    parameters = list(gm.meta.get("dynamo_flat_name_to_original_fqn", {}).values())
+    reads = f" (reads {', '.join(parameters[:6])}{', ...' if len(parameters) > 6 else ''})" if parameters else ""
+    return f"graph {compile_id if compile_id is not None else '?'}{reads}"
+
+
+def _input_names(gm: GraphModule) -> list[str]:
+    """Each graph input as the user's code names it (Dynamo's source, e.g. ``L['x']``)."""
+    names = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            source = getattr(node.meta.get("grapharg"), "source", None)
+            names.append(str(source.name) if source is not None else node.name)
+    return names
+
+
+def _describe_signatures(names: Sequence[str], signatures: Sequence[tuple[Any, ...]]) -> list[str]:
+    """Per signature, the inputs whose shape (or strides, or dtype) differ among ``signatures``."""
+    varying = [i for i in range(len(signatures[0])) if len({s[i] for s in signatures}) > 1]
+    tensors = [i for i in varying if isinstance(signatures[0][i][0], tuple)] or varying
+
+    def describe(i: int, entry: tuple[Any, ...]) -> str:
+        name = names[i] if i < len(names) else f"input {i}"
+        if not isinstance(entry[0], tuple):
+            return f"{name}={entry[1]!r}"
+        text = f"{name}: {'x'.join(map(str, entry[0])) or 'scalar'}"
+        if len({s[i][1] for s in signatures}) > 1:
+            text += f" strides {entry[1]}"
+        if len({s[i][2] for s in signatures}) > 1:
+            text += f" {entry[2]}"
+        return text
+
+    return ["(" + ", ".join(describe(i, signature[i]) for i in tensors) + ")" for signature in signatures]
+
+
 class ShapeSpecialized:
     """A graph Dynamo traced with symbolic shapes (after it saw a second batch size), compiled once
     per distinct concrete input signature at its first call: kernels are generated for static
-    shapes. At most :data:`MAX_SPECIALIZATIONS` signatures."""
+    shapes. At most :data:`MAX_SPECIALIZATIONS` signatures.
+
+    Thread-safe: a signature is compiled once, under Dynamo's compile lock (see
+    :func:`trace_and_compile`), while other signatures already compiled keep running."""
 
     def __init__(self, gm: GraphModule, config: Config) -> None:
         self.gm = gm
         self.config = config
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        # Read while Dynamo's metadata is on the graph (it drops the inputs' sources after compiling).
+        self.description = _describe_graph(gm)
+        self.input_names = _input_names(gm)
 
     @staticmethod
     def signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -268,13 +329,28 @@ class ShapeSpecialized:
         key = self.signature(args)
         fn = self.compiled.get(key)
         if fn is None:
-            if len(self.compiled) >= MAX_SPECIALIZATIONS:
-                raise OptionError(
-                    f"a graph was called with more than {MAX_SPECIALIZATIONS} distinct input shapes; the adreno "
-                    "backend compiles one program per shape: pad inputs to a few fixed shapes"
-                )
-            fn = self.compiled[key] = trace_and_compile(self.config, self.gm, list(args))
+            fn = self._compile(key, args)
         return fn(*args)
+
+    def _compile(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Callable[..., Any]:
+        # As Dynamo compiles: under its lock, outside the caller's dispatch modes, with grad mode,
+        # RNG state and FX's patches as the caller left them afterwards.
+        with _compile_lock(), _disable_current_modes():
+            fn = self.compiled.get(key)  # compiled by another thread while this one waited
+            if fn is not None:
+                return fn
+            if len(self.compiled) >= MAX_SPECIALIZATIONS:
+                *seen, new = _describe_signatures(self.input_names, [*self.compiled, key])
+                raise ShapeLimitError(
+                    f"{self.description} was called with new input shapes {new} after "
+                    f"{MAX_SPECIALIZATIONS} others: the adreno backend compiles one program per distinct input "
+                    f"shape, at most {MAX_SPECIALIZATIONS} per graph. Shapes seen: {'; '.join(seen)}. Pad inputs "
+                    "to a few fixed shapes (bucket sequence lengths; drop the last partial batch with "
+                    "DataLoader(drop_last=True))"
+                )
+            fn = preserve_global_state(trace_and_compile)(self.config, self.gm, list(args))
+            self.compiled[key] = fn
+            return fn
 
 
 def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
@@ -301,22 +377,89 @@ def _tracing_context(example_inputs: list[Any]) -> contextlib.AbstractContextMan
     return torch._guards.tracing(torch._guards.TracingContext(fake_mode))
 
 
-def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]) -> Any:
-    # With MKL-DNN enabled, AOTAutograd traces nn.LSTM into one opaque CPU kernel
-    # (mkldnn_rnn_layer); without it, into the matmuls and gates our lowerings cover.
-    # (torch.backends.mkldnn.flags would also touch the TF32 setting and warn on every compile.)
-    mkldnn_was_enabled = torch._C._get_mkldnn_enabled()
+def _compile_lock() -> contextlib.AbstractContextManager[Any]:
+    """Dynamo's compile lock (reentrant: Dynamo holds it already when it calls the backend).
+
+    Tracing with AOTAutograd flips process-wide state (FX's patcher and tracing flag, functorch's
+    config and interpreter stack, ``torch.fx.graph_module._forward_from_src``): two traces at once
+    in two threads corrupt each other. Every compile of ours, from Dynamo or at a graph's first
+    call with a new shape, holds this lock, as Dynamo's own compiles do."""
+    return compile_lock
+
+
+def _calls_lstm(gm: GraphModule) -> bool:
+    return any(node.op == "call_function" and "lstm" in getattr(node.target, "__name__", str(node.target))
+               for node in gm.graph.nodes)
+
+
+@contextlib.contextmanager
+def _mkldnn_rnn_off(gm: GraphModule) -> Iterator[None]:
+    """With MKL-DNN enabled, AOTAutograd traces nn.LSTM into one opaque CPU kernel
+    (mkldnn_rnn_layer); without it, into the matmuls and gates our lowerings cover. The switch is
+    process-wide, so it is flipped only for graphs that call an LSTM (under the compile lock), and
+    restored after. (torch.backends.mkldnn.flags would also touch the TF32 setting and warn on
+    every compile.)"""
+    if not _calls_lstm(gm):
+        yield
+        return
+    was_enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)
     try:
-        # The partitioner reads its budget from functorch's config while it partitions, which
-        # happens inside this call (not later, at the first backward). Its common-subexpression
-        # pass is off: it imports Inductor's lowering modules (~0.7 s of a process's first
-        # compile) and gains nothing here, since our lowering shares index maps and fusion
-        # inlines cheap producers anyway; measured: the same launches and bytes per step on mlp,
-        # lenet and resnet_mini, and fewer on the transformer (80 vs 82 launches, 158 vs 161 MB).
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(was_enabled)
+
+
+def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]) -> Any:
+    # The partitioner reads its budget from functorch's config while it partitions, which
+    # happens inside this call (not later, at the first backward). Its common-subexpression
+    # pass is off: it imports Inductor's lowering modules (~0.7 s of a process's first
+    # compile) and gains nothing here, since our lowering shares index maps and fusion
+    # inlines cheap producers anyway; measured: the same launches and bytes per step on mlp,
+    # lenet and resnet_mini, and fewer on the transformer (80 vs 82 launches, 158 vs 161 MB).
+    with _compile_lock(), _mkldnn_rnn_off(gm):
         region = next(_graph_ids)
         with (torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget, cse=False),
               _tracing_context(example_inputs), compile_cache.caching(gm, config, region)):
             return make_backend(config, region)(gm, example_inputs)
-    finally:
-        torch._C._set_mkldnn_enabled(mkldnn_was_enabled)
+
+
+#: Per thread: how many FX symbolic traces (AOTAutograd's included) this thread is inside.
+_fx_traces_in_this_thread = threading.local()
+
+
+@functools.cache
+def make_fx_tracing_flag_per_thread() -> None:
+    """Make Dynamo's "FX is tracing" check see only the calling thread's traces.
+
+    FX keeps one process-wide flag while any thread traces (AOTAutograd's trace of a graph being
+    compiled included), and every call of a ``torch.compile`` d function checks it: so a compiled
+    model called in one thread while another thread compiles fails with "Detected that you are
+    using FX to symbolically trace a dynamo-optimized function" (PyTorch issue 126024; fixed
+    upstream by making the flag thread-local). Here the check additionally requires a trace in the
+    calling thread, counted per thread around ``Tracer.trace``. Installed once, at import, before
+    any ``torch.compile`` wrapper captures the check; a no-op on a torch whose flag is not a module
+    global."""
+    fx_trace = torch.fx._symbolic_trace
+    if not isinstance(getattr(fx_trace, "_is_fx_tracing_flag", None), bool):
+        return
+    upstream_trace = fx_trace.Tracer.trace
+    upstream_check = fx_trace.is_fx_symbolic_tracing
+
+    @functools.wraps(upstream_trace)
+    def trace(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _fx_traces_in_this_thread.depth = getattr(_fx_traces_in_this_thread, "depth", 0) + 1
+        try:
+            return upstream_trace(self, *args, **kwargs)
+        finally:
+            _fx_traces_in_this_thread.depth -= 1
+
+    @functools.wraps(upstream_check)
+    def is_fx_symbolic_tracing() -> bool:
+        return upstream_check() and getattr(_fx_traces_in_this_thread, "depth", 0) > 0
+
+    fx_trace.Tracer.trace = trace  # type: ignore[method-assign]
+    fx_trace.is_fx_symbolic_tracing = is_fx_symbolic_tracing
+
+
+make_fx_tracing_flag_per_thread()

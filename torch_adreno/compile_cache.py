@@ -11,8 +11,8 @@ it to the device (builds the kernels, from the program-binary cache when warm) a
 
 Invariant: an entry is reused only when everything that decides its content matches: AOTAutograd's
 key (Dynamo's graph code, input shapes/dtypes/strides, autograd and functorch settings, torch
-version) plus :func:`cache_salt` (our options, the OpenCL device and driver, and a hash of this
-package's source, so any edit of the compiler invalidates every entry).
+version) plus :func:`cache_salt` (our options, the OpenCL device and driver, the code choices made
+for it, and a hash of this package's source, so any edit of the compiler invalidates every entry).
 """
 
 from __future__ import annotations
@@ -21,19 +21,23 @@ import functools
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_adreno.config import Config
-from torch_adreno.kernels import HostStep, KernelProgram
+from torch_adreno.ir import OutputRole
+from torch_adreno.kernels import HostStep, KernelProgram, gemm
 from torch_adreno.runtime import Executable, get_residency, get_runtime
 from torch_adreno.runtime.binary_cache import device_identity
+from torch_adreno.target import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +68,26 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
+def code_choices(profile: DeviceProfile) -> dict[str, Any]:
+    """The kernel stage's choices of code for a device, as its functions make them now: which GEMM
+    template (local-memory tiles or direct) and whether the 128-wide tiles are allowed.
+
+    They follow from the profile and our source, both in the key already, unless the functions
+    themselves are replaced (tests pick a template so): keyed on their results, a graph compiled
+    with one choice is never served where the other is made."""
+    return {"gemm_template": "tiled" if gemm.use_local_memory_tiles(profile) else "direct",
+            "gemm_wide_tiles": profile.compute_units >= gemm.DESKTOP_COMPUTE_UNITS}
+
+
 def cache_salt(config: Config) -> str:
-    """What besides Dynamo's graph decides a compiled graph: options, device+driver, our source."""
+    """What besides Dynamo's graph decides a compiled graph: options, device+driver, our source and
+    the code choices made for the device."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     options = {k: v for k, v in config.as_dict().items() if k not in _OPTIONS_OUTSIDE_KEY}
     return json.dumps({
         "options": options, "zero_copy": residency.zero_copy, "device": device_identity(runtime.device),
-        "profile": repr(runtime.profile), "source": source_hash(),
+        "profile": repr(runtime.profile), "code_choices": code_choices(runtime.profile), "source": source_hash(),
     }, sort_keys=True, default=str)
 
 
@@ -225,6 +241,58 @@ def serializable(compiler: Any, config: Config) -> Any:
     return SerializableAOTDispatchCompiler(OutputCode, compiler) if cache_usable(config) else compiler
 
 
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+#: Outputs up to this many elements whose layout interleaves dimensions are checked for overlap
+#: element by element (once, at compile time); larger ones stay dense.
+_OVERLAP_CHECK_ELEMENTS = 1 << 24
+
+
+def _non_overlapping(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether no two elements of a tensor of this shape and these strides share memory."""
+    dims = sorted((stride, size) for size, stride in zip(shape, strides, strict=True) if size > 1)
+    reach = 1  # elements spanned by the dimensions of smaller stride
+    for stride, size in dims:
+        if stride == 0:
+            return False
+        if stride < reach:  # interleaved (a strided slice of a permuted tensor): count the offsets
+            numel = math.prod(shape)
+            if numel > _OVERLAP_CHECK_ELEMENTS:
+                return False
+            # numpy, not torch: this runs while the compile's fake-tensor mode is active.
+            offsets = np.zeros((), dtype=np.int64)
+            for extent, step in zip(shape, strides, strict=True):
+                offsets = offsets[..., None] + np.arange(extent, dtype=np.int64) * step
+            return int(np.unique(offsets).size) == numel
+        reach = stride * size
+    return True
+
+
+def _outputs_to_restride(program: KernelProgram, output_strides: Sequence[tuple[int, ...] | None]
+                         ) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """(position, eager's strides) of the host outputs the program computes (not inputs passed
+    through, not device-resident) whose eager strides are not the row-major ones of our buffers:
+    channels_last results, transposed or permuted outputs. Outputs whose elements overlap (an
+    expanded view) cannot be written in eager's layout and stay dense."""
+    graph = program.graph
+    inputs = graph.input_buffers()
+    restrided = []
+    for position, (out, strides) in enumerate(zip(graph.outputs, output_strides, strict=False)):
+        if strides is None or out.buffer is None or out.buffer in inputs or out.role is not OutputRole.HOST:
+            continue
+        shape = out.shape if out.shape is not None else graph.buffers[out.buffer].shape
+        if len(strides) == len(shape) and any(size > 1 and stride != dense for size, stride, dense in zip(
+                shape, strides, _contiguous_strides(shape), strict=True)) and _non_overlapping(shape, strides):
+            restrided.append((position, tuple(strides)))
+    return tuple(restrided)
+
+
 class CompiledGraph(OutputCode):
     """One compiled graph as AOTAutograd calls and caches it (boxed: ``graph(list_of_args)``).
 
@@ -233,7 +301,8 @@ class CompiledGraph(OutputCode):
     """
 
     def __init__(self, program: KernelProgram, config: Config, static_inputs: Sequence[int] = (),
-                 version_bumped_inputs: Sequence[int] = ()) -> None:
+                 version_bumped_inputs: Sequence[int] = (),
+                 output_strides: Sequence[tuple[int, ...] | None] = ()) -> None:
         super().__init__()
         self._boxed_call = True
         self.program = program
@@ -242,6 +311,7 @@ class CompiledGraph(OutputCode):
         self.tune = config.tune
         self.static_inputs = tuple(static_inputs)
         self.version_bumped_inputs = tuple(version_bumped_inputs)
+        self.restrided_outputs = _outputs_to_restride(program, output_strides)
         self.executable: Executable | None = None
 
     def bind(self) -> Executable:
@@ -255,7 +325,12 @@ class CompiledGraph(OutputCode):
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         # Boxed: the very list AOTAutograd passes, which the Executable may clear as it goes.
-        return self.bind()(inputs)  # type: ignore[arg-type]
+        outputs = self.bind()(inputs)  # type: ignore[arg-type]
+        for position, strides in self.restrided_outputs:
+            dense = outputs[position]
+            if isinstance(dense, torch.Tensor) and dense.stride() != strides:
+                outputs[position] = torch.empty_strided(dense.shape, strides, dtype=dense.dtype).copy_(dense)
+        return outputs
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "executable": None}

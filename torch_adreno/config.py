@@ -18,9 +18,13 @@ from torch_adreno.errors import OptionError
 def _device_value(value: Any) -> str | int | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
+    if isinstance(value, str) and value.strip():
+        return int(value) if value.strip().isdigit() else value.strip()
     if isinstance(value, str):
-        return int(value) if value.strip().isdigit() else value
-    raise ValueError(f"option 'device' must be an int index or a name substring, got {value!r}")
+        raise ValueError("must name a device (an index or a substring of its name), got an empty string; "
+                         "leave it unset for the default device")
+    raise ValueError(f"must be an int index or a name substring (see `python -m torch_adreno devices`), "
+                     f"got {value!r}")
 
 
 def _bool(value: Any) -> bool:

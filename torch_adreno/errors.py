@@ -38,8 +38,17 @@ class UnsupportedOpError(LoweringError):
     """An op, or a form of it, has no lowering (see the message for how to proceed)."""
 
 
+class ShapeLimitError(AdrenoError):
+    """A graph was called with more distinct input shapes than the backend compiles programs for;
+    the message names the graph and the shapes seen."""
+
+
 class DeviceNotFoundError(AdrenoError):
     """No OpenCL device matches the selection; the message lists the available ones."""
+
+
+class AmbiguousDeviceError(DeviceNotFoundError):
+    """A device name substring matches several devices; the message lists them."""
 
 
 class KernelBuildError(AdrenoError):

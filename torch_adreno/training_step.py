@@ -8,24 +8,30 @@
 What it adds over compiling the loss and ``optimizer.step`` separately, on a device with memory of
 its own (on unified-memory devices -- phones, PoCL -- nothing is copied either way): per step,
 only the batch goes up and the loss comes down. Gradients never leave the device (the optimizer
-graph reads them there; the step sets ``.grad`` to None after it), and the new parameters and
-optimizer state are not written back to the host after every step.
+graph reads them there; ``max_grad_norm=`` clips them there, between backward and step, see
+:mod:`torch_adreno.training_gradients`); after the step each ``.grad`` is a marker whose every use
+raises an error saying so. The new parameters and optimizer state are not written back to the host
+after every step.
 
 Host copies of parameters and optimizer state are brought up to date -- the sync points:
 ``step.synchronize()``; ``model.state_dict()`` and ``optimizer.state_dict()`` (hooks installed
-here, so checkpoints are right); and ``step.close()`` (or leaving ``with step:``). Between sync
-points those host copies are out of date and carry a NaN in their first element, so using them
-by mistake (an eager forward, a norm for logging) shows instead of silently computing with old
-values. Changing them on the host between sync points is an error at the next step or sync point,
-and the change (made to an out-of-date copy) is discarded for the device's values.
+here, so checkpoints are right); ``step.close()`` (or leaving ``with step:``); and in copy mode,
+the first torch call reading an out-of-date host copy in the thread that ran the step (eager
+forward, ``clone``, slices, ``numpy()``, ``copy.deepcopy`` / ``torch.save`` of the model, an
+in-place edit), by the torch function mode of :mod:`torch_adreno.runtime.host_sync`. What that
+mode cannot see -- other threads, NumPy arrays or views taken before the step, C code -- reads
+host copies marked out of date by a NaN in their first element (floating point only: integer
+state such as ``num_batches_tracked`` carries no mark); a change made there to an out-of-date
+copy is an error at the next step or sync point, naming the tensor (``2.bias``,
+``state['exp_avg'] of 0.weight``), and is discarded for the device's values.
 
 What it requires, checked with a clear error: the loss compiles into one graph (``fullgraph``: an
 eager op between graphs would read gradients that never reach the host); every parameter that
 requires grad is in the optimizer, without gradient hooks; no fused optimizer; the optimizer step
 runs on the device (if Dynamo would fall back to eager code -- a recompile limit hit, say -- the
-step raises instead). Graphs compiled with zero-copy sharing (the default on unified-memory
-devices) read host memory itself: evaluate between steps with the step's options, or synchronize
-first. Integer state (``num_batches_tracked``) carries no NaN mark when out of date.
+step raises instead, naming the cause it sees: batches of changing shapes, or the optimizer's).
+Graphs compiled with zero-copy sharing (the default on unified-memory devices) read host memory
+itself; those of one residency reading a host copy another deferred synchronize it first.
 """
 
 from __future__ import annotations
@@ -36,17 +42,30 @@ import logging
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
 
+from torch_adreno import step_capture
 from torch_adreno.config import Config
-from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.runtime import get_residency, get_runtime, host_sync
 from torch_adreno.runtime.capture import PERSISTENT, StepRecorder
 from torch_adreno.runtime.events import BUS, StepRecord
 from torch_adreno.runtime.replay import CaptureError, ReplayedStep
-from torch_adreno.step_capture import Guard, batch_signature, build_guard, tensor_names
+from torch_adreno.training_gradients import (
+    GradientOnDevice,
+    check_norm_type,
+    clear_gradient_markers,
+    gradient_clipper,
+    mark_gradients_on_device,
+)
+from torch_adreno.training_state import (
+    REMEMBERED_SIGNATURES,
+    batch_signature,
+    name_of,
+    recompile_limit_message,
+)
 
 _log = logging.getLogger("torch_adreno")
 
@@ -82,11 +101,14 @@ class TrainingStep:
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
                  optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None, *,
-                 replay: bool = True) -> None:
-        """``replay``: from the second step with a batch geometry on, run the step as the launch list
-        recorded from the step before (see :mod:`torch_adreno.runtime.replay`), not through Dynamo,
-        AOTAutograd and autograd, while the guards of :mod:`torch_adreno.step_capture` hold."""
+                 max_grad_norm: float | None = None, norm_type: float = 2.0, replay: bool = True) -> None:
+        """``max_grad_norm``/``norm_type``: clip the gradients' norm on the device, between backward
+        and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
+        geometry on, run the step as the launch list recorded from the step before (see
+        :mod:`torch_adreno.runtime.replay`), not through Dynamo, AOTAutograd and autograd, while the
+        guards of :mod:`torch_adreno.step_capture` hold."""
         config = Config.from_options(options)
+        check_norm_type(norm_type)
         if any(group.get("fused") for group in optimizer.param_groups):
             raise ValueError("TrainingStep needs an optimizer step it can compile; fused=True optimizers run "
                              "their own kernels on the host: use fused=False")
@@ -104,6 +126,8 @@ class TrainingStep:
         # Static: a hyperparameter given as a float and changed (lr, momentum) is a recompile
         # specialised to the new value, not a float64 graph input.
         self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}), dynamic=False)
+        self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options or {})
+        self._gradient_markers: dict[int, GradientOnDevice] = {}
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
         hook = _SyncHook(self)
         self._hooks = [
@@ -113,22 +137,33 @@ class TrainingStep:
             optimizer.register_load_state_dict_pre_hook(hook),
         ]
         self._closed = False
+        self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
+        self._residency.add_namer(self._name_of)
         self._replay_enabled = replay
-        self._replays: OrderedDict[tuple[Any, ...], tuple[ReplayedStep, Guard]] = OrderedDict()
+        self._replays: OrderedDict[Hashable, tuple[ReplayedStep, step_capture.Guard]] = OrderedDict()
         # Batch geometries that completed a step through the compiled graphs (compiled and warm).
-        self._warm: set[tuple[Any, ...]] = set()
+        self._warm: set[Hashable] = set()
         # Batch geometries whose capture cannot be replayed, with the reason.
-        self._unreplayable: dict[tuple[Any, ...], str] = {}
+        self._unreplayable: dict[Hashable, str] = {}
 
     @property
     def replay(self) -> ReplayedStep | None:
-        """The replay the last batch geometry would use (None before it was captured)."""
+        """The replay of the batch geometry captured last (None before any was captured)."""
         return next(reversed(self._replays.values()))[0] if self._replays else None
+
+    def _before_step(self, batch: tuple[Any, ...]) -> None:
+        host_sync.suspend(self._residency)  # the step's compiled code must not trace it
+        try:
+            self._check_can_step(batch)
+        except BaseException:
+            if self._residency.deferred_tensors:  # no step ran: host copies still out of date
+                host_sync.arm(self._residency)
+            raise
 
     def _check_can_step(self, batch: tuple[Any, ...]) -> None:
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        if any(p.grad is not None for p in self._params):
+        if any(p.grad is not None and type(p.grad) is not GradientOnDevice for p in self._params):
             raise ValueError(
                 "TrainingStep computes and clears the gradients itself, but some parameters already have a "
                 ".grad: call optimizer.zero_grad(set_to_none=True) before the first step, and do not call "
@@ -139,24 +174,34 @@ class TrainingStep:
                              "remove the gradient hooks of the parameters")
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):
             raise ValueError("TrainingStep takes batches that do not require gradients (only parameters get them)")
+        signature = batch_signature(batch)
+        if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
+            self._batch_signatures[signature] = None
+
+    def _name_of(self, tensor: torch.Tensor) -> str | None:
+        return name_of(tensor, self.model, self.optimizer)
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         started = time.perf_counter()
-        self._check_can_step(batch)
-        signature = batch_signature(batch) if self._replay_enabled else None
+        self._before_step(batch)
+        signature = step_capture.batch_signature(batch) if self._replay_enabled else None
         reason = None
         if signature is not None and signature in self._replays:
             replay, guard = self._replays[signature]
             reason = guard(batch)
             if reason is None:
-                loss = replay(batch, started)
+                try:
+                    loss = replay(batch, started)
+                finally:
+                    # The gradient markers of the captured step stay: no autograd ran to replace them.
+                    if self._residency.deferred_tensors:
+                        host_sync.arm(self._residency)
                 self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
                 BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
                 return loss
             del self._replays[signature]
             _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
         capture = signature is not None and signature in self._warm and signature not in self._unreplayable
-        start = time.perf_counter()
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
         loss = self._compiled_step(batch, recorder)
         kind = "full"
@@ -174,11 +219,11 @@ class TrainingStep:
             reason = self._unreplayable[signature]
         if signature is not None:
             self._warm.add(signature)
-        BUS.step(StepRecord(kind, time.perf_counter() - start, 0, reason))
+        BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason))
         return loss
 
     def _build_replay(self, recorder: StepRecorder, loss: torch.Tensor,
-                      batch: tuple[Any, ...]) -> tuple[ReplayedStep, Guard]:
+                      batch: tuple[Any, ...]) -> tuple[ReplayedStep, step_capture.Guard]:
         opt = self.optimizer
         optimizer_module = importlib.import_module("torch.optim.optimizer")
         hooks = [*optimizer_module._global_optimizer_pre_hooks.values(),
@@ -187,30 +232,29 @@ class TrainingStep:
         if hooks:
             raise CaptureError("the optimizer has step hooks, which run Python code in every step")
         replay = ReplayedStep(recorder, loss, self._residency)
-        names = tensor_names(self.model, opt)
+        names = step_capture.tensor_names(self.model, opt)
         persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
-        return replay, build_guard(batch, self.model, opt, persistent, names)
+        return replay, step_capture.build_guard(batch, self.model, opt, persistent, names)
 
     def _compiled_step(self, batch: tuple[Any, ...], recorder: StepRecorder | None) -> torch.Tensor:
         """The step through the compiled graphs (Dynamo, AOTAutograd, autograd), recorded when
         ``recorder`` is given."""
+        clear_gradient_markers(self._params)  # left by the previous step; autograd would accumulate into them
         versions_before = self._residency.deferred_versions()
         self._residency.deferring = True
         try:
             # An eager fallback of the optimizer step would read gradients that never reached the host.
             with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
                     (recorder if recorder is not None else contextlib.nullcontext()):
+                stage = "loss"
                 try:
                     loss = self._loss(*batch)
                     loss.backward()
+                    stage = "optimizer step"
+                    self._clip_gradients()
                     self._step()
                 except torch._dynamo.exc.FailOnRecompileLimitHit as err:
-                    raise RuntimeError(
-                        "TrainingStep: Dynamo reached its recompile limit for the loss or the optimizer step, and "
-                        "running it as host code would read gradients that are only on the device. Usual causes: "
-                        "many optimizers in one process (call torch._dynamo.reset() between training runs) or a "
-                        "learning rate changed as a Python float (give the optimizer a tensor lr)"
-                    ) from err
+                    raise RuntimeError(recompile_limit_message(stage, list(self._batch_signatures))) from err
             # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
             updated = [p for p in self._params if p.grad is not None] if not self._residency.zero_copy else []
             if updated and not all(self._residency.is_deferred(p) for p in updated):
@@ -225,14 +269,28 @@ class TrainingStep:
             raise
         finally:
             self._residency.deferring = False
-            # The gradients' host copies were never filled in: nobody may read them.
-            self.optimizer.zero_grad(set_to_none=True)
+            self._after_step()
         return loss.detach()
 
+    def _after_step(self) -> None:
+        # The gradients' host copies were never filled in: nobody may read them.
+        mark_gradients_on_device(self._params, self._gradient_markers)
+        if self._residency.deferred_tensors:
+            host_sync.arm(self._residency)  # the first read of an out-of-date host copy synchronizes
+
+    def _clip_gradients(self) -> None:
+        """``clip_grad_norm_`` over the gradients, on the device (when ``max_grad_norm`` is set)."""
+        if self._clip is not None:
+            grads = [p.grad for p in self._params if p.grad is not None]
+            if grads:
+                self._clip(grads)
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
-        return self._residency.synchronize()
+        try:
+            return self._residency.synchronize()
+        finally:
+            host_sync.suspend(self._residency)
 
     def close(self) -> None:
         """Synchronize and remove the hooks; the step cannot be called afterwards."""

@@ -214,10 +214,11 @@ class StepRecorder:
                 nbytes = graph.buffers[value].nbytes
                 if nbytes:
                     self.operations.append(RecordedCopy(graph.name, identity[target], identity[value], nbytes))
-            if self.identities[identity[target]].kind is PERSISTENT:
+            kind = self.identities[identity[target]].kind
+            if kind is PERSISTENT:
                 self.updated.append((tensor, identity[target]))
-            else:
-                self.unsupported = f"{graph.name} updates {target}, which is not a tensor that outlives the step"
+            elif kind is not INTERNAL:  # memory made in the step (gradients clipped in place) is fine
+                self.unsupported = f"{graph.name} updates {target} in place, a {kind} input of the step"
         for out, value in zip(graph.outputs, outputs, strict=True):
             if out.buffer is not None and isinstance(value, torch.Tensor) and value.numel():
                 self._outputs[value.data_ptr()] = identity[out.buffer]

@@ -2,7 +2,8 @@
 
 Selection order: the backend's ``device`` option, then ``TORCH_ADRENO_DEVICE``, then the first
 GPU, then the first device. A device is named by its index in :func:`list_devices` or by a
-case-insensitive substring of "platform: device".
+case-insensitive substring of "platform: device" that no other device's name contains (or the
+whole name of one device); an empty or ambiguous name is an error that lists the matches.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import pyopencl as cl
 
-from torch_adreno.errors import DeviceNotFoundError
+from torch_adreno.errors import AmbiguousDeviceError, DeviceNotFoundError
 from torch_adreno.runtime.pool import BufferPool
 from torch_adreno.target import DeviceProfile
 
@@ -76,9 +77,22 @@ def select_device(spec: str | int | None = None) -> DeviceEntry:
         if 0 <= spec < len(entries):
             return entries[spec]
         raise DeviceNotFoundError(_no_device_help(entries, spec))
-    matches = [e for e in entries if spec.lower() in e.label.lower()]
+    if not spec.strip():
+        raise DeviceNotFoundError(f"an empty device name selects nothing; pass an index or a name substring, "
+                                  f"or leave {ENV_DEVICE} unset for the default device")
+    wanted = spec.strip().lower()
+    matches = [e for e in entries if wanted in e.label.lower()]
     if not matches:
         raise DeviceNotFoundError(_no_device_help(entries, spec))
+    if len(matches) > 1:
+        # A name given in full picks its device even where it is also part of another's name.
+        exact = [e for e in matches if wanted in (e.label.lower(), e.device.name.strip().lower())]
+        if len(exact) == 1:
+            return exact[0]
+        listed = "\n".join(f"  [{e.index}] {e.label}" for e in matches)
+        raise AmbiguousDeviceError(
+            f"device {spec!r} matches {len(matches)} OpenCL devices:\n{listed}\nPass the index or a longer part "
+            f"of the name, as options={{'device': ...}} or {ENV_DEVICE}.")
     return matches[0]
 
 

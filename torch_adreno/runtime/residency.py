@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS
 
 TRANSIENT_SLOTS = 16
+
+# Every residency, so that one reading a host tensor another deferred can make it current first.
+_ALL_RESIDENCIES: list[weakref.ref[Residency]] = []
 
 
 @dataclass
@@ -139,6 +143,24 @@ class Residency:
         self._unsynced_shared: dict[int, tuple[cl.Buffer, int]] = {}
         #: How many times :meth:`synchronize` ran (a replayed step re-defers its updates after one).
         self.synchronizations = 0
+        _ALL_RESIDENCIES[:] = [ref for ref in _ALL_RESIDENCIES if ref() is not None]
+        _ALL_RESIDENCIES.append(weakref.ref(self))
+        # Who can name a tensor in the user's words (TrainingSteps), asked only for error messages.
+        self._namers: list[weakref.WeakMethod[Callable[[torch.Tensor], str | None]]] = []
+
+    def add_namer(self, namer: Callable[[torch.Tensor], str | None]) -> None:
+        """Register a bound method naming tensors (``0.weight``) for error messages; held weakly."""
+        self._namers = [ref for ref in self._namers if ref() is not None]
+        self._namers.append(weakref.WeakMethod(namer))
+
+    def name_of(self, tensor: torch.Tensor, fallback: str) -> str:
+        """``tensor``'s name from the registered namers, else ``fallback``."""
+        for ref in self._namers:
+            namer = ref()
+            name = namer(tensor) if namer is not None else None
+            if name is not None:
+                return name
+        return fallback
 
     def finish_transfers(self) -> None:
         """Wait for the copies :meth:`buffer_for` and :meth:`write_back` started. Not waiting for
@@ -179,13 +201,14 @@ class Residency:
                 "and keeps its own device copies"
             )
         key = id(tensor)
+        self._synchronize_elsewhere_deferred(tensor, key)
         version = version_of(tensor)
         stale = self._stale.get(key)
         if stale is not None and stale.alive(tensor) and stale.version is not None and version is not None \
                 and version != stale.version and not (version_bumped and version == stale.version + 1):
             raise RuntimeError(
-                f"input {buffer} of {graph} was changed on the host while its current value was on the "
-                "device only (a TrainingStep defers host copies): call step.synchronize() before changing "
+                f"{self.name_of(tensor, f'input {buffer} of {graph}')} was changed on the host while its current "
+                "value was on the device only (a TrainingStep defers host copies): call step.synchronize() before changing "
                 "parameters or optimizer state on the host"
             )
         nbytes = tensor.numel() * tensor.element_size()
@@ -206,7 +229,7 @@ class Residency:
                 self._transient.move_to_end(key)
             return entry.buffer
         if not shared and not (same_object and entry is not None):
-            adopted = self._adopted_copy(tensor, nbytes, version)
+            adopted = self._adopted_copy(tensor, nbytes, version, version_bumped)
             if adopted is not None:
                 return adopted
         reason = "parameter" if pinned else "input"
@@ -231,6 +254,17 @@ class Residency:
             self._remember(tensor, key, version, nbytes, device_buffer, shared, pinned)
         return device_buffer
 
+    def _synchronize_elsewhere_deferred(self, tensor: torch.Tensor, key: int) -> None:
+        """A graph of this residency reads ``tensor``, whose current value another residency holds
+        deferred (a zero-copy graph evaluating a model between copy-mode steps): copy it to the
+        host first, or this graph would read the out-of-date host copy."""
+        for ref in _ALL_RESIDENCIES:
+            other = ref()
+            if other is not None and other is not self and other._stale:
+                deferred = other._stale.get(key)
+                if deferred is not None and deferred.alive(tensor):
+                    other.synchronize()
+
     def write_back(self, tensor: torch.Tensor, device_buffer: Any, graph: str, buffer: str) -> None:
         """The device updated ``tensor`` (an optimizer step): make the host copy right again (once
         :meth:`finish_transfers` returned), or while :attr:`deferring`, at :meth:`synchronize`."""
@@ -243,6 +277,13 @@ class Residency:
         if entry is not None and entry.shared and entry.buffer is device_buffer:
             sync_shared(self.runtime, device_buffer, nbytes, write=False)
             return
+        adopted = self._adopted.get(tensor.data_ptr()) if tensor.is_contiguous() else None
+        if adopted is not None and adopted.buffer is device_buffer and adopted.ref() is not None:
+            # A graph output updated in place on the device (gradients clipped inside a step): the
+            # device copy stays the current one.
+            adopted.version = version_of(tensor)
+            if self.deferring:
+                return  # its host copy was never filled in while deferring (see Executable)
         if not self.deferring:
             self._stale.pop(id(tensor), None)  # written back below: the host copy is current again
         if self.deferring and entry is not None and entry.ref() is tensor and entry.buffer is device_buffer \
@@ -265,7 +306,7 @@ class Residency:
         changed meanwhile gets the device's values too (the host changed an out-of-date copy, so its
         change is discarded), reported in a RuntimeError raised once all are copied."""
         copied = 0
-        conflicts = 0
+        conflicts: list[str] = []
         self.synchronizations += 1
         for buffer, nbytes in self._unsynced_shared.values():
             sync_shared(self.runtime, buffer, nbytes, write=False)
@@ -275,7 +316,8 @@ class Residency:
             del self._stale[key]
             if tensor is None:
                 continue
-            conflicts += version_of(tensor) != deferred.version
+            if version_of(tensor) != deferred.version:
+                conflicts.append(self.name_of(tensor, f"a tensor of shape {list(tensor.shape)}"))
             target = host_array(tensor)
             event = cl.enqueue_copy(self.runtime.queue, target, deferred.buffer, is_blocking=False)
             self._in_flight.append((event, target))
@@ -284,7 +326,8 @@ class Residency:
         self.finish_transfers()
         if conflicts:
             raise RuntimeError(
-                f"{conflicts} parameter or optimizer state tensor(s) were changed on the host while their current "
+                f"{len(conflicts)} parameter or optimizer state tensor(s) ({', '.join(conflicts[:6])}"
+                f"{', ...' if len(conflicts) > 6 else ''}) were changed on the host while their current "
                 "values were on the device only (a TrainingStep defers host copies): those changes were made to "
                 "out-of-date copies and are discarded, the device's values restored; call step.synchronize() "
                 "before changing parameters or optimizer state on the host"
@@ -325,6 +368,10 @@ class Residency:
         stale = self._stale.get(id(tensor))
         return stale is not None and stale.alive(tensor) and stale.version == version_of(tensor)
 
+    def deferred_keys(self) -> Any:
+        """The ids of the deferred tensors (a live view: ``id(t) in residency.deferred_keys()``)."""
+        return self._stale.keys()
+
     @property
     def deferred_tensors(self) -> int:
         return sum(1 for d in self._stale.values() if d.ref() is not None)
@@ -342,14 +389,16 @@ class Residency:
         self._adopted[key] = _Entry(owner_ref, version, key, tensor.numel() * tensor.element_size(), block.buffer,
                                     False, None, block)
 
-    def _adopted_copy(self, tensor: torch.Tensor, nbytes: int, version: int | None) -> cl.Buffer | None:
+    def _adopted_copy(self, tensor: torch.Tensor, nbytes: int, version: int | None,
+                      version_bumped: bool) -> cl.Buffer | None:
         """The device copy of ``tensor``'s memory made by :meth:`adopt`, if still current; a stale
         one is dropped (the tensor gets an entry of its own when it is uploaded)."""
         entry = self._adopted.get(tensor.data_ptr())
         if entry is None:
             return None
         if entry.ref() is not None and entry.nbytes == nbytes and tensor.is_contiguous() \
-                and version is not None and entry.version == version:
+                and version is not None and entry.version is not None \
+                and (entry.version == version or (version_bumped and entry.version + 1 == version)):
             return entry.buffer
         del self._adopted[tensor.data_ptr()]
         entry.release()

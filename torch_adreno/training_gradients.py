@@ -1,0 +1,125 @@
+"""Gradients inside a :class:`torch_adreno.TrainingStep`: clipped on the device, unreadable after.
+
+A step's gradients exist between its backward and its optimizer step only, on the device. What a
+training loop does with gradients in that window (clipping, the one common case) is compiled into
+the step here. After the step each parameter's ``.grad`` holds a :class:`GradientOnDevice`
+marker instead of ``None``: reading it by mistake (``clip_grad_norm_`` after the step, a gradient
+norm for logging) raises an error that says why, where ``None`` would silently mean "no
+gradient" (``clip_grad_norm_`` returns 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from torch_adreno.runtime.host_sync import METADATA_FUNCTIONS
+
+GRADIENTS_STAY_ON_THE_DEVICE = (
+    "this parameter is trained by a torch_adreno.TrainingStep: its gradient existed on the device only, "
+    "between the step's backward and its optimizer step, and was cleared after the step. To clip gradients, "
+    "pass max_grad_norm= (and norm_type=) to TrainingStep; the step clips between backward and optimizer step, "
+    "as clip_grad_norm_ would. (Assigning p.grad = None, or optimizer.zero_grad(), removes this marker.)"
+)
+
+
+#: What ``optimizer.zero_grad(set_to_none=False)`` does to a gradient: to a marker, nothing.
+_CLEARING = frozenset({torch.Tensor.zero_, torch.Tensor.detach_, torch.Tensor.requires_grad_, torch._foreach_zero_})
+
+
+class GradientOnDevice(torch.Tensor):
+    """The ``.grad`` of a parameter after a TrainingStep: same shape, dtype and device as the
+    parameter, no storage, and every use of its values (an op, ``numpy()``, ``print``) raises a
+    RuntimeError explaining where the gradient went; metadata (shape, dtype) reads and zeroing
+    (``optimizer.zero_grad(set_to_none=False)``) work. ``p.grad is None`` is false, so code skipping parameters
+    without a gradient reaches the error instead of silently skipping all of them."""
+
+    @staticmethod
+    def __new__(cls, parameter: torch.Tensor) -> GradientOnDevice:
+        return torch.Tensor._make_wrapper_subclass(
+            cls, parameter.shape, dtype=parameter.dtype, device=parameter.device, requires_grad=False)
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _CLEARING:  # optimizer.zero_grad(set_to_none=False): zeroing no gradient is fine
+            return args[0] if func is not torch._foreach_zero_ else None
+        if func in METADATA_FUNCTIONS or torch.compiler.is_compiling():
+            # Shape, dtype, ...: no use of the values (Dynamo describing a parameter it compiles
+            # between steps looks at its .grad this way).
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        raise RuntimeError(GRADIENTS_STAY_ON_THE_DEVICE)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        raise RuntimeError(GRADIENTS_STAY_ON_THE_DEVICE)
+
+    def __repr__(self, **kwargs: Any) -> str:  # type: ignore[override]
+        return "GradientOnDevice(cleared by a torch_adreno.TrainingStep; see the error reading it raises)"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None  # a copy of the model has no gradient
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (type(None), ())
+
+
+def mark_gradients_on_device(params: list[torch.Tensor], markers: dict[int, GradientOnDevice]) -> None:
+    """Give each parameter its marker as ``.grad`` (made once per parameter and kept in ``markers``)."""
+    for p in params:
+        marker = markers.get(id(p))
+        if marker is None:
+            marker = markers[id(p)] = GradientOnDevice(p)
+        p.grad = marker
+
+
+def clear_gradient_markers(params: list[torch.Tensor]) -> None:
+    """Remove the markers before a backward (autograd would accumulate into them)."""
+    for p in params:
+        if type(p.grad) is GradientOnDevice:
+            p.grad = None
+
+
+def check_norm_type(norm_type: float) -> float:
+    norm_type = float(norm_type)
+    if not (norm_type > 0):
+        raise ValueError(f"norm_type must be positive (2.0, float('inf'), ...), not {norm_type}")
+    return norm_type
+
+
+def clip_function(max_norm: float, norm_type: float) -> Callable[[list[torch.Tensor]], None]:
+    """A function scaling the gradients in place by ``min(1, max_norm / (total_norm + 1e-6))``,
+    where ``total_norm`` is the ``norm_type`` norm of all gradients together: the arithmetic of
+    ``torch.nn.utils.clip_grad_norm_``. Written with ops the backend lowers
+    (``linalg.vector_norm`` is not among them). The norm is not returned: inside a step every graph
+    output stays on the device, and a host copy nobody fills in is no value to hand out."""
+    max_norm = float(max_norm)
+    if not (max_norm > 0) or math.isinf(max_norm):
+        raise ValueError(f"max_grad_norm must be a positive finite number, not {max_norm}")
+    norm_type = check_norm_type(norm_type)
+
+    def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+        if math.isinf(norm_type):
+            return torch.stack([g.abs().amax() for g in grads]).amax()
+        if norm_type == 2.0:
+            return torch.stack([(g * g).sum() for g in grads]).sum().sqrt()
+        if norm_type == 1.0:
+            return torch.stack([g.abs().sum() for g in grads]).sum()
+        return torch.stack([g.abs().pow(norm_type).sum() for g in grads]).sum().pow(1.0 / norm_type)
+
+    def clip(grads: list[torch.Tensor]) -> None:
+        scale = torch.clamp(max_norm / (total_norm(grads) + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scale)
+
+    return clip
+
+
+def gradient_clipper(max_norm: float, norm_type: float,
+                     options: Mapping[str, Any]) -> Callable[[list[torch.Tensor]], None]:
+    """:func:`clip_function` compiled for the device, as one graph."""
+    return torch.compile(clip_function(max_norm, norm_type), backend="adreno", options=dict(options),
+                         dynamic=False, fullgraph=True)

@@ -1,0 +1,63 @@
+"""What a :class:`torch_adreno.TrainingStep` trains, in the user's words: names of its tensors and
+the reasons a step stops.
+
+Errors raised deep in the runtime know a tensor as a graph input (``primals_1 of forward_0``);
+the user knows it as ``0.weight`` or ``state['exp_avg'] of 0.weight``. Names are looked up only
+when an error is raised, so steps pay nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+
+#: How many distinct batch signatures a step remembers (enough to name the cause of a recompile limit).
+REMEMBERED_SIGNATURES = 32
+
+
+def name_of(tensor: torch.Tensor, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """``tensor``'s name as a parameter or buffer of ``model`` (``0.weight``), or as optimizer
+    state (``state['exp_avg'] of 0.weight``); None if it is neither."""
+    names: dict[int, str] = {}
+    for name, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)):
+        if t is tensor:
+            return name
+        names.setdefault(id(t), name)
+    for index, (p, state) in enumerate(optimizer.state.items()):
+        for key, value in state.items():
+            if value is tensor:
+                owner = names.get(id(p), f"parameter {index} of the optimizer")
+                return f"state[{key!r}] of {owner}"
+    return None
+
+
+def batch_signature(batch: tuple[Any, ...]) -> Hashable:
+    """What the compiled loss specializes on in a batch: each tensor's shape and dtype."""
+    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in batch)
+
+
+def _shapes(signature: Hashable) -> str:
+    assert isinstance(signature, tuple)
+    return "(" + ", ".join(f"[{', '.join(map(str, s[0]))}]" if isinstance(s, tuple) else s.__name__
+                           for s in signature) + ")"
+
+
+def recompile_limit_message(stage: str, signatures: list[Hashable]) -> str:
+    """Why Dynamo reached its recompile limit in ``stage`` ("loss" or "optimizer step"), from what
+    the step saw: the batches' shapes when they changed, else the optimizer's usual causes."""
+    prefix = (f"TrainingStep: Dynamo reached its recompile limit for the {stage}, and running it as host code "
+              "would read gradients that are only on the device. ")
+    if stage == "loss" and len(signatures) > 1:
+        shown = ", ".join(_shapes(s) for s in signatures[:4]) + (", ..." if len(signatures) > 4 else "")
+        return prefix + (
+            f"Cause: the batches came in {len(signatures)} different shapes ({shown}), and the step is compiled "
+            "for fixed shapes, once per shape. Give every step the same shapes: drop the last partial batch "
+            "(DataLoader(..., drop_last=True)) or pad batches to one size (for sequences: a few fixed lengths)")
+    if stage == "loss":
+        return prefix + ("The batches kept their shapes, so something else the loss depends on changed from step "
+                         "to step (a Python attribute or global it reads, train()/eval() toggled each step); "
+                         "TORCH_LOGS=recompiles shows what")
+    return prefix + ("Usual causes: many optimizers in one process (call torch._dynamo.reset() between training "
+                     "runs) or a learning rate changed as a Python float (give the optimizer a tensor lr)")
