@@ -39,10 +39,11 @@ def main() -> None:
         print("tinygrad is installed, but its reference-model ports are not part of this suite yet")
     except ImportError:
         print("tinygrad: not installed, skipped")
-    print(f"{'model':<12} {'variant':<28} {'median ms':>10}")
+    print(f"{'model':<12} {'variant':<28} {'median ms':>10} {'launches':>8} {'device ms':>9}")
     for model in args.models:
         variants = {"eager CPU": "eager", "adreno": base, "adreno device-opt": {**base, "optimizer_on_device": True},
-                    "adreno TrainingStep": {**base, "training_step": True}}
+                    "adreno TrainingStep": {**base, "training_step": True, "replay": False},
+                    "adreno TrainingStep replayed": {**base, "training_step": True}}
         rows = [s.as_json() for s in compare_variants(model, variants, steps=args.steps)]
         if torch.cuda.is_available():
             rows += [stats.as_json() for compiled in (False, True)
@@ -51,7 +52,9 @@ def main() -> None:
             print("CUDA: not available, skipped")
         append_jsonl(args.out, [{**r, **context, "benchmark": "peers"} for r in rows])
         for r in rows:
-            print(f"{model:<12} {r['variant']:<28} {r['median_ms']:>10.2f}")
+            launches, device_ms = r.get("kernel_launches"), r.get("device_time_ms")
+            print(f"{model:<12} {r['variant']:<28} {r['median_ms']:>10.2f} {launches if launches is not None else '':>8} "
+                  f"{f'{device_ms:.3f}' if device_ms is not None else '':>9}")
 
 
 if __name__ == "__main__":

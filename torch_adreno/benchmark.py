@@ -62,6 +62,7 @@ class _Runner:
         variant = dict(variant) if variant != "eager" else variant  # type: ignore[arg-type]
         on_device = variant != "eager" and bool(variant.pop("optimizer_on_device", False))  # type: ignore[union-attr]
         whole_step = variant != "eager" and bool(variant.pop("training_step", False))  # type: ignore[union-attr]
+        replay = variant != "eager" and bool(variant.pop("replay", True))  # type: ignore[union-attr]
         spec = MODELS[model_name]
         torch.manual_seed(seed)
         self.model = spec.make()
@@ -76,9 +77,11 @@ class _Runner:
         self.opt_step: Callable[[], Any] = (torch.compile(self.opt.step, backend="adreno", options=self.options)
                                             if on_device else self.opt.step)
         # TrainingStep: loss, backward and optimizer step compiled, training state kept on the device.
-        self.training_step = TrainingStep(self.model, _loss, self.opt, self.options) if whole_step else None
+        self.training_step = (TrainingStep(self.model, _loss, self.opt, self.options, replay=replay)
+                              if whole_step else None)
         self.reported_options = ({**self.options, "optimizer_on_device": on_device or whole_step,
-                                  "training_step": whole_step} if not self.eager else {})
+                                  "training_step": whole_step, "replay": whole_step and replay}
+                                 if not self.eager else {})
         self.compile_s: float | None = None
         self.times: list[float] = []
 
