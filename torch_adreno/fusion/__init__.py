@@ -1,6 +1,6 @@
 """Fusion: ir.Graph -> FusedGraph, the kernels of a graph in launch order.
 
-Two steps, both recording a reason for every decision (``TORCH_ADRENO_DEBUG`` writes them out):
+Steps, each recording a reason for every decision (``TORCH_ADRENO_DEBUG`` writes them out):
 
 1. recomputation (``inline.py``): small reductions are unrolled, cheap pointwise producers are
    substituted into their consumers, so their results never reach memory;
