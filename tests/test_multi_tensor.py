@@ -292,3 +292,14 @@ def test_foreach_decomposition_matches_the_foreach_op(op):
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e)
+
+
+@pytest.mark.device
+def test_device_profile_carries_the_kernel_parameter_bytes():
+    from torch_adreno.runtime import get_runtime
+
+    runtime = get_runtime(None)
+    device = runtime.entry.device
+    profile = runtime.profile
+    assert (profile.max_parameter_bytes, profile.address_bits) == (device.max_parameter_size, device.address_bits)
+    assert max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits) >= 8
