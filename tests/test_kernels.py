@@ -56,7 +56,7 @@ def test_kernels_name_their_fx_nodes_and_have_explicit_geometry():
                 assert f"from FX node {node} (" in k.source
             assert k.local_size and all(s > 0 for s in k.local_size)
             assert all(g % loc == 0 for g, loc in zip(k.global_size, k.local_size, strict=True))
-            assert re.fullmatch(r"g_\d+_(pw|red|gemm|splitsum)_[a-z0-9_]+", k.name)
+            assert re.fullmatch(r"g_\d+_(pw|seg|red|gemm|splitsum)_[a-z0-9_]+", k.name)
 
 
 def test_rendering_is_deterministic():

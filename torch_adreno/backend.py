@@ -32,7 +32,7 @@ from torch_adreno.compile_cache import CompiledGraph
 from torch_adreno.config import Config
 from torch_adreno.decompositions import OWN_DECOMPOSITIONS
 from torch_adreno.errors import OptionError, ShapeLimitError
-from torch_adreno.fusion import fuse
+from torch_adreno.fusion import fuse, max_kernel_buffers
 from torch_adreno.kernels import KernelProgram, render_program
 from torch_adreno.lowering import lower_graph
 from torch_adreno.memory import plan_memory
@@ -118,7 +118,7 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     graph = lower_graph(gm, config, name, num_host_outputs)
-    fused = fuse(graph, config)
+    fused = fuse(graph, config, max_kernel_buffers(runtime.profile.max_parameter_bytes, runtime.profile.address_bits))
     plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donated, resident_outputs=resident_outputs)
     program = render_program(fused, plan, runtime.profile)

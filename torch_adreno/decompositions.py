@@ -78,3 +78,68 @@ OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_forward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_backward,
 }
+
+
+# -- foreach ops: one op per tensor -----------------------------------------------------------------
+#
+# ``foreach=True`` optimizers (SGD's and Adam's default on CUDA, and what Dynamo traces with
+# foreach=True on the CPU) call ``_foreach_*`` ops over lists of tensors. Each is the same
+# element-wise op applied per tensor; decomposed that way, fusion sees the single-tensor chains it
+# already fuses per parameter, and multi-tensor grouping (``fusion/multi_tensor.py``) puts them back
+# into one launch per kind of update.
+
+#: foreach op -> the per-tensor function, per overload kind ("Scalar"/"ScalarList": a number per
+#: tensor; otherwise tensors). maximum/minimum with a number are clamps (torch.maximum takes tensors).
+_FOREACH_ELEMENTWISE: dict[str, Callable[..., Any]] = {
+    name: getattr(torch, name) for name in (
+        "add", "sub", "mul", "div", "addcmul", "addcdiv", "pow", "maximum", "minimum", "lerp", "clamp_min",
+        "clamp_max", "sqrt", "neg", "reciprocal", "exp", "log", "abs", "sign", "sigmoid", "tanh")
+}
+_FOREACH_WITH_NUMBER: dict[str, Callable[..., Any]] = {"maximum": torch.clamp_min, "minimum": torch.clamp_max}
+
+
+def _foreach_decomposition(name: str, overload: str, schema: torch._C.FunctionSchema) -> Callable[..., Any]:
+    per_tensor = _FOREACH_ELEMENTWISE[name]
+    if overload in ("Scalar", "ScalarList") and name in _FOREACH_WITH_NUMBER:
+        per_tensor = _FOREACH_WITH_NUMBER[name]
+    arguments = [(a.name, isinstance(a.type, torch.ListType)) for a in schema.arguments]
+    keyword = {"alpha", "value"} | ({"scalars"} if name in ("addcmul", "addcdiv") else set())
+
+    def decomposition(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        values = dict(zip([n for n, _ in arguments], args, strict=False)) | kwargs
+        lists = [values[n] for n, is_list in arguments if is_list and n in values]
+        results = []
+        for i in range(len(lists[0])):
+            positional, named = [], {}
+            for n, is_list in arguments:
+                if n not in values:
+                    continue
+                v = values[n][i] if is_list else values[n]
+                if n in keyword:
+                    named["value" if n == "scalars" else n] = v
+                else:
+                    positional.append(v)
+            results.append(per_tensor(*positional, **named))
+        return results
+
+    decomposition.__name__ = f"foreach_{name}_{overload}"
+    return decomposition
+
+
+def foreach_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Per-tensor decompositions of the element-wise ``_foreach_*`` ops (not of the ``.Tensor``
+    overloads of addcmul/addcdiv, whose values come in one tensor, nor of the out= forms)."""
+    table: dict[Any, Callable[..., Any]] = {}
+    for name in _FOREACH_ELEMENTWISE:
+        packet = getattr(aten, f"_foreach_{name}", None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if "out" in overload.lower() or (name in ("addcmul", "addcdiv") and overload == "Tensor"):
+                continue
+            table[op] = _foreach_decomposition(name, overload, op._schema)
+    return table
+
+
+OWN_DECOMPOSITIONS.update(foreach_decompositions())

@@ -14,7 +14,8 @@ Reuse: buffers whose lifetimes (first to last kernel touching them) do not overl
 device buffer (a slot), assigned greedily largest first; in the backward, a saved activation is
 such a slot once read for the last time. In place: a pointwise kernel that reads a buffer for the
 last time, element for element where it writes another of the same size, writes into the same
-bytes. Every buffer starts at its slot's first byte: no partially overlapping sub-buffers.
+bytes; in a segmented kernel (one launch of independent pointwise kernels) only where no other
+segment reads that buffer. Every buffer starts at its slot's first byte: no partially overlapping sub-buffers.
 
 Invariant (tested): two arena buffers live at the same time never overlap, except a buffer and the
 in-place result that replaces it element by element.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 from torch_adreno import ir
 from torch_adreno.errors import DeviceMemoryError
-from torch_adreno.fusion import FusedGraph, PointwiseKernel
+from torch_adreno.fusion import FusedGraph, PointwiseKernel, SegmentedKernel
 from torch_adreno.target import DeviceProfile
 
 
@@ -126,10 +127,22 @@ def live_ranges(fused: FusedGraph) -> dict[str, tuple[int, int]]:
 
 def _can_overwrite(fused: FusedGraph, index: int, out: str, src: str, ranges: dict[str, tuple[int, int]]) -> bool:
     """Whether kernel ``index`` may write ``out`` into ``src``'s bytes: a pointwise kernel that reads
-    ``src`` for the last time, only at the very element where it writes ``out``."""
+    ``src`` for the last time, only at the very element where it writes ``out``. In a segmented
+    kernel (independent pointwise kernels in one launch) the rule holds for the segment storing
+    ``out``, and no other segment may read ``src``: its work-items run alongside at other elements."""
     group = fused.groups[index]
     spec = group.spec
-    if not isinstance(spec, PointwiseKernel) or src not in group.reads or ranges[src][1] != index:
+    if src not in group.reads or ranges[src][1] != index:
+        return False
+    if isinstance(spec, SegmentedKernel):
+        segment = spec.segment_storing(out)
+        others = [seg for seg in spec.segments if seg is not segment]
+        if segment is None or any(ld.buffer == src for seg in others for s in seg.stores
+                                  for e in (s.value, *s.index, *([s.when] if s.when is not None else []))
+                                  for ld in ir.loads(e)):
+            return False
+        spec = segment
+    if not isinstance(spec, PointwiseKernel):
         return False
     a, b = fused.graph.buffers[src], fused.graph.buffers[out]
     if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:

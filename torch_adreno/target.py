@@ -30,6 +30,11 @@ class DeviceProfile:
     unified_memory: bool
     fp16: bool
     images: bool
+    #: CL_DEVICE_MAX_PARAMETER_SIZE: bytes of one kernel's arguments (at least 1024 on a full-profile
+    #: device), and the device's pointer width (CL_DEVICE_ADDRESS_BITS): they bound how many buffers
+    #: one launch can take (multi-tensor grouping splits its launches to fit).
+    max_parameter_bytes: int = 1024
+    address_bits: int = 64
 
     @property
     def key(self) -> str:

@@ -1,6 +1,6 @@
 """Fusion: ir.Graph -> FusedGraph, the kernels of a graph in launch order.
 
-Two steps, both recording a reason for every decision (``TORCH_ADRENO_DEBUG`` writes them out):
+Steps, each recording a reason for every decision (``TORCH_ADRENO_DEBUG`` writes them out):
 
 1. recomputation (``inline.py``): small reductions are unrolled, cheap pointwise producers are
    substituted into their consumers, so their results never reach memory;
@@ -8,7 +8,9 @@ Two steps, both recording a reason for every decision (``TORCH_ADRENO_DEBUG`` wr
    registers (GEMM epilogues, reduction prologues/epilogues/inner stages, pointwise chains,
    horizontal siblings);
 3. split-K (``split_k.py``): GEMMs with few outputs and a long k are cut into k slices, so that
-   enough work-groups run (also without fusion: it is how a GEMM runs, not what it fuses).
+   enough work-groups run (also without fusion: it is how a GEMM runs, not what it fuses);
+4. multi-tensor grouping (``multi_tensor.py``): independent pointwise kernels (an optimizer's
+   per-parameter updates) are launched together, each a segment of one index space.
 
 With ``options={"fusion": False}`` every IR node is its own kernel: the baseline fusion is
 measured against. Both schedules compute the same values up to float reassociation.
@@ -30,15 +32,17 @@ from torch_adreno.fusion.kernels import (
     Phase,
     PointwiseKernel,
     ReductionKernel,
+    SegmentedKernel,
     Store,
     format_spec,
 )
+from torch_adreno.fusion.multi_tensor import group_independent_pointwise, max_kernel_buffers
 from torch_adreno.fusion.schedule import FusionGroup, Scheduler
 from torch_adreno.fusion.split_k import split_long_gemms
 
 __all__ = [
     "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "KernelSpec", "Phase",
-    "PointwiseKernel", "ReductionKernel", "Store", "fuse",
+    "PointwiseKernel", "ReductionKernel", "SegmentedKernel", "Store", "fuse", "max_kernel_buffers",
 ]
 
 
@@ -64,7 +68,9 @@ class FusedGraph:
         return "\n".join(lines)
 
 
-def fuse(graph: ir.Graph, config: Config) -> FusedGraph:
+def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None) -> FusedGraph:
+    """``max_buffers``: the most buffer arguments a kernel may take on the target device
+    (:func:`max_kernel_buffers`; default: what every full-profile OpenCL device accepts)."""
     decisions: list[Decision] = []
     if not config.fusion:
         scheduler = Scheduler(graph, decisions)
@@ -80,4 +86,6 @@ def fuse(graph: ir.Graph, config: Config) -> FusedGraph:
             scheduler.place(node)
         groups = scheduler.finish("k")
     split_long_gemms(graph, groups, decisions)
+    if config.fusion:
+        groups = group_independent_pointwise(groups, decisions, max_buffers or max_kernel_buffers())
     return FusedGraph(graph, groups, decisions)

@@ -37,6 +37,33 @@ class PointwiseKernel:
         return ir.placeholder_vars(self.ranges, "i")
 
 
+@dataclass
+class SegmentedKernel:
+    """Independent pointwise kernels in one launch (multi-tensor grouping, ``multi_tensor.py``).
+
+    The launch's index space is the concatenation of the segments' element ranges, in order:
+    work-item ``x`` computes element ``x - offsets[k]`` of segment ``k``, the one whose range holds
+    it. Invariant: no segment reads or writes a buffer that another segment writes, so segments
+    may run in any order, and each segment's own in-place rules are those of a pointwise kernel.
+    """
+
+    segments: list[PointwiseKernel]
+
+    @property
+    def offsets(self) -> list[int]:
+        """First work-item of each segment, then the total (one more entry than segments)."""
+        out = [0]
+        for seg in self.segments:
+            out.append(out[-1] + math.prod(seg.ranges))
+        return out
+
+    def segment_storing(self, buffer: str) -> PointwiseKernel | None:
+        for seg in self.segments:
+            if any(s.buffer == buffer for s in seg.stores):
+                return seg
+        return None
+
+
 @dataclass(frozen=True)
 class Accumulator:
     """A reduction inside a kernel: ``reduce_op`` of ``value`` over the inner loop, per outer
@@ -120,7 +147,7 @@ class HostKernel:
     node: ir.HostOp
 
 
-KernelSpec = PointwiseKernel | ReductionKernel | GemmKernel | HostKernel
+KernelSpec = PointwiseKernel | SegmentedKernel | ReductionKernel | GemmKernel | HostKernel
 
 
 def _format_store(s: Store) -> str:
@@ -132,6 +159,12 @@ def format_spec(spec: KernelSpec) -> list[str]:
     """The fused IR of one kernel, as text (written by TORCH_ADRENO_DEBUG)."""
     if isinstance(spec, PointwiseKernel):
         return [f"pointwise over {list(spec.ranges)}", *(f"  {_format_store(s)}" for s in spec.stores)]
+    if isinstance(spec, SegmentedKernel):
+        lines = [f"segmented: {len(spec.segments)} independent pointwise kernels over {spec.offsets[-1]} elements"]
+        for k, (seg, start) in enumerate(zip(spec.segments, spec.offsets, strict=False)):
+            lines.append(f"  segment {k} from element {start}: pointwise over {list(seg.ranges)}")
+            lines.extend(f"    {_format_store(s)}" for s in seg.stores)
+        return lines
     if isinstance(spec, ReductionKernel):
         lines = [f"reduction: outer {list(spec.outer)}, inner {list(spec.inner)}"]
         for k, phase in enumerate(spec.phases):
@@ -150,8 +183,8 @@ def format_spec(spec: KernelSpec) -> list[str]:
 
 
 def spec_kind(spec: KernelSpec) -> str:
-    return {PointwiseKernel: "pointwise", ReductionKernel: "reduction", GemmKernel: "gemm",
-            HostKernel: "host"}[type(spec)]
+    return {PointwiseKernel: "pointwise", SegmentedKernel: "segmented", ReductionKernel: "reduction",
+            GemmKernel: "gemm", HostKernel: "host"}[type(spec)]
 
 
 def spec_stores(spec: KernelSpec) -> list[Store]:
@@ -159,6 +192,8 @@ def spec_stores(spec: KernelSpec) -> list[Store]:
         return list(spec.stores) + ([spec.row_sum] if spec.row_sum is not None else [])
     if isinstance(spec, PointwiseKernel):
         return list(spec.stores)
+    if isinstance(spec, SegmentedKernel):
+        return [s for seg in spec.segments for s in seg.stores]
     if isinstance(spec, ReductionKernel):
         return [s for p in spec.phases for s in p.stores] + list(spec.outer_stores)
     return []

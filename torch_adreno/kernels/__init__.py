@@ -20,6 +20,7 @@ from torch_adreno.fusion import (
     HostKernel,
     PointwiseKernel,
     ReductionKernel,
+    SegmentedKernel,
 )
 from torch_adreno.kernels.gemm import gemm_candidates, render_gemm
 from torch_adreno.kernels.generated import (
@@ -28,6 +29,7 @@ from torch_adreno.kernels.generated import (
     make_params,
     render_pointwise,
     render_reduction,
+    render_segmented,
     tree_reduction_candidates,
 )
 from torch_adreno.kernels.program import (
@@ -52,7 +54,7 @@ def kernel_name(graph_name: str, index: int, group: FusionGroup, kind: str | Non
     extends another: the binary cache renames kernels only when none does (``runtime.build``).
     """
     ops = list(dict.fromkeys(o.op.split(".")[1] if "." in o.op else o.op for o in group.origins))
-    kind = kind or {"pointwise": "pw", "reduction": "red", "gemm": "gemm"}.get(group.kind, group.kind)
+    kind = kind or {"pointwise": "pw", "segmented": "seg", "reduction": "red", "gemm": "gemm"}.get(group.kind, group.kind)
     summary = "_".join(ops[:3]) + ("_etc" if len(ops) > 3 else "")
     return c_identifier(f"{graph_name}_{index}_{kind}_{summary}").lower()
 
@@ -61,6 +63,9 @@ def _describe(group: FusionGroup) -> str:
     spec = group.spec
     if isinstance(spec, PointwiseKernel):
         return f"pointwise over {list(spec.ranges)}"
+    if isinstance(spec, SegmentedKernel):
+        return (f"{len(spec.segments)} independent pointwise kernels as segments of one launch, "
+                f"{spec.offsets[-1]} elements")
     if isinstance(spec, ReductionKernel):
         ops = ", ".join(a.reduce_op for a in spec.accumulators())
         return f"{ops} over {list(spec.inner)} for each of {list(spec.outer)} in {len(spec.phases)} pass(es)"
@@ -83,6 +88,8 @@ def estimate_flops(group: FusionGroup) -> int:
         return 2 * g.batch * g.m * g.n * g.k + g.batch * g.m * g.n * epilogue
     if isinstance(spec, PointwiseKernel):
         return math.prod(spec.ranges) * sum(_float_ops(s.value) for s in spec.stores)
+    if isinstance(spec, SegmentedKernel):
+        return sum(math.prod(seg.ranges) * sum(_float_ops(s.value) for s in seg.stores) for seg in spec.segments)
     if isinstance(spec, ReductionKernel):
         inner = sum(_float_ops(a.value) + 1 for a in spec.accumulators())
         inner += sum(_float_ops(s.value) for p in spec.phases for s in p.stores)
@@ -111,6 +118,8 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
             continue
         if isinstance(spec, PointwiseKernel):
             source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
+        elif isinstance(spec, SegmentedKernel):
+            source, global_size, local_size = render_segmented(name, header, spec, params, profile)
         else:
             assert isinstance(spec, ReductionKernel)
             source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)

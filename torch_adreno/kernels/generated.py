@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from torch_adreno import ir
-from torch_adreno.fusion import Accumulator, PointwiseKernel, ReductionKernel, Store
+from torch_adreno.fusion import Accumulator, PointwiseKernel, ReductionKernel, SegmentedKernel, Store
 from torch_adreno.kernels.expressions import (
     STORAGE_CTYPE,
     arg_better,
@@ -127,6 +127,48 @@ def render_pointwise(name: str, header: str, spec: PointwiseKernel, params: dict
         "",
     ])
     return src, (round_up(max(numel, 1), local),), (local,)
+
+
+def _segment_lines(index: int, spec: PointwiseKernel, start: int, params: dict[str, Param]) -> list[str]:
+    """One segment of a segmented kernel: its element ``x`` from the launch's ``gx``, its stores."""
+    writer = CodeWriter(params, var_names(spec.loop_vars), prefix=f"s{index}_t")
+    write_stores(writer, spec.stores, "x", spec.ranges, spec.loop_vars)
+    index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges)
+    body = writer.close_scope()
+    first = "const INDEX_T x = gx;" if start == 0 else f"const INDEX_T x = gx - {start};"
+    return [f"// segment {index}: elements [{start}, {start + math.prod(spec.ranges)}), "
+            f"pointwise over {list(spec.ranges)}", first, *index_defs, *body]
+
+
+def _segment_tree(segments: list[list[str]], offsets: list[int], lo: int, hi: int) -> list[str]:
+    """Statements running segment ``k`` of ``segments[lo:hi]`` for the ``gx`` in its range: a
+    balanced binary decision on constant offsets (log2(segments) comparisons per work-item)."""
+    if hi - lo == 1:
+        return segments[lo]
+    mid = (lo + hi) // 2
+    return [f"if (gx < {offsets[mid]}) {{", *("    " + ln for ln in _segment_tree(segments, offsets, lo, mid)),
+            "} else {", *("    " + ln for ln in _segment_tree(segments, offsets, mid, hi)), "}"]
+
+
+def render_segmented(name: str, header: str, spec: SegmentedKernel, params: dict[str, Param],
+                     profile: DeviceProfile) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """Source, global and local size of a segmented kernel: one work-item per element of every
+    segment, segment ``k`` taking items ``[offsets[k], offsets[k + 1])``."""
+    offsets = spec.offsets
+    total = offsets[-1]
+    segments = [_segment_lines(k, seg, offsets[k], params) for k, seg in enumerate(spec.segments)]
+    local = linear_local_size(total, profile)
+    src = "\n".join([
+        header,
+        f"#define INDEX_T {index_ctype_for(params, total)}",
+        signature(name, params) + " {",
+        "    const INDEX_T gx = get_global_id(0);",
+        f"    if (gx >= {total}) return;",
+        *("    " + ln for ln in _segment_tree(segments, offsets, 0, len(segments))),
+        "}",
+        "",
+    ])
+    return src, (round_up(max(total, 1), local),), (local,)
 
 
 def use_workgroup_reduction(outputs: int, reduction_numel: int, profile: DeviceProfile) -> bool:

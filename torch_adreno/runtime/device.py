@@ -123,6 +123,8 @@ def profile_of(entry: DeviceEntry, context: cl.Context) -> DeviceProfile:
         unified_memory=bool(getattr(d, "host_unified_memory", False)),
         fp16="cl_khr_fp16" in extensions,
         images=bool(d.image_support),
+        max_parameter_bytes=int(d.max_parameter_size),
+        address_bits=int(d.address_bits),
     )
 
 
