@@ -39,6 +39,7 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
 
 def _step(name: str, options: dict[str, Any], replay: bool) -> tuple[torch.nn.Module, torch_adreno.TrainingStep]:
+    torch._dynamo.reset()  # each step compiles its own optimizer's step: stay below the recompile limit
     torch.manual_seed(0)
     model = MODELS[name].make()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -87,6 +88,7 @@ def measure(name: str, options: dict[str, Any], steps: int) -> dict[str, Any]:
         replayed(x, y)
     times: dict[bool, list[float]] = {False: [], True: []}
     host: list[float] = []
+    phases: list[tuple[float, float, float]] = []
     for _ in range(steps):
         for replay, step in ((False, full), (True, replayed)):
             start = time.perf_counter()
@@ -94,6 +96,7 @@ def measure(name: str, options: dict[str, Any], steps: int) -> dict[str, Any]:
             times[replay].append(time.perf_counter() - start)
         assert replayed.replay is not None
         host.append(replayed.replay.last_host_seconds)
+        phases.append(replayed.replay.last_phase_seconds)
     with torch_adreno.profile() as prof:
         replayed(x, y).item()
     replay = replayed.replay
@@ -104,6 +107,9 @@ def measure(name: str, options: dict[str, Any], steps: int) -> dict[str, Any]:
         "full_ms": statistics.median(times[False]) * 1e3, "replay_ms": statistics.median(times[True]) * 1e3,
         "replay_host_us": host_us, "replay_host_us_per_launch": host_us / replay.kernel_launches,
         "bare_enqueue_us": bare_enqueue_us(replay.runtime, replay.kernel_launches),
+        "replay_host_checks_us": statistics.median(p[0] for p in phases) * 1e6,
+        "replay_host_batch_us": statistics.median(p[1] for p in phases) * 1e6,
+        "replay_host_enqueue_us": statistics.median(p[2] for p in phases) * 1e6,
         "device_ms": prof.device_time_us / 1e3,
         "step_memory_planned_bytes": replay.memory.planned_bytes,
         "step_memory_full_path_bytes": replay.memory.full_path_bytes,
@@ -127,7 +133,7 @@ def main() -> None:
         options["zero_copy"] = False
     context = run_context(args.device)
     print(f"{'model':<12} {'launches':>8} {'full ms':>8} {'replay ms':>9} {'host us/launch':>14} "
-          f"{'bare us':>7} {'device ms':>9} {'plan MB':>7} {'today MB':>8} identical")
+          f"{'bare us':>7} {'device ms':>9} {'plan MB':>7} {'today MB':>8} identical  host us: checks/batch/enqueue")
     for name in args.models:
         row = measure(name, options, args.steps)
         row["bit_identical"] = bit_identical(name, options, args.check_steps) if args.check_steps else None
@@ -138,7 +144,8 @@ def main() -> None:
         print(f"{name:<12} {row['launches']:>8} {row['full_ms']:>8.2f} {row['replay_ms']:>9.2f} "
               f"{row['replay_host_us_per_launch']:>14.2f} {row['bare_enqueue_us']:>7.2f} {row['device_ms']:>9.3f} "
               f"{row['step_memory_planned_bytes'] / 1e6:>7.2f} {row['step_memory_full_path_bytes'] / 1e6:>8.2f} "
-              f"{row['bit_identical']}")
+              f"{row['bit_identical']!s:>9}  {row['replay_host_checks_us']:.0f}/{row['replay_host_batch_us']:.0f}/"
+              f"{row['replay_host_enqueue_us']:.0f}")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,12 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
                 if tensor is not None and table == "_parameters":
                     w.check(f"{w.bind(tensor)}.requires_grad is not {tensor.requires_grad}",
                             f"requires_grad of {prefix}{key} changed")
+    for index, group in enumerate(optimizer.param_groups):
+        for param in group["params"]:
+            t = w.bind(param)
+            name = names.get(id(param), f"a parameter of optimizer group {index}")
+            w.check(f"{t}._backward_hooks or {t}._post_accumulate_grad_hooks",
+                    f"a gradient hook was registered on {name}")
     groups = w.bind(optimizer.param_groups)
     w.check(f"len({groups}) != {len(optimizer.param_groups)}", "the optimizer's parameter groups changed")
     for index, group in enumerate(optimizer.param_groups):

@@ -183,13 +183,16 @@ class TrainingStep:
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         started = time.perf_counter()
-        self._before_step(batch)
+        if self._closed:
+            raise RuntimeError("this TrainingStep was closed; make a new one to train further")
         signature = step_capture.batch_signature(batch) if self._replay_enabled else None
         reason = None
         if signature is not None and signature in self._replays:
             replay, guard = self._replays[signature]
+            # The guard holds what _check_can_step checks (the batch needs no grad, no gradient hooks).
             reason = guard(batch)
             if reason is None:
+                host_sync.suspend(self._residency)
                 try:
                     loss = replay(batch, started)
                 finally:
@@ -201,6 +204,7 @@ class TrainingStep:
                 return loss
             del self._replays[signature]
             _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
+        self._before_step(batch)
         capture = signature is not None and signature in self._warm and signature not in self._unreplayable
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
         loss = self._compiled_step(batch, recorder)

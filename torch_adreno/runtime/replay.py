@@ -201,6 +201,8 @@ class ReplayedStep:
         #: Host seconds of the last replay's own work (the caller's checks, batch, seeds, enqueue
         #: loop), before it waits for the loss.
         self.last_host_seconds = 0.0
+        #: Of those: the caller's checks, the batch and seeds, the enqueue loop.
+        self.last_phase_seconds = (0.0, 0.0, 0.0)
 
     @property
     def kernel_launches(self) -> int:
@@ -255,10 +257,14 @@ class ReplayedStep:
         step began (its checks), counted in :attr:`last_host_seconds`."""
         start = time.perf_counter() if started is None else started
         keep: list[Any] = []
+        bind_start = time.perf_counter()
         self._bind_batch(batch, keep)
         self._upload_seeds(keep)
+        enqueue_start = time.perf_counter()
         self._enqueue_all()
-        self.last_host_seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        self.last_host_seconds = end - start
+        self.last_phase_seconds = (bind_start - start, enqueue_start - bind_start, end - enqueue_start)
         loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
         cl.enqueue_copy(self.runtime.queue, loss, self._loss_buffer, is_blocking=True)
         BUS.transfer(REPLAY_GRAPH, "d2h", loss.nbytes, "loss", "output")

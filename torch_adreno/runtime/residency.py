@@ -140,7 +140,7 @@ class Residency:
         self._to_mark: list[int] = []
         # Host-pointer buffers a replayed step wrote, made coherent for the host at the next sync
         # point rather than after every step (see :meth:`defer`), by buffer handle.
-        self._unsynced_shared: dict[int, tuple[cl.Buffer, int]] = {}
+        self._unsynced_shared: dict[int, tuple[weakref.ref[torch.Tensor], cl.Buffer, int]] = {}
         #: How many times :meth:`synchronize` ran (a replayed step re-defers its updates after one).
         self.synchronizations = 0
         _ALL_RESIDENCIES[:] = [ref for ref in _ALL_RESIDENCIES if ref() is not None]
@@ -308,8 +308,12 @@ class Residency:
         copied = 0
         conflicts: list[str] = []
         self.synchronizations += 1
-        for buffer, nbytes in self._unsynced_shared.values():
-            sync_shared(self.runtime, buffer, nbytes, write=False)
+        for ref, buffer, nbytes in self._unsynced_shared.values():
+            tensor = ref()
+            entry = self._lookup(id(tensor)) if tensor is not None else None
+            # A dead tensor's buffer was released with its entry: nothing is left to make coherent.
+            if entry is not None and entry.buffer is buffer:
+                sync_shared(self.runtime, buffer, nbytes, write=False)
         self._unsynced_shared.clear()
         for key, deferred in list(self._stale.items()):
             tensor = deferred.ref()
@@ -342,7 +346,7 @@ class Residency:
         entry = self._lookup(id(tensor))
         nbytes = tensor.numel() * tensor.element_size()
         if entry is not None and entry.shared and entry.buffer is device_buffer:
-            self._unsynced_shared[device_buffer.int_ptr] = (device_buffer, nbytes)
+            self._unsynced_shared[device_buffer.int_ptr] = (weakref.ref(tensor), device_buffer, nbytes)
             return
         key = id(tensor)
         self._stale[key] = _Deferred(weakref.ref(tensor, self._make_finalizer(key, "_stale")), device_buffer,
