@@ -8,7 +8,8 @@ compute something; eager refuses. For the ops listed in :data:`EAGER_DTYPE_CHECK
 dispatch therefore replays eager's own kernel, on the CPU with zero-filled tensors of the node's
 shapes and dtypes, whenever the operands are not all float32 (the form every lowering is written
 for), and raises what eager raises: the same exception type and eager's message, followed by the
-FX node and the user's source line. Eager's kernel is the judge, so the check can neither refuse
+FX node and the user's source line. Any other op is replayed where its operands are all integers
+or booleans (eager's kernels for pooling, say, have no integer form). Eager's kernel is the judge, so the check can neither refuse
 what eager accepts nor word its refusal differently; it costs one small CPU call per such node at
 compile time, and nothing for float32 graphs.
 
@@ -18,14 +19,16 @@ claimed op with mixed-dtype operands and OpInfo's error inputs, eager vs compile
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Node
-from torch.utils._pytree import tree_map
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
 
-from torch_adreno.errors import LoweringError
+from torch_adreno.errors import LoweringError, UnsupportedOpError
 from torch_adreno.lowering.context import user_source
 
 aten = torch.ops.aten
@@ -66,26 +69,87 @@ def _mixed_error_type(error_type: type[BaseException]) -> type[LoweringError]:
 
 def check_like_eager(node: Node, graph_name: str) -> None:
     """Raise what eager raises for ``node``'s operand dtypes (see the module docstring)."""
-    if node.target not in EAGER_DTYPE_CHECKED:
-        return
-    metas = [a.meta.get("val") for a in node.all_input_nodes]
-    dtypes = {v.dtype for v in metas if isinstance(v, torch.Tensor)}
-    if dtypes <= {torch.float32}:
-        return
+    def value(arg: Any) -> Any:
+        return arg.meta.get("val") if isinstance(arg, Node) else arg
 
-    def real(arg: Any) -> Any:
-        val = arg.meta.get("val") if isinstance(arg, Node) else arg
-        if isinstance(val, torch.Tensor):
-            return torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype)
-        return val
+    args, kwargs = tree_map(value, node.args), tree_map(value, dict(node.kwargs))
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    if node.target not in EAGER_DTYPE_CHECKED and (not tensors or any(t.is_floating_point() for t in tensors)):
+        # Integer-only operands are replayed for every op (eager has no integer kernel for
+        # pooling or softmax); they are small index arithmetic in float models, and cheap.
+        return
+    error = eager_refusal(node.target, args, kwargs)
+    if error is not None:
+        source = user_source(node)
+        where = f"\n  (FX node '{node.name}', {node.target}, in graph {graph_name}"
+        where += f"; from your code: {source})" if source else ")"
+        raise eager_error_type(type(error))(f"{error}{where}") from None
 
-    with unset_fake_temporarily():
-        args = tree_map(real, node.args)
-        kwargs = tree_map(real, dict(node.kwargs))
-        try:
-            node.target(*args, **kwargs)
-        except Exception as err:
-            source = user_source(node)
-            where = f"\n  (FX node '{node.name}', {node.target}, in graph {graph_name}"
-            where += f"; from your code: {source})" if source else ")"
-            raise eager_error_type(type(err))(f"{err}{where}") from None
+
+def eager_refusal(op: Any, args: Any, kwargs: Any) -> Exception | None:
+    """The exception eager's CPU kernel of ``op`` raises for operands of these shapes and dtypes
+    (``args`` and ``kwargs`` may hold fake tensors), or None. Runs nothing where every tensor
+    operand is float32, nor for random ops (a replay would advance the user's generator).
+
+    The operands are replayed filled with zeros, and, where that raises, with ones: an error both
+    fillings raise does not come from the values (a zero divisor, an index past a size-1 dimension)
+    but from what the op was given.
+    """
+    leaves = tree_flatten((args, kwargs))[0]
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    if all(t.dtype == torch.float32 for t in tensors) or torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()):
+        return None
+    symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    if any(isinstance(v, symbolic) for v in leaves) or any(isinstance(s, symbolic) for t in tensors for s in t.shape):
+        return None  # reading a symbolic size would specialise it; static shapes are what we compile
+    first: Exception | None = None
+    for fill in (0, 1):
+        def real(arg: Any, fill: int = fill) -> Any:
+            if isinstance(arg, torch.Tensor):
+                return torch.full(tuple(int(s) for s in arg.shape), fill, dtype=arg.dtype)
+            return arg
+
+        # Outside every dispatch mode: AOTAutograd's fake mode, and its tracer, which would
+        # otherwise record the replay in the graph it is making.
+        with _disable_current_modes():
+            try:
+                op(*tree_map(real, args), **tree_map(real, kwargs))
+                return None
+            except Exception as err:
+                first = first or err
+    return first
+
+
+def with_eager_checks(op: Any, decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """``decomposition`` of ``op``, refusing first what eager's kernel of ``op`` refuses.
+
+    Decompositions are written for valid operands: softmax of an int64 tensor decomposes into ops
+    that all accept int64, where eager's softmax kernel raises NotImplementedError.
+    """
+    @functools.wraps(decomposition)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        error = eager_refusal(op, args, kwargs)
+        if error is not None:
+            raise eager_error_type(type(error))(f"{error}\n  ({op}, as eager raises it)") from None
+        return decomposition(*args, **kwargs)
+
+    return checked
+
+
+def data_dependent_shape_error(gm: Any, err: Exception) -> UnsupportedOpError:
+    """A clear error for a graph whose shapes depend on tensor values (``nonzero``, ``.item()``
+    sizes, ``tensor_split`` at tensor indices): AOTAutograd stops on them with a guard error, and
+    the backend compiles static shapes only. Names the first op making a data-dependent value."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    culprit = next((n for n in gm.graph.nodes if n.op == "call_function"
+                    and free_unbacked_symbols(n.meta.get("example_value", n.meta.get("val")))), None)
+    what = f"{culprit.target} (FX node '{culprit.name}')" if culprit is not None else "an op of this graph"
+    source = user_source(culprit) if culprit is not None else None
+    where = f"\n  from your code: {source}" if source else ""
+    return UnsupportedOpError(
+        f"the adreno backend cannot run {what}: the shape of its result depends on tensor values, and the "
+        f"backend compiles static shapes only ({type(err).__name__}).{where}\n"
+        "How to proceed: compute the sizes outside the compiled function, or let Dynamo break the graph "
+        "there (torch._dynamo.config.capture_dynamic_output_shape_ops = False, the default, "
+        "and capture_scalar_outputs = False).")
