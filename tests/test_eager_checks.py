@@ -132,3 +132,16 @@ def test_scatter_with_an_empty_index_returns_its_input(op):
     fn = getattr(torch, op)
     expected = fn(x, 0, index, src)
     torch.testing.assert_close(_compiled(lambda x, i, s: fn(x, 0, i, s))(x, index, src), expected)
+
+
+def test_a_result_dtype_eager_would_not_give_is_refused():
+    """select_scatter of a float32 source into an int64 tensor: eager returns int64, the traced
+    graph (meta function / decomposition) float32; ours returned float32 values."""
+    x, src = torch.arange(6).reshape(2, 3), torch.randn(3)
+    expected = torch.select_scatter(x, src, 0, 0)
+    try:
+        ours = _compiled(lambda x, s: torch.select_scatter(x, s, 0, 0))(x, src)
+    except UnsupportedOpError as err:
+        assert "select_scatter" in str(err) and "torch.int64" in str(err)
+    else:
+        torch.testing.assert_close(ours, expected)

@@ -42,6 +42,8 @@ EAGER_DTYPE_CHECKED = frozenset({
     aten.mm.default, aten.addmm.default, aten.mv.default, aten.index_put.default, aten.index_add.default,
     aten.bmm.default, aten.baddbmm.default, aten.addmv.default, aten.dot.default,
     aten.convolution.default, aten.convolution_backward.default,
+    # Eager copies the source into the destination's dtype; the meta function returns the source's.
+    aten.select_scatter.default, aten.slice_scatter.default,
 })
 
 
@@ -78,22 +80,31 @@ def check_like_eager(node: Node, graph_name: str) -> None:
         # Integer-only operands are replayed for every op (eager has no integer kernel for
         # pooling or softmax); they are small index arithmetic in float models, and cheap.
         return
-    error = eager_refusal(node.target, args, kwargs)
+    results: list[Any] = []
+    error = eager_refusal(node.target, args, kwargs, results)
+    source = user_source(node)
+    where = f"\n  (FX node '{node.name}', {node.target}, in graph {graph_name}"
+    where += f"; from your code: {source})" if source else ")"
     if error is not None:
-        source = user_source(node)
-        where = f"\n  (FX node '{node.name}', {node.target}, in graph {graph_name}"
-        where += f"; from your code: {source})" if source else ")"
         raise eager_error_type(type(error))(f"{error}{where}") from None
+    traced = [v.dtype for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+    eager = [v.dtype for v in tree_flatten(results)[0] if isinstance(v, torch.Tensor)]
+    if results and traced != eager:
+        # The op's meta function (or a decomposition) gives another result dtype than eager's
+        # kernel: the graph was traced for a result eager would not produce.
+        raise UnsupportedOpError(
+            f"eager's {node.target} returns {', '.join(map(str, eager))} for these operands where the traced "
+            f"graph expects {', '.join(map(str, traced))}; cast the operands to one dtype{where}")
 
 
-def eager_refusal(op: Any, args: Any, kwargs: Any) -> Exception | None:
+def eager_refusal(op: Any, args: Any, kwargs: Any, results: list[Any] | None = None) -> Exception | None:
     """The exception eager's CPU kernel of ``op`` raises for operands of these shapes and dtypes
     (``args`` and ``kwargs`` may hold fake tensors), or None. Runs nothing where every tensor
     operand is float32, nor for random ops (a replay would advance the user's generator).
 
     The operands are replayed filled with zeros, and, where that raises, with ones: an error both
     fillings raise does not come from the values (a zero divisor, an index past a size-1 dimension)
-    but from what the op was given.
+    but from what the op was given. Where the replay succeeds, its result is appended to ``results``.
     """
     leaves = tree_flatten((args, kwargs))[0]
     tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
@@ -113,7 +124,9 @@ def eager_refusal(op: Any, args: Any, kwargs: Any) -> Exception | None:
         # otherwise record the replay in the graph it is making.
         with _disable_current_modes():
             try:
-                op(*tree_map(real, args), **tree_map(real, kwargs))
+                result = op(*tree_map(real, args), **tree_map(real, kwargs))
+                if results is not None:
+                    results.append(result)
                 return None
             except Exception as err:
                 first = first or err
@@ -128,10 +141,19 @@ def with_eager_checks(op: Any, decomposition: Callable[..., Any]) -> Callable[..
     """
     @functools.wraps(decomposition)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        error = eager_refusal(op, args, kwargs)
+        results: list[Any] = []
+        error = eager_refusal(op, args, kwargs, results)
         if error is not None:
             raise eager_error_type(type(error))(f"{error}\n  ({op}, as eager raises it)") from None
-        return decomposition(*args, **kwargs)
+        out = decomposition(*args, **kwargs)
+        ours = [v.dtype for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
+        eager = [v.dtype for v in tree_flatten(results)[0] if isinstance(v, torch.Tensor)]
+        if results and ours != eager:
+            raise UnsupportedOpError(
+                f"the adreno backend cannot run {op} for these operands: eager returns "
+                f"{', '.join(map(str, eager))} where its decomposition gives {', '.join(map(str, ours))}; "
+                "cast the operands to one dtype")
+        return out
 
     return checked
 
