@@ -60,3 +60,50 @@ def test_opinfo_samples_match_eager(name):
     unexpected = [f"[{o.index}] {o.reason}" for r in reports for o in r.unexpected]
     assert not unexpected, "\n".join(unexpected)
     assert any(o.passed for r in reports for o in r.outcomes), "no sample passed"
+
+
+#: OpInfo entries whose error inputs and dtype cases CI runs: the matrix products, the ops whose
+#: meta functions check less than eager's kernels, decomposed ops and indexing.
+ERROR_SUBSET = ["mm", "addmm", "nn.functional.linear", "index_put", "softmax", "nn.functional.layer_norm",
+                "nn.functional.gelu", "var", "nn.functional.nll_loss", "gather", "scatter_add",
+                "nn.functional.adaptive_avg_pool2d", "cat"]
+
+
+def test_known_disagreements_name_claimed_entries_and_give_reasons():
+    from torch_adreno.opinfo_errors import KNOWN_DISAGREEMENTS
+
+    claimed = {opinfo._opinfo_name(op) for op in opinfo.claimed_opinfos()}
+    for (name, _case), reason in KNOWN_DISAGREEMENTS.items():
+        assert name in claimed and len(reason) > 10, name
+
+
+@pytest.mark.device
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ERROR_SUBSET)
+def test_refuses_what_eager_refuses(name):
+    """OpInfo's error inputs and mixed-dtype operands: where eager raises, ours raises the same
+    exception type (never a value); where eager computes, ours matches it or refuses clearly."""
+    from torch_adreno.opinfo_errors import error_sweep
+
+    outcomes = [o for report in error_sweep([name]) for o in report]
+    assert outcomes, f"no error or dtype case for {name}"
+    unexpected = [f"{o.case}: {o.kind}: {o.detail}" for o in outcomes if not o.agrees and not o.known]
+    assert not unexpected, "\n".join(unexpected)
+
+
+#: Entries outside the claimed ops (and the ones issue 13 found stopping on internal errors): every
+#: sample must pass or end in a clear error, never an internal error or a wrong result.
+DATABASE_SUBSET = ["masked.sum", "masked.softmax", "masked.cumsum", "masked.median", "gather", "tensor_split",
+                   "take", "nonzero", "linalg.det", "nn.functional.pixel_shuffle"]
+
+
+@pytest.mark.device
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DATABASE_SUBSET)
+def test_database_entries_pass_or_fail_clearly(name):
+    reports = opinfo.sweep([name], limit=4, progress=False, database=True)
+    assert reports, f"no OpInfo entry named {name}"
+    bad = [f"[{o.index}] {o.kind}: {o.reason}" for r in reports for o in r.outcomes
+           if o.kind in (opinfo.INTERNAL_ERROR, opinfo.WRONG_RESULT)]
+    assert not bad, "\n".join(bad)
+    assert any(o.kind != opinfo.SKIPPED for r in reports for o in r.outcomes), "every sample was skipped"

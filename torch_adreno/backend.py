@@ -25,6 +25,7 @@ from torch._dynamo.convert_frame import compile_lock, preserve_global_state
 from torch._dynamo.utils import counters, flatten_graph_inputs
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch.fx import GraphModule
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from torch_adreno import compile_cache, debug
@@ -35,6 +36,7 @@ from torch_adreno.errors import OptionError, ShapeLimitError
 from torch_adreno.fusion import fuse, max_kernel_buffers
 from torch_adreno.kernels import KernelProgram, render_program
 from torch_adreno.lowering import lower_graph
+from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_checks
 from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import get_residency, get_runtime
 
@@ -95,7 +97,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
     table.update(OWN_DECOMPOSITIONS)
-    return table
+    return {op: with_eager_checks(op, decomposition) for op, decomposition in table.items()}
 
 
 class _Decompositions(Mapping[Any, Callable[..., Any]]):
@@ -249,6 +251,9 @@ def _aot_autograd(gm: GraphModule, example_inputs: list[Any], **kwargs: Any) -> 
     try:
         with logging:
             compiled = aot_module_simplified(gm, example_inputs, **kwargs)
+    except GuardOnDataDependentSymNode as err:
+        counters["aot_autograd"]["not_ok"] += 1
+        raise data_dependent_shape_error(gm, err) from None
     except Exception:
         counters["aot_autograd"]["not_ok"] += 1
         raise

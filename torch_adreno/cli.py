@@ -145,9 +145,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_opinfo(args: argparse.Namespace) -> int:
-    from torch_adreno.opinfo import OpReport, format_reports, sweep
+    from torch_adreno.opinfo import INTERNAL_ERROR, WRONG_RESULT, OpReport, format_reports, sweep
 
     index, _, count = args.shard.partition("/")
+    if args.error_inputs:
+        from torch_adreno.opinfo_errors import ErrorOutcome, error_sweep, format_error_reports
+
+        def write_case(outcome: ErrorOutcome) -> None:
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
+
+        error_reports = error_sweep(args.ops, shard=(int(index), int(count or 1)), on_case=write_case)
+        print(format_error_reports(error_reports, failures=args.failures))
+        return 1 if any(not o.agrees and not o.known for r in error_reports for o in r) else 0
 
     def write_jsonl(report: OpReport) -> None:
         with open(args.jsonl, "a") as f:
@@ -155,13 +166,17 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
                 f.write(json.dumps(dataclasses.asdict(o)) + "\n")
 
     reports = sweep(args.ops, args.samples, shard=(int(index), int(count or 1)),
-                    on_report=write_jsonl if args.jsonl else None, all_samples=args.all_samples)
+                    on_report=write_jsonl if args.jsonl else None, all_samples=args.all_samples,
+                    database=args.database)
     print(format_reports(reports))
     if args.failures:
         for r in reports:
             for o in r.counted:
-                if not o.passed:
-                    print(f"{o.op}[{o.index}]: {o.reason}")
+                if not o.passed and (not args.database or o.kind in (INTERNAL_ERROR, WRONG_RESULT)):
+                    print(f"{o.op}[{o.index}] {o.kind}: {o.reason}")
+    if args.database:
+        # Over the whole database unclaimed ops end in clear errors; only bugs fail the command.
+        return 1 if any(o.kind in (INTERNAL_ERROR, WRONG_RESULT) for r in reports for o in r.outcomes) else 0
     # Unexpected failures make the command fail, so that it can gate a change.
     return 1 if any(r.unexpected for r in reports) else 0
 
@@ -196,6 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="every sample, also of entries whose grid the sweep strides over (max pooling)")
     opinfo.add_argument("--shard", default="0/1", help="i/n: run every n-th op from the i-th (parallel sweeps)")
     opinfo.add_argument("--jsonl", default=None, help="append one JSON line per sample to this file")
+    opinfo.add_argument("--database", action="store_true",
+                        help="every OpInfo entry, claimed or not: counts pass / clear error / not traceable / "
+                             "internal error / wrong result apart; fails on internal errors and wrong results")
+    opinfo.add_argument("--error-inputs", action="store_true",
+                        help="OpInfo's error inputs and mixed-dtype operands of every claimed op: the compiled "
+                             "call must raise what eager raises (same exception type)")
     opinfo.set_defaults(fn=cmd_opinfo)
     args = parser.parse_args(argv)
     if getattr(args, "device", None) is not None and str(args.device).isdigit():

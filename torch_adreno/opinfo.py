@@ -91,6 +91,15 @@ EXPECTED_FAILURES: dict[tuple[str, int | None], str] = {
 }
 
 
+#: What became of a sample (``Outcome.kind``). A *clear error* is one of ours (an AdrenoError
+#: naming the op or FX node and saying how to proceed); *not traceable* is Dynamo refusing the
+#: function before any graph reaches a backend (its own clear error, the same under any backend);
+#: an *internal error* is anything else raised while compiling or running: a bug to fix.
+PASS, CLEAR_ERROR, NOT_TRACEABLE, INTERNAL_ERROR, WRONG_RESULT, NO_GRAPH, SKIPPED = (
+    "pass", "clear error", "not traceable", "internal error", "wrong result", "no graph", "skipped")
+KINDS = (PASS, CLEAR_ERROR, NOT_TRACEABLE, INTERNAL_ERROR, WRONG_RESULT, NO_GRAPH, SKIPPED)
+
+
 @dataclass
 class Outcome:
     """One sample's result. ``expected`` marks a failure listed in :data:`EXPECTED_FAILURES`: it
@@ -103,6 +112,14 @@ class Outcome:
     expected: bool = False
     #: The sample is invalid in eager too: it is not counted either way.
     skipped: bool = False
+    #: One of :data:`KINDS`.
+    kind: str = PASS
+
+    def __post_init__(self) -> None:
+        if self.skipped:
+            self.kind = SKIPPED
+        elif not self.passed and self.kind == PASS:
+            self.kind = INTERNAL_ERROR
 
 
 @dataclass
@@ -144,6 +161,13 @@ def claimed_opinfos() -> list[Any]:
         if target in claimed and op.name not in RANDOM_OPINFOS and torch.float32 in op.supported_dtypes("cpu"):
             chosen.append(op)
     return chosen
+
+
+def database_opinfos() -> list[Any]:
+    """Every op_db entry with float32 samples on the CPU, claimed or not (see ``sweep(database=True)``)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
 
 
 @contextlib.contextmanager
@@ -201,6 +225,8 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
         return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
 
     grad = op.supports_autograd and any(t.requires_grad for t in tensors)
+    if name in RANDOM_OPINFOS or op.name in RANDOM_OPINFOS:
+        return _run_random(name, index, call, prepared, grad, options)
     torch._dynamo.reset()
     try:
         eager_inputs = prepared()
@@ -227,36 +253,81 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
             out = compiled(*ours_inputs)
             diff = [t for t in ours_inputs if t.requires_grad]
             grads = _grads(out, diff) if grad and diff else []
-        if compiles[0] == 0:
-            return Outcome(name, index, False, "no graph reached the backend")
-        exact = _Float64Reference(call, tensors, grad)
-        notes = []
-        for i, (a, b) in enumerate(zip(_leaves(out), _leaves(expected_out), strict=True)):
+    except Exception as err:
+        result = _failure(name, index, err)
+    else:
+        result = _judge(name, index, compiles[0], call, tensors, grad, (out, grads), (expected_out, expected_grads))
+    if expected is not None and not result.passed:
+        result.expected, result.reason = True, f"expected failure ({expected}): {result.reason}"
+    return result
+
+
+def _run_random(name: str, index: int, call: Callable[..., Any], prepared: Callable[[], list[torch.Tensor]],
+                grad: bool, options: dict[str, Any] | None) -> Outcome:
+    """A random op's sample: compiled and run (an exception is classified as any other), but its
+    values are not compared with eager's generator: skipped as far as the counts go."""
+    torch._dynamo.reset()
+    try:
+        call(*prepared())
+    except Exception as err:
+        return Outcome(name, index, False, f"eager raises {type(err).__name__}", skipped=True)
+    try:
+        inputs = prepared()
+        out = torch.compile(call, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)(*inputs)
+        diff = [t for t in inputs if t.requires_grad]
+        if grad and diff:
+            _grads(out, diff)
+    except Exception as err:
+        return _failure(name, index, err)
+    return Outcome(name, index, False, "random: ran, values not compared (see RANDOM_OPINFOS)", skipped=True)
+
+
+def _failure(name: str, index: int, err: BaseException) -> Outcome:
+    """Classify an exception raised compiling or running a sample (see :data:`KINDS`)."""
+    inner = err.inner_exception if isinstance(err, torch._dynamo.exc.BackendCompilerFailed) else err
+    if isinstance(inner, UnsupportedOpError):
+        return Outcome(name, index, False, "unsupported: " + str(inner).split("\n")[0], kind=CLEAR_ERROR)
+    if isinstance(inner, AdrenoError):
+        return Outcome(name, index, False, f"{type(inner).__name__}: " + str(inner).split("\n")[0], kind=CLEAR_ERROR)
+    if isinstance(inner, torch._dynamo.exc.TorchDynamoException) and not isinstance(
+            err, torch._dynamo.exc.BackendCompilerFailed):
+        # Dynamo refused or failed while tracing, before a graph reached any backend (the same
+        # under aot_eager): Unsupported, fake-tensor errors, data-dependent output shapes.
+        return Outcome(name, index, False, f"Dynamo: {type(inner).__name__}: " + " ".join(str(inner).split())[:200],
+                       kind=NOT_TRACEABLE)
+    frames = traceback.extract_tb(inner.__traceback__)
+    where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(frames)
+                  if "torch_adreno" in f.filename), "")
+    return Outcome(name, index, False, f"{type(inner).__name__} {where}: " + " ".join(str(inner).split())[:200],
+                   kind=INTERNAL_ERROR)
+
+
+def _judge(name: str, index: int, compiles: int, call: Callable[..., Any], tensors: Sequence[torch.Tensor],
+           grad: bool, ours: tuple[Any, list[Any]], eager: tuple[Any, list[Any]]) -> Outcome:
+    """Compare a compiled run's outputs and gradients with eager's (see :func:`_compare`)."""
+    (out, grads), (expected_out, expected_grads) = ours, eager
+    if compiles == 0:
+        return Outcome(name, index, False, "no graph reached the backend", kind=NO_GRAPH)
+    exact = _Float64Reference(call, tensors, grad)
+    notes = []
+    try:
+        ours_leaves, eager_leaves = _leaves(out), _leaves(expected_out)
+        assert len(ours_leaves) == len(eager_leaves), f"{len(ours_leaves)} outputs, eager {len(eager_leaves)}"
+        for i, (a, b) in enumerate(zip(ours_leaves, eager_leaves, strict=True)):
             if isinstance(b, torch.Tensor):
                 notes.append(_compare(a, b, functools.partial(exact.output, i), f"output {i}"))
             elif isinstance(b, float) and math.isnan(b):
-                assert isinstance(a, float) and math.isnan(a)
+                assert isinstance(a, float) and math.isnan(a), (a, b)
             else:
                 assert a == b, (a, b)
+        assert len(grads) == len(expected_grads), f"{len(grads)} gradients, eager {len(expected_grads)}"
         for i, (a, b) in enumerate(zip(grads, expected_grads, strict=True)):
             if b is not None:
                 assert a is not None, f"gradient {i}: eager has one, ours is None"
                 notes.append(_compare(a, b, functools.partial(exact.grad, i), f"gradient {i}"))
-        result = Outcome(name, index, True, "; ".join(n for n in notes if n))
-    except UnsupportedOpError as err:
-        result = Outcome(name, index, False, "unsupported: " + str(err).split("\n")[0])
-    except AdrenoError as err:
-        result = Outcome(name, index, False, f"{type(err).__name__}: " + str(err).split("\n")[0])
     except AssertionError as err:
-        result = Outcome(name, index, False, "mismatch: " + " ".join(str(err).split())[:200])
-    except Exception as err:
-        frames = traceback.extract_tb(err.__traceback__)
-        where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(frames)
-                      if "torch_adreno" in f.filename), "")
-        result = Outcome(name, index, False, f"{type(err).__name__} {where}: " + " ".join(str(err).split())[:200])
-    if expected is not None and not result.passed:
-        result.expected, result.reason = True, f"expected failure ({expected}): {result.reason}"
-    return result
+        return Outcome(name, index, False, "mismatch: " + " ".join(str(err).split())[:200], kind=WRONG_RESULT)
+    return Outcome(name, index, True, "; ".join(n for n in notes if n))
 
 
 class _Float64Reference:
@@ -326,15 +397,18 @@ def samples(op: Any, limit: int | None, all_samples: bool = False) -> Iterator[t
 
 def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True,
           shard: tuple[int, int] = (0, 1), on_report: Callable[[OpReport], None] | None = None,
-          all_samples: bool = False) -> list[OpReport]:
+          all_samples: bool = False, database: bool = False) -> list[OpReport]:
     """Run the samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op.
+
+    ``database`` takes every op_db entry instead of the claimed ones: ops without a lowering must
+    then end in a clear error (UnsupportedOpError naming the op), never an internal one.
 
     ``shard=(i, n)`` runs every n-th op from the i-th, so that n processes share a sweep;
     ``on_report`` sees each op's report as soon as it is complete (a sweep cut short keeps them).
     """
     from tqdm import tqdm
 
-    ops = [op for op in claimed_opinfos() if names is None or op.name in names or _opinfo_name(op) in names]
+    ops = [op for op in (database_opinfos() if database else claimed_opinfos()) if names is None or op.name in names or _opinfo_name(op) in names]
     ops = ops[shard[0]::shard[1]]
     reports = []
     for op in tqdm(ops, desc="OpInfo sweep", unit="op", disable=not progress):
@@ -364,4 +438,6 @@ def format_reports(reports: Sequence[OpReport]) -> str:
                  f"OpInfo entries; {total - passed - unexpected} expected failures, {unexpected} unexpected; "
                  f"not counted: {float64} samples producing float64, {other_device} on another device, "
                  f"{len(skipped) - float64 - other_device} invalid in eager too")
+    kinds = {kind: sum(o.kind == kind for r in reports for o in r.outcomes) for kind in KINDS}
+    lines.append("by kind: " + ", ".join(f"{kind} {n}" for kind, n in kinds.items()))
     return "\n".join(lines)

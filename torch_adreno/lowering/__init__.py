@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule, Node
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
@@ -21,6 +22,7 @@ from torch_adreno import ir
 from torch_adreno.config import Config
 from torch_adreno.errors import LoweringError, UnsupportedOpError
 from torch_adreno.lowering import conv, linalg, pointwise, pool, random, reduction, views  # noqa: F401  (registers)
+from torch_adreno.lowering.checks import check_like_eager
 from torch_adreno.lowering.context import (
     LOWERINGS,
     LoweringContext,
@@ -80,7 +82,10 @@ def _lower_placeholder(ctx: LoweringContext, node: Node) -> Value:
 def _lower_constant(ctx: LoweringContext, node: Node, value: Any) -> Value:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         meta = ctx.meta(node)
-        scalar = value.item()
+        # AOTAutograd calls the compiler inside its fake mode; the constant is a real tensor, and
+        # reading it must not dispatch through that mode (which refuses non-fake tensors).
+        with unset_fake_temporarily():
+            scalar = value.item()
         return ctx.pointwise(meta.shape, meta.dtype, lambda idx: ir.const(scalar, meta.dtype))
     raise LoweringError(f"FX node {node.name}: tensor constants with more than one element are not supported")
 
@@ -89,6 +94,7 @@ def _lower_call(ctx: LoweringContext, node: Node, env: dict[Node, Value]) -> Val
     if node.target is operator.getitem:
         container, i = node.args
         return env[container][i]  # type: ignore[index]
+    check_like_eager(node, ctx.graph.name)
     args = tree_map(lambda a: env[a] if isinstance(a, Node) else a, node.args)
     kwargs = tree_map(lambda a: env[a] if isinstance(a, Node) else a, dict(node.kwargs))
     lowering = LOWERINGS.get(node.target)

@@ -19,7 +19,7 @@ from torch.fx import Node
 
 from torch_adreno import ir
 from torch_adreno.config import Config
-from torch_adreno.errors import LoweringError
+from torch_adreno.errors import LoweringError, UnsupportedOpError
 
 #: A lowered value: a tensor view, a tuple of values, or a plain Python value (int, float, None).
 Value = ir.View | tuple[Any, ...] | int | float | bool | None
@@ -204,6 +204,12 @@ class LoweringContext:
         out_index: Callable[[ir.Expr, ir.Expr, ir.Expr], Sequence[ir.Expr]],
     ) -> ir.View:
         """Emit a GEMM; ``lhs(b, m, k)``, ``rhs(b, k, n)`` and ``out_index(b, m, n)`` build its parts."""
+        if dtype != ir.DType.F32:
+            # The GEMM templates (matrix products, convolutions) accumulate in float32: integer
+            # results past 2**24 would come out rounded where eager's integer kernels are exact.
+            raise UnsupportedOpError(
+                f"its {dtype.name} form is not supported (the matrix-product and convolution templates "
+                "compute in float32, which is not exact for integers); cast the operands to float32")
         out = self.new_buffer(out_shape, dtype)
         if math.prod(out_shape) != batch * m * n:
             raise LoweringError(f"gemm output {tuple(out_shape)} does not hold {batch}x{m}x{n} elements")

@@ -142,6 +142,11 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
     return ctx.pointwise(out.shape, out.dtype, body)
 
 
+# An empty index scatters nothing, whatever its rank (eager accepts an empty index of another rank
+# than the input's, e.g. the backward of gathering a 1-d input with a [2, 0] index): the result is
+# the input, and the index, having no element along some dimension, must not be read.
+
+
 def _index_dim_hits(index_view: ir.View, out_shape: tuple[int, ...], dim: int, i: tuple[ir.Expr, ...],
                     j: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
     """Whether index element ``i`` with ``dim`` replaced by ``j`` targets output element ``i``."""
@@ -159,6 +164,8 @@ def _scatter_add(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Valu
     """``out = x``, then ``out[..., idx[..., j, ...], ...] += src[..., j, ...]``: a sum over ``j``."""
     base, index_view, values = _view(x, node.name), _view(idx, node.name), _view(src, node.name)
     out = ctx.meta()
+    if not math.prod(index_view.shape):
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.cast(base.load(i), out.dtype))
     if not out.shape:
         # Into a 0-dim tensor: every index element is 0 (or -1); each adds its source element.
         def scalar_contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
@@ -189,6 +196,8 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
     """
     base, index_view = _view(x, node.name), _view(idx, node.name)
     out = ctx.meta()
+    if not math.prod(index_view.shape):
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.cast(base.load(i), out.dtype))
     if not out.shape:
         # A 0-dim scatter writes the single element when its 0-dim index says 0 (or -1).
         def scalar(i: tuple[ir.Expr, ...]) -> ir.Expr:
