@@ -189,10 +189,11 @@ class TrainingStep:
         reason = None
         if signature is not None and signature in self._replays:
             replay, guard = self._replays[signature]
+            # Before the guard: with host_sync's mode on the stack every tensor access would go through it.
+            host_sync.suspend(self._residency)
             # The guard holds what _check_can_step checks (the batch needs no grad, no gradient hooks).
             reason = guard(batch)
             if reason is None:
-                host_sync.suspend(self._residency)
                 try:
                     loss = replay(batch, started)
                 finally:
