@@ -252,6 +252,16 @@ def test_guard_state_loaded_or_replaced(options) -> None:
     run.check_parameters()
 
 
+def test_guard_replaced_submodule() -> None:
+    run = _Lockstep()
+    run.run(3)
+    (_, guard), = run.step._replays.values()
+    x, y = next(run.batches)
+    assert guard((x, y)) is None
+    run.model[3] = torch.nn.Linear(32, 5)
+    assert guard((x, y)) == "submodule 3 was replaced"
+
+
 @pytest.mark.parametrize("options", MODES)
 def test_guard_host_edit_through_torch(options) -> None:
     # In copy mode the edit first brings the host copy up to date (host_sync), then applies.

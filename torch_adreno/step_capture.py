@@ -123,6 +123,9 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
         w.check(f"len({m}._forward_hooks) != {len(module._forward_hooks)} or "
                 f"len({m}._forward_pre_hooks) != {len(module._forward_pre_hooks)}",
                 f"a forward hook of {label} was added or removed")
+        for child_name, child in module._modules.items():
+            w.check(f"{m}._modules.get({child_name!r}) is not {w.bind(child)}",
+                    f"submodule {prefix}{child_name} was replaced")
         for table in ("_parameters", "_buffers"):
             for key, tensor in getattr(module, table).items():
                 w.check(f"{m}.{table}.get({key!r}) is not {w.bind(tensor)}",
@@ -136,12 +139,13 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
             name = names.get(id(param), f"a parameter of optimizer group {index}")
             w.check(f"{t}._backward_hooks or {t}._post_accumulate_grad_hooks",
                     f"a gradient hook was registered on {name}")
-    groups = w.bind(optimizer.param_groups)
-    w.check(f"len({groups}) != {len(optimizer.param_groups)}", "the optimizer's parameter groups changed")
+    # Read through the optimizer each time: load_state_dict gives it a new state dict and new groups.
+    opt = w.bind(optimizer)
+    w.check(f"len({opt}.param_groups) != {len(optimizer.param_groups)}", "the optimizer's parameter groups changed")
     for index, group in enumerate(optimizer.param_groups):
-        g = w.bind(group)
-        w.check(f"{groups}[{index}] is not {g} or len({g}) != {len(group)}",
-                f"optimizer parameter group {index} was replaced or changed its keys")
+        g = f"{opt}.param_groups[{index}]"
+        w.check(f"{g} is not {w.bind(group)}", f"optimizer parameter group {index} was replaced (load_state_dict?)")
+        w.check(f"len({g}) != {len(group)}", f"optimizer parameter group {index} changed its keys")
         for key, value in group.items():
             if key == "params":
                 params = w.bind(list(value))
@@ -153,13 +157,13 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
             else:
                 w.check(f"{g}.get({key!r}) != {w.bind(value)}",
                         f"optimizer hyperparameter {key!r} of group {index} changed (a new learning rate?)")
-    state = w.bind(optimizer.state)
+    state = f"{opt}.state"
     w.check(f"len({state}) != {len(optimizer.state)}", "the optimizer's state changed")
     for param, entries in optimizer.state.items():
         s = w.bind(entries)
         owner = names.get(id(param), "a parameter")
         w.check(f"{state}.get({w.bind(param)}) is not {s} or len({s}) != {len(entries)}",
-                f"the optimizer state of {owner} was replaced")
+                f"the optimizer state of {owner} was replaced (load_state_dict?)")
         for key, value in entries.items():
             if isinstance(value, torch.Tensor):
                 w.check(f"{s}.get({key!r}) is not {w.bind(value)}",
