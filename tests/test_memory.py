@@ -215,9 +215,19 @@ def test_second_backward_over_reused_saved_tensors_is_refused_clearly(tmp_path):
     with pytest.raises(RuntimeError, match="memory_reuse"):
         out.sum().backward()
     torch._dynamo.reset()
-    out = torch.compile(model, backend="adreno", options={"memory_reuse": False})(x)
-    out.sum().backward(retain_graph=True)
-    out.sum().backward()
+    model.zero_grad(set_to_none=True)
+    with torch_adreno.profile() as prof:
+        out = torch.compile(model, backend="adreno", options={"memory_reuse": False})(x)
+        out.sum().backward(retain_graph=True)
+        out.sum().backward()
+    assert sum(k.graph.startswith("backward") for k in prof.kernels) >= 2 * len(
+        {k.name for k in prof.kernels if k.graph.startswith("backward")}), "both backwards ran on the device"
+    # Both backwards accumulate into .grad: twice eager's gradient, each from the saved tensors intact.
+    reference = copy.deepcopy(model)
+    reference.zero_grad(set_to_none=True)
+    reference(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, 2 * q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.device

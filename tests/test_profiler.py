@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -63,10 +64,45 @@ def test_table_by_module_ranks_the_slowest_module(lenet_profile):
 
 
 def test_roofline_classifies_kernels(lenet_profile):
-    peaks = lenet_profile.device_peaks()
+    """Every kernel row is labelled by which side of the ridge its arithmetic intensity falls, with
+    the fraction of that roof it reached."""
+    prof = lenet_profile
+    peaks = prof.device_peaks()
     assert peaks.bandwidth_gbs > 0 and peaks.gflops > 0
-    text = lenet_profile.table(roofline=True)
-    assert "memory (" in text or "compute (" in text
+    rows = prof.grouped("kernel")
+    text = prof.table(roofline=True, row_limit=len(rows))
+    labelled = 0
+    ordered = sorted(rows.items(), key=lambda kv: -kv[1]["time"])  # the table's order; it cuts names at 44
+    lines = text.splitlines()[5:]
+    assert len(lines) == len(ordered)
+    for line, (name, row) in zip(lines, ordered, strict=True):
+        assert line.startswith(name[:44]), (line, name)
+        found = re.search(r"(memory|compute) \((\d+)%\)", line)
+        if not row["time"]:
+            assert found is None and line.split()[5] == "-", line
+            continue
+        assert found, line
+        intensity = row["flops"] / row["bytes"] if row["bytes"] else float("inf")
+        expected = "memory" if intensity < peaks.ridge else "compute"
+        achieved = (row["bytes"] / 1e9 / peaks.bandwidth_gbs if expected == "memory" else
+                    row["flops"] / 1e9 / peaks.gflops) / (row["time"] * 1e-6)
+        assert found.group(1) == expected, (line, intensity, peaks.ridge)
+        assert int(found.group(2)) == pytest.approx(100 * achieved, abs=1), line
+        labelled += 1
+    assert labelled == sum(1 for r in rows.values() if r["time"]) == len(rows)
+
+
+@pytest.mark.parametrize(("flops", "bytes_", "bound", "percent"), [
+    (10, 100, "memory", "5%"),  # 0.1 flop/byte below a ridge of 1: 1 GB/s of a 20 GB/s roof
+    (1000, 100, "compute", "50%"),  # 10 flop/byte above it: 1 GFLOP/s of 2
+])
+def test_roofline_cell_sides_of_the_ridge(flops, bytes_, bound, percent):
+    from torch_adreno.profiler import DevicePeaks
+
+    peaks = DevicePeaks(bandwidth_gbs=20.0, gflops=2.0 if bound == "compute" else 20.0)
+    seconds = bytes_ / 1e9 if bound == "memory" else flops / 1e9
+    cells = torch_adreno.profile._roofline_cells({"time": seconds * 1e6, "flops": flops, "bytes": bytes_}, peaks)
+    assert cells.split()[-2:] == [bound, f"({percent})"], cells
 
 
 def test_chrome_trace_has_kernel_and_copy_lanes(lenet_profile, tmp_path):

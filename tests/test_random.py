@@ -12,16 +12,31 @@ import torch.nn.functional as F
 
 import torch_adreno
 
+DROPOUT = "aten.native_dropout.default"
+
+
+def _compiled(fn):
+    return torch.compile(fn, backend="adreno", fullgraph=True)
+
+
+def _assert_drawn_on_the_device(prof: torch_adreno.profile, *ops: str) -> None:
+    """Each random op in ``ops`` was part of a launched kernel and nothing ran on the host: eager's
+    generator, which would pass the distribution checks too, was not what produced the numbers."""
+    assert prof.host_ops == [] and prof.host_fallback_ops == []
+    launched = {o for k in prof.kernels for o in k.aten_ops}
+    assert set(ops) <= launched, (sorted(set(ops) - launched), sorted(launched))
+
 
 @pytest.mark.device
 def test_dropout_keeps_one_minus_p_scales_and_backward_uses_the_same_mask():
     p = 0.3
-    compiled = torch.compile(lambda x: F.dropout(x, p, training=True) * 2, backend="adreno")
+    compiled = _compiled(lambda x: F.dropout(x, p, training=True) * 2)
     x = torch.randn(400, 250, requires_grad=True)
     with torch_adreno.profile() as prof:
         out = compiled(x)
         out.sum().backward()
-    assert prof.host_fallback_ops == []
+    _assert_drawn_on_the_device(prof, DROPOUT)
+    assert any(k.graph.startswith("backward") for k in prof.kernels)
     keep = out != 0
     n = keep.numel()
     # Within 5 standard deviations of a Binomial(n, 1 - p) fraction.
@@ -32,21 +47,25 @@ def test_dropout_keeps_one_minus_p_scales_and_backward_uses_the_same_mask():
 
 @pytest.mark.device
 def test_random_ops_repeat_under_manual_seed_and_differ_between_calls():
-    compiled = torch.compile(lambda x: F.dropout(x, 0.5, training=True) + torch.rand_like(x), backend="adreno")
+    compiled = _compiled(lambda x: F.dropout(x, 0.5, training=True) + torch.rand_like(x))
     x = torch.randn(64, 32)
-    torch.manual_seed(7)
-    first, second = compiled(x), compiled(x)
-    torch.manual_seed(7)
-    again = compiled(x)
+    with torch_adreno.profile() as prof:
+        torch.manual_seed(7)
+        first, second = compiled(x), compiled(x)
+        torch.manual_seed(7)
+        again = compiled(x)
+    _assert_drawn_on_the_device(prof, DROPOUT, "aten.rand_like.default")
+    assert prof.kernel_launches == 3 * len({k.name for k in prof.kernels})
     assert torch.equal(first, again)
     assert not torch.equal(first, second)
 
 
 @pytest.mark.device
 def test_dropout_masks_are_independent_across_elements_and_ops():
-    compiled = torch.compile(lambda x: (F.dropout(x, 0.5, training=True), F.dropout(x, 0.5, training=True)),
-                             backend="adreno")
-    a, b = compiled(torch.ones(200, 200))
+    compiled = _compiled(lambda x: (F.dropout(x, 0.5, training=True), F.dropout(x, 0.5, training=True)))
+    with torch_adreno.profile() as prof:
+        a, b = compiled(torch.ones(200, 200))
+    _assert_drawn_on_the_device(prof, DROPOUT)
     keep_a, keep_b = (a != 0).float(), (b != 0).float()
     # Two independent Bernoulli(1/2) masks agree on half of the elements.
     assert abs((keep_a == keep_b).float().mean().item() - 0.5) < 0.02
@@ -60,7 +79,9 @@ def test_rand_randn_bernoulli_distributions():
     def sample(x):
         return torch.rand(x.shape), torch.randn_like(x), torch.bernoulli(x, 0.25)
 
-    u, z, b = torch.compile(sample, backend="adreno")(torch.empty(300, 300))
+    with torch_adreno.profile() as prof:
+        u, z, b = _compiled(sample)(torch.empty(300, 300))
+    _assert_drawn_on_the_device(prof, "aten.rand.default", "aten.randn_like.default", "aten.bernoulli.p")
     assert u.min().item() >= 0 and u.max().item() < 1
     assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
     assert abs(z.mean().item()) < 0.02 and abs(z.var().item() - 1) < 0.03
@@ -72,7 +93,11 @@ def test_rand_randn_bernoulli_distributions():
 def test_dropout_in_eval_mode_is_identity():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).eval()
     x = torch.randn(4, 8)
-    torch.testing.assert_close(torch.compile(model, backend="adreno")(x), model(x))
+    with torch_adreno.profile() as prof:
+        out = _compiled(model)(x)
+    torch.testing.assert_close(out, model(x))
+    _assert_drawn_on_the_device(prof, "aten.addmm.default")
+    assert not any(DROPOUT in k.aten_ops for k in prof.kernels), "eval mode draws no mask"
 
 
 @pytest.mark.device
@@ -90,8 +115,10 @@ def test_a_model_with_dropout_trains_and_its_gradients_match_eager_given_the_mas
         h = hidden(x)
         return F.cross_entropy(head(h), y), h
 
-    loss, h = torch.compile(step, backend="adreno")(x, y)
-    grads = torch.autograd.grad(loss, [lin.weight, head.weight])
+    with torch_adreno.profile() as prof:
+        loss, h = _compiled(step)(x, y)
+        grads = torch.autograd.grad(loss, [lin.weight, head.weight])
+    _assert_drawn_on_the_device(prof, DROPOUT, "aten.addmm.default")
     keep = (h != 0).float()
     h_ref = F.relu(lin(x)) * keep / 0.75
     ref_loss = F.cross_entropy(head(h_ref), y)

@@ -30,7 +30,9 @@ def _optimizer(name: str, params):
 # within ~2e-5 of the ReLU kink to its other side (two of them, at step 19). Losses still agree to
 # 1e-4 at every step. The optimizer is PyTorch's own code on the host; what the backend computes
 # is the loss and the gradients, so for this configuration the test asserts, at every step, the
-# gradients at the strict tolerance and then re-synchronises the compiled model to eager.
+# gradients at the strict tolerance and the parameters after the optimizer step (on elements
+# whose Adam denominator is not at that cancellation level), then re-synchronises the compiled model
+# to eager.
 FREE_RUNNING = {("mlp", "sgd"), ("lenet", "sgd"), ("lenet", "adam")}
 
 
@@ -50,16 +52,34 @@ def test_trains_like_eager(model_name, opt_name):
         opt.step()
         ref_opt.step()
         if not free_running:
+            _assert_adam_step_matches(model, reference, ref_opt, step)
             _resync(model, opt, reference, ref_opt)
+    if free_running:
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"parameter {n}: {m}")
+
+
+def _assert_adam_step_matches(model, reference, ref_opt, step: int) -> None:
+    """Parameters after one Adam step from the same state agree with eager's, except where Adam's
+    denominator sqrt(v_hat) is below 1e-6: there the gradient is a float32 cancellation and its
+    noise is amplified up to the learning rate (measured: at most 0.2% of the elements per step)."""
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"parameter {n}: {m}")
+        state = ref_opt.state[q]
+        beta2 = ref_opt.param_groups[0]["betas"][1]
+        denominator = (state["exp_avg_sq"] / (1 - beta2 ** state["step"])).sqrt()
+        sensitive = denominator <= 1e-6
+        assert sensitive.float().mean().item() <= 0.01, (name, step, sensitive.float().mean().item())
+        torch.testing.assert_close(p.detach()[~sensitive], q.detach()[~sensitive], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, n=name: f"parameter {n} after step {step}: {m}")
 
 
 def _resync(model, opt, reference, ref_opt) -> None:
     with torch.no_grad():
         for p, q in zip(model.parameters(), reference.parameters(), strict=True):
             p.copy_(q)
-    opt.load_state_dict(ref_opt.state_dict())
+    # A deep copy: load_state_dict keeps the given tensors (same dtype and device), so without it
+    # both optimizers would update one set of moments, each step twice.
+    opt.load_state_dict(copy.deepcopy(ref_opt.state_dict()))
 
 
 def test_compiled_loss_function_trains_like_eager():
@@ -71,15 +91,19 @@ def test_compiled_loss_function_trains_like_eager():
     def loss_fn(m, x, y):
         return F.cross_entropy(m(x), y)
 
-    step_fn = torch.compile(loss_fn, backend="adreno")
+    step_fn = torch.compile(loss_fn, backend="adreno", fullgraph=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(2)
     for _ in range(5):
         x, y = spec.batch(gen)
         opt.zero_grad()
-        loss = step_fn(model, x, y)
-        loss.backward()
+        with torch_adreno.profile() as prof:
+            loss = step_fn(model, x, y)
+            loss.backward()
+        # log_softmax (decomposed: amax, exp, log) and NLL (gather) from the loss function's line.
+        _assert_ran_on_the_device(prof, {"aten.amax.default", "aten.gather.default"},
+                                  sources={"return F.cross_entropy(m(x), y)"})
         opt.step()
         ref_opt.zero_grad()
         ref_loss = loss_fn(reference, x, y)
@@ -94,9 +118,25 @@ def test_inference_under_no_grad():
     spec = MODELS["lenet"]
     model = spec.make().eval()
     x, _ = spec.batch(torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        out = torch.compile(model, backend="adreno")(x)
+    with torch.no_grad(), torch_adreno.profile() as prof:
+        out = torch.compile(model, backend="adreno", fullgraph=True)(x)
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    _assert_ran_on_the_device(prof, {"aten.convolution.default"})
+    assert all(not k.graph.startswith("backward") for k in prof.kernels), "no backward under no_grad"
+
+
+def _assert_ran_on_the_device(prof: torch_adreno.profile, ops: set[str], modules: set[str] = frozenset(),
+                              sources: set[str] = frozenset()) -> None:
+    """Kernels of ``ops`` (ATen names), of ``modules`` (top-level submodule names) and of source
+    lines containing each of ``sources`` launched, and nothing ran on the host: the part a test is
+    about was compiled, not left to eager by a graph break."""
+    assert prof.host_fallback_ops == [] and prof.kernel_launches > 0
+    lines = {line for k in prof.kernels for line in k.source_lines}
+    assert all(any(text in line for line in lines) for text in sources), (sources, lines)
+    launched_ops = {o for k in prof.kernels for o in k.aten_ops}
+    launched_modules = {m.split(".")[0] for k in prof.kernels for m in k.modules}
+    assert ops <= launched_ops, sorted(ops - launched_ops)
+    assert modules <= launched_modules, (sorted(modules - launched_modules), sorted(launched_modules))
 
 
 def _losses_after_backward(step_fn, models, x, y):
@@ -129,7 +169,7 @@ def test_bigger_reference_models_train_like_eager(model_name):
     model = spec.make()
     reference = copy.deepcopy(model)
     reference64 = copy.deepcopy(model).double() if model_name == "resnet_mini" else None
-    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno")
+    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno", fullgraph=True)
     # resnet_mini at lr=0.05 with momentum 0.9 is chaotic in float32: eager's own loss drifts 1.7e-3
     # from a float64 run by step 20 (ours: 2.5e-4), so eager is no 1e-4 reference there. At lr=0.01
     # both stay within 5e-6 of float64.
@@ -145,7 +185,9 @@ def test_bigger_reference_models_train_like_eager(model_name):
         for opt in opts:
             opt.step()
         assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss), (step, loss, ref_loss)
-        assert prof.host_fallback_ops == []
+        _assert_ran_on_the_device(prof, {"aten.convolution_backward.default"} if model_name == "resnet_mini" else
+                                  {"aten.embedding.default", "aten.bmm.default"},
+                                  {n for n, _ in model.named_children()})
     if reference64 is None:
         for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"parameter {n}: {m}")
@@ -183,7 +225,7 @@ def test_mobilenet_and_lstm_train_like_eager(model_name):
     model = spec.make()
     reference = copy.deepcopy(model)
     reference64 = copy.deepcopy(model).double() if model_name == "mobilenet_mini" else None
-    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno")
+    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno", fullgraph=True)
     models = [m for m in (model, reference, reference64) if m is not None]
     opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in models]
     gen = torch.Generator().manual_seed(5)
@@ -200,7 +242,11 @@ def test_mobilenet_and_lstm_train_like_eager(model_name):
             drift.append((abs(loss - exact) / abs(exact), abs(ref_loss - exact) / abs(exact)))
         for opt in opts:
             opt.step()
-        assert prof.host_fallback_ops == [] and prof.kernel_launches > 0
+        # Without RNN tracing the LSTM would run eagerly while the embedding and head still launch
+        # kernels: its gates (sigmoid, tanh) must be among the kernels, named after the module.
+        _assert_ran_on_the_device(prof, {"aten.sigmoid.default", "aten.tanh.default"} if model_name == "lstm" else
+                                  {"aten.convolution_backward.default"},
+                                  {n for n, _ in model.named_children()})
     if drift:
         ours_worst, eager_worst = max(d[0] for d in drift), max(d[1] for d in drift)
         assert ours_worst <= max(1e-4, 2 * eager_worst), [f"{o:.1e}/{e:.1e}" for o, e in drift]
@@ -212,16 +258,32 @@ def test_partial_batch_and_new_sequence_length_recompile_boundedly():
     spec = MODELS["transformer"]
     model = spec.make()
     reference = copy.deepcopy(model)
-    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno")
+    step_fn = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno", fullgraph=True)
     gen = torch.Generator().manual_seed(6)
-    shapes = [(16, 64), (16, 64), (5, 64), (16, 32), (5, 64), (3, 17)]
-    for batch, seq in shapes:
+    shapes = [(16, 64), (16, 64), (5, 64), (5, 64), (16, 32), (5, 64), (3, 17), (3, 17)]
+    torch._dynamo.utils.counters.clear()
+    programs: set[str] = set()  # the backend names each compiled program forward_<n>, <n> counting compiles
+    for i, (batch, seq) in enumerate(shapes):
         x = torch.randint(0, 1000, (batch, seq), generator=gen)
         y = torch.randint(0, 10, (batch,), generator=gen)
-        loss = step_fn(model, x, y)
-        loss.backward()
+        with torch_adreno.profile() as prof:
+            loss = step_fn(model, x, y)
+            loss.backward()
+        ran = {k.graph for k in prof.kernels if k.graph.startswith("forward")}
+        assert len(ran) == 1, ran
+        if (batch, seq) not in shapes[:i]:
+            assert ran - programs, f"{(batch, seq)} is new: a program for it was compiled"
+        elif shapes[i - 1] == (batch, seq):
+            assert not ran - programs, f"{(batch, seq)} repeated: no compile"
+        programs |= ran
         ref_loss = F.cross_entropy(reference(x), y)
         ref_loss.backward()
         assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (batch, seq)
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    # Dynamo traces with static shapes, then with a symbolic batch, then (when the sequence length
+    # changes too) with both symbolic: each of its graphs compiles its own program per shape, so a
+    # shape seen under an earlier graph ((5, 64) here) may be compiled once more, never again after.
+    traces = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert traces <= 3, dict(torch._dynamo.utils.counters["stats"])
+    assert len(set(shapes)) <= len(programs) <= len(set(shapes)) + traces - 2, programs

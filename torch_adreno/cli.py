@@ -1,17 +1,80 @@
-"""``python -m torch_adreno <command>``: devices, train (the digits demo), ops, bench."""
+"""The command line, ``python -m torch_adreno <command>``: devices, ops, train (the digits demo),
+bench (the fusion-gain suite) and opinfo (PyTorch's OpInfo samples through the backend).
+
+Every argument is checked when it is parsed (argparse types below), and a device named on the
+command line is looked up before any work starts, so bad input ends in one line saying what was
+wrong, with exit status 2, never in a traceback or in a result computed from nothing."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+DESCRIPTION = "torch_adreno, a torch.compile backend for OpenCL GPUs: its devices, ops, demo and benchmarks."
+EPILOG = "Run `python -m torch_adreno <command> --help` for a command's options and their defaults."
+
+
+def _bounded(kind: Callable[[str], int | float], name: str, low: float, inclusive: bool = True
+             ) -> Callable[[str], int | float]:
+    """An argparse type: ``kind`` (int or float) of ``text`` that is finite and >= ``low``
+    (> ``low`` unless ``inclusive``); anything else is refused with what was expected."""
+    bound = f">= {low:g}" if inclusive else f"> {low:g}"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name} {bound}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (value == low and not inclusive):
+            raise argparse.ArgumentTypeError(f"expected {name} {bound}, got {text!r}")
+        return value
+
+    parse.__name__ = name  # argparse names the type in its own messages
+    return parse
+
+
+positive_int = _bounded(int, "an integer", 1)
+seed_int = _bounded(int, "an integer", 0)
+positive_float = _bounded(float, "a number", 0.0, inclusive=False)
+
+
+def device_spec(text: str) -> str | int:
+    """A device index (digits) or a non-empty name substring, as the ``device`` option takes it."""
+    text = text.strip()
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "expected a device index or a name substring; `python -m torch_adreno devices` lists them")
+    return int(text) if text.isdigit() else text
+
+
+def output_dir(text: str) -> Path:
+    """A directory to write into: it may not exist yet, but it may not be a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a directory")
+    return path
+
+
+def _check_device(spec: str | int | None) -> str | None:
+    """None if ``spec`` names an OpenCL device (or is None: the default rule), else why not."""
+    from torch_adreno.errors import AdrenoError
+    from torch_adreno.runtime.device import select_device
+
+    try:
+        select_device(spec)
+    except AdrenoError as e:
+        return str(e)
+    return None
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -67,8 +130,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch_adreno
     from torch_adreno.models import LeNet
 
+    # Before anything starts: a bad device would otherwise surface inside Dynamo's first compile.
+    problem = _check_device(args.device)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     torch.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = _digits_split(args.seed)
+    if args.batch_size > len(y_train):
+        print(f"error: --batch-size {args.batch_size} is larger than the {len(y_train)} training digits; "
+              f"pass at most {len(y_train)}", file=sys.stderr)
+        return 2
     model = LeNet()
     options = {"device": args.device} if args.device is not None else {}
 
@@ -129,18 +201,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from torch_adreno.models import MODELS
     from torch_adreno.suite import run_suite, summary_table
 
-    unknown = sorted(set(args.models) - set(MODELS))
-    if unknown:
-        print(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    problem = _check_device(args.device)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    records = run_suite(args.models, args.steps, Path(args.out), args.device, args.variants)
+    records = run_suite(args.models, args.steps, args.out, args.device, args.variants)
     print(summary_table(records))
-    print(f"JSON lines: {Path(args.out) / 'suite.jsonl'}; plot: {Path(args.out) / 'suite.png'}")
+    print(f"JSON lines: {args.out / 'suite.jsonl'}; plot: {args.out / 'suite.png'}")
     return 0
 
 
@@ -182,26 +251,37 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_adreno", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from torch_adreno.benchmark import SUITE_VARIANTS
+    from torch_adreno.models import MODELS
+
+    parser = argparse.ArgumentParser(prog="python -m torch_adreno", description=DESCRIPTION, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     sub.add_parser("devices", help="list OpenCL devices and their capabilities").set_defaults(fn=cmd_devices)
     sub.add_parser("ops", help="list the ATen ops the backend lowers").set_defaults(fn=cmd_ops)
+    device_help = "device index or name substring (`devices` lists them; default: the first GPU)"
     train = sub.add_parser("train", help="train LeNet on the bundled UCI digits and report accuracy and costs")
-    train.add_argument("--device", default=None, help="device index or name substring (default: first GPU)")
-    train.add_argument("--epochs", type=int, default=8)
-    train.add_argument("--batch-size", type=int, default=64)
-    train.add_argument("--lr", type=float, default=2e-3)
-    train.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", type=device_spec, default=None, help=device_help)
+    train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training digits (default: %(default)s)")
+    train.add_argument("--batch-size", type=positive_int, default=64,
+                       help="digits per step; full batches only, so that shapes stay static (default: %(default)s)")
+    train.add_argument("--lr", type=positive_float, default=2e-3, help="learning rate (default: %(default)s)")
+    train.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                       help="Adam, or SGD with momentum 0.9 (default: %(default)s)")
+    train.add_argument("--seed", type=seed_int, default=0,
+                       help="seeds the initial weights, the train/test split and the batch order (default: %(default)s)")
     train.add_argument("--table", action="store_true", help="print the per-kernel profile of the last step")
     train.set_defaults(fn=cmd_train)
     bench = sub.add_parser("bench", help="the fusion-gain suite: reference models x configurations -> JSON + plots")
-    bench.add_argument("--models", nargs="+", default=["mlp", "lenet", "resnet_mini", "transformer"])
-    bench.add_argument("--variants", nargs="+", default=None,
-                       help="eager, unfused, fused, fused+reuse, fused+reuse+device-opt (default: all)")
-    bench.add_argument("--steps", type=int, default=20)
-    bench.add_argument("--device", default=None)
-    bench.add_argument("--out", default="benchmarks/results")
+    bench.add_argument("--models", nargs="+", choices=sorted(MODELS),
+                       default=["mlp", "lenet", "resnet_mini", "transformer"], metavar="MODEL",
+                       help=f"reference models to measure, of: {', '.join(sorted(MODELS))} "
+                       "(default: %(default)s)")
+    bench.add_argument("--variants", nargs="+", choices=list(SUITE_VARIANTS), default=None, metavar="VARIANT",
+                       help=f"configurations to measure, of: {', '.join(SUITE_VARIANTS)} (default: all)")
+    bench.add_argument("--steps", type=positive_int, default=20, help="timed training steps per model and variant (default: %(default)s)")
+    bench.add_argument("--device", type=device_spec, default=None, help=device_help)
+    bench.add_argument("--out", type=output_dir, default=Path("benchmarks/results"),
+                       help="directory for suite.jsonl (appended to) and suite.png (default: %(default)s)")
     bench.set_defaults(fn=cmd_bench)
     opinfo = sub.add_parser("opinfo", help="PyTorch's OpInfo samples for every claimed op: pass/fail per op")
     opinfo.add_argument("--ops", nargs="+", default=None, help="OpInfo names (default: every claimed op)")
@@ -219,8 +299,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "call must raise what eager raises (same exception type)")
     opinfo.set_defaults(fn=cmd_opinfo)
     args = parser.parse_args(argv)
-    if getattr(args, "device", None) is not None and str(args.device).isdigit():
-        args.device = int(args.device)
     return int(args.fn(args))
 
 

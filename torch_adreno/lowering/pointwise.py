@@ -259,6 +259,17 @@ def _zeros(ctx: LoweringContext, node: Node, *args: Any, **kwargs: Any) -> Value
     return _fill(ctx, 0)
 
 
+@register(aten.new_empty_strided.default, aten.empty_strided.default)
+def _empty_strided(ctx: LoweringContext, node: Node, *args: Any, **kwargs: Any) -> Value:
+    # The contents are unspecified (the backward of an in-place assignment to a slice copies into
+    # it), so zeros are one right answer; only the layout must be what was asked for.
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and not val.is_contiguous():
+        raise LoweringError(f"{node.name}: {node.target} with strides {tuple(val.stride())} for shape "
+                            f"{tuple(val.shape)}: only contiguous strides are supported")
+    return _fill(ctx, 0)
+
+
 @register(aten.ones.default, aten.ones_like.default)
 def _ones(ctx: LoweringContext, node: Node, *args: Any, **kwargs: Any) -> Value:
     return _fill(ctx, 1)
