@@ -98,6 +98,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
               f"{p.max_alloc_bytes / 2**20:.0f} MiB, base alignment {p.base_addr_align_bytes} B")
         print(f"      fp16 {'yes' if p.fp16 else 'no'}, images {'yes' if p.images else 'no'}, "
               f"unified memory {'yes' if p.unified_memory else 'no'}")
+        print(f"      recordable queues (cl_qcom_recordable_queues) {'yes' if p.recordable_queues else 'no'}, "
+              f"command buffers (cl_khr_command_buffer) {'yes' if p.command_buffers else 'no'}")
     print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
     return 0
 
@@ -147,12 +149,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(m(x), y)
 
-    train_step = torch.compile(loss_fn, backend="adreno", options=options, dynamic=False)
-    predict = torch.compile(model, backend="adreno", options=options, dynamic=False)
     if args.optimizer == "adam":
         opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # The whole step on the device; from its third call on, replayed (unless --no-replay).
+    step = torch_adreno.TrainingStep(model, loss_fn, opt, options, replay=not args.no_replay)
+    predict = torch.compile(model, backend="adreno", options=options, dynamic=False)
 
     steps_per_epoch = len(y_train) // args.batch_size  # full batches only: shapes stay static
     step_times: list[float] = []
@@ -168,18 +171,17 @@ def cmd_train(args: argparse.Namespace) -> int:
             start = time.perf_counter()
             if prof_ctx is not None:
                 prof_ctx.__enter__()
-            opt.zero_grad(set_to_none=True)
-            loss = train_step(model, x, y)
-            loss.backward()
-            opt.step()
+            loss = step(x, y)
             if prof_ctx is not None:
                 prof_ctx.__exit__(None, None, None)
                 profiled = prof_ctx
-            if epoch > 0 or s > 0:  # the first step compiles
+            elif epoch > 0 or s > 1:  # the first step compiles, the second captures the replay
                 step_times.append(time.perf_counter() - start)
             bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}")
             bar.update(1)
     bar.close()
+    step.close()  # host copies of the trained weights current for the evaluation
+    replayed = step.replayed_steps
 
     correct = 0
     with torch.no_grad():
@@ -189,8 +191,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     accuracy = correct / len(y_test)
     print(f"test accuracy: {accuracy:.2%} ({correct}/{len(y_test)} digits)")
     if step_times:
+        how = ("replayed: one recorded launch list per step" if replayed else
+               "through the compiled graphs" + (" (--no-replay)" if args.no_replay else ""))
         print(f"step time: median {statistics.median(step_times) * 1e3:.1f} ms over {len(step_times)} steps "
-              f"(forward + backward on the device, optimizer on the host)")
+              f"(TrainingStep: forward, backward and optimizer step on the device; {replayed} of "
+              f"{args.epochs * steps_per_epoch} steps {how})")
     if profiled is not None:
         print(f"per training step: {profiled.kernel_launches} kernel launches, "
               f"{profiled.bytes_host_to_device} B host->device, {profiled.bytes_device_to_host} B device->host, "
@@ -270,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     train.add_argument("--seed", type=seed_int, default=0,
                        help="seeds the initial weights, the train/test split and the batch order (default: %(default)s)")
     train.add_argument("--table", action="store_true", help="print the per-kernel profile of the last step")
+    train.add_argument("--no-replay", action="store_true",
+                       help="run every step through the compiled graphs instead of replaying the recorded step")
     train.set_defaults(fn=cmd_train)
     bench = sub.add_parser("bench", help="the fusion-gain suite: reference models x configurations -> JSON + plots")
     bench.add_argument("--models", nargs="+", choices=sorted(MODELS),

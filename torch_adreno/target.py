@@ -35,6 +35,11 @@ class DeviceProfile:
     #: one launch can take (multi-tensor grouping splits its launches to fit).
     max_parameter_bytes: int = 1024
     address_bits: int = 64
+    #: Queue recording/replay in the driver: ``cl_qcom_recordable_queues`` (Qualcomm, which MNN uses)
+    #: and ``cl_khr_command_buffer``. Reported only: a replayed TrainingStep enqueues its recorded
+    #: launch list itself (runtime/replay.py), the one loop such a queue would replace.
+    recordable_queues: bool = False
+    command_buffers: bool = False
 
     @property
     def key(self) -> str:

@@ -140,6 +140,8 @@ class TrainingStep:
         self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
         self._replay_enabled = replay
+        #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
+        self.replayed_steps = 0
         self._replays: OrderedDict[Hashable, tuple[ReplayedStep, step_capture.Guard]] = OrderedDict()
         # Batch geometries that completed a step through the compiled graphs (compiled and warm).
         self._warm: set[Hashable] = set()
@@ -201,6 +203,7 @@ class TrainingStep:
                     if self._residency.deferred_tensors:
                         host_sync.arm(self._residency)
                 self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
+                self.replayed_steps += 1
                 BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
                 return loss
             del self._replays[signature]

@@ -124,6 +124,8 @@ def profile_of(entry: DeviceEntry, context: cl.Context) -> DeviceProfile:
         fp16="cl_khr_fp16" in extensions,
         images=bool(d.image_support),
         max_parameter_bytes=int(d.max_parameter_size),
+        recordable_queues="cl_qcom_recordable_queues" in extensions,
+        command_buffers="cl_khr_command_buffer" in extensions,
         address_bits=int(d.address_bits),
     )
 
