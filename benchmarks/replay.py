@@ -59,7 +59,8 @@ def bit_identical(name: str, options: dict[str, Any], steps: int) -> bool:
 
 
 def bare_enqueue_us(runtime: Any, launches: int, repeats: int = 30) -> float:
-    """Host microseconds of one enqueue of a trivial kernel with prebound arguments."""
+    """Host microseconds of one enqueue of a trivial kernel with prebound arguments, on a queue
+    without profiling (as a replay enqueues): the driver's own floor."""
     program = cl.Program(runtime.context, "__kernel void tiny(__global float* x) { x[get_global_id(0)] += 1.0f; }").build()
     buffers = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 256) for _ in range(launches)]
     kernels = []
@@ -67,7 +68,7 @@ def bare_enqueue_us(runtime: Any, launches: int, repeats: int = 30) -> float:
         kernel = cl.Kernel(program, "tiny")
         kernel.set_arg(0, buffer)
         kernels.append(kernel)
-    queue = runtime.queue
+    queue = cl.CommandQueue(runtime.context)  # no profiling, as the replay's own queue
     times = []
     for _ in range(repeats):
         queue.finish()

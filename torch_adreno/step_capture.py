@@ -77,7 +77,8 @@ class _Writer:
     """The guard function's source, one check at a time, with the objects it compares against."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = ["def guard(batch):"]
+        self.lines: list[str] = ["def explain(batch):"]
+        self.failing: list[str] = []
         self.namespace: dict[str, Any] = {}
 
     def bind(self, value: Any) -> str:
@@ -86,10 +87,17 @@ class _Writer:
         return name
 
     def check(self, failing: str, reason: str) -> None:
+        self.failing.append(f"({failing})")
         self.lines.append(f"    if {failing}:")
         self.lines.append(f"        return {reason!r}")
 
     def build(self) -> Guard:
+        """Two functions: one expression of every check (the common case: all hold), and, when
+        one fails, the checks one by one to say which."""
+        self.lines.append("    return None")
+        self.lines.append("def guard(batch):")
+        self.lines.append(f"    if {' or '.join(self.failing) or 'False'}:")
+        self.lines.append("        return explain(batch)")
         self.lines.append("    return None")
         exec(compile("\n".join(self.lines), "<torch_adreno step guard>", "exec"), self.namespace)
         guard: Guard = self.namespace["guard"]

@@ -68,9 +68,15 @@ class GradientOnDevice(torch.Tensor):
 
 
 def mark_gradients_on_device(params: list[torch.Tensor], markers: dict[int, GradientOnDevice]) -> None:
-    """Give each parameter its marker as ``.grad`` (made once per parameter and kept in ``markers``)."""
+    """Give each parameter that requires grad its marker as ``.grad`` (made once per parameter and
+    kept in ``markers``); a frozen parameter has no gradient, and keeps ``None``. Cheap when the
+    markers are in place already (a replayed step leaves them)."""
     for p in params:
+        if not p.requires_grad:
+            continue
         marker = markers.get(id(p))
+        if marker is not None and p.grad is marker:
+            continue
         if marker is None:
             marker = markers[id(p)] = GradientOnDevice(p)
         p.grad = marker

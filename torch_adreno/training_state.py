@@ -60,4 +60,5 @@ def recompile_limit_message(stage: str, signatures: list[Hashable]) -> str:
                          "to step (a Python attribute or global it reads, train()/eval() toggled each step); "
                          "TORCH_LOGS=recompiles shows what")
     return prefix + ("Usual causes: many optimizers in one process (call torch._dynamo.reset() between training "
-                     "runs) or a learning rate changed as a Python float (give the optimizer a tensor lr)")
+                     "runs) or a hyperparameter changed as a Python float, each new value a recompile (a scheduler "
+                     "changing lr or momentum: give the optimizer a tensor lr; do not cycle a float momentum)")

@@ -187,19 +187,20 @@ class TrainingStep:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
+        # First: with host_sync's mode on the stack every tensor access would go through it.
+        host_sync.suspend(self._residency)
         signature = step_capture.batch_signature(batch) if self._replay_enabled else None
         reason = None
         if signature is not None and signature in self._replays:
             replay, guard = self._replays[signature]
-            # Before the guard: with host_sync's mode on the stack every tensor access would go through it.
-            host_sync.suspend(self._residency)
             # The guard holds what _check_can_step checks (the batch needs no grad, no gradient hooks).
             reason = guard(batch)
             if reason is None:
                 try:
                     loss = replay(batch, started)
                 finally:
-                    # The gradient markers of the captured step stay: no autograd ran to replace them.
+                    # The captured step's markers are still there unless zero_grad() removed them.
+                    mark_gradients_on_device(self._params, self._gradient_markers)
                     if self._residency.deferred_tensors:
                         host_sync.arm(self._residency)
                 self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it

@@ -140,6 +140,9 @@ class DeviceRuntime:
         self.queue = cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.profile = profile_of(entry, self.context)
         self.pool = BufferPool(self.context)
+        #: Graph calls enqueued on :attr:`queue` so far (a replay, on a queue of its own, waits for
+        #: the runtime's queue only when this moved since its last call).
+        self.graph_calls = 0
 
     def __repr__(self) -> str:
         return f"DeviceRuntime({self.entry.label})"

@@ -153,6 +153,7 @@ class Executable:
         return [torch.randint(0, 2**62, (), dtype=torch.int64) for _ in self.graph.random_seeds]
 
     def __call__(self, args: list[Any]) -> list[Any]:
+        self.runtime.graph_calls += 1
         if self.graph.random_seeds:
             args = [*args, *self._draw_random_seeds()]
         storage = dict(self._static)

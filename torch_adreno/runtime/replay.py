@@ -206,6 +206,7 @@ class ReplayedStep:
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
         self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
         self._synchronizations_seen = -1
+        self._graph_calls_seen = -1
         # The zero-copy batch buffers bound last, with the tensors whose memory they are.
         self._bound_batch: list[tuple[cl.Buffer, torch.Tensor]] = []
         #: Host seconds of the last replay's own work (the caller's checks, batch, seeds, enqueue
@@ -269,10 +270,12 @@ class ReplayedStep:
         bind_start = time.perf_counter()
         profiled = BUS.active  # profiling: the runtime's queue, whose events time each launch
         queue = self.runtime.queue if profiled else self._queue
-        if not profiled:
-            # Work enqueued on the runtime's queue (the compiled graphs, the residency's copies)
-            # comes first: the replay's queue is not ordered after it otherwise.
+        if not profiled and self.runtime.graph_calls != self._graph_calls_seen:
+            # Graphs enqueued on the runtime's queue since the last replay (the compiled path, an
+            # evaluation) may still be running: the replay's queue is not ordered after them.
+            # (The residency's own copies are waited for where they are made.)
             self.runtime.queue.finish()
+            self._graph_calls_seen = self.runtime.graph_calls
         self._bind_batch(batch, queue, keep)
         self._upload_seeds(queue, keep)
         enqueue_start = time.perf_counter()
