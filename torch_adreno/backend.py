@@ -367,7 +367,10 @@ def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str
             "torch.compile(model, backend='adreno', options={...})"
         )
     config = Config.from_options(options)
-    if any(_is_symbolic(x) for x in example_inputs):
+    # Dynamo's traced values too: some torch versions (2.11 on a recompiled optimizer step) hand
+    # concrete example inputs for a graph traced with symbolic sizes.
+    traced = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(_is_symbolic(x) for x in [*example_inputs, *traced]):
         return ShapeSpecialized(gm, config)
     return trace_and_compile(config, gm, example_inputs)
 

@@ -26,6 +26,12 @@ GRADIENTS_STAY_ON_THE_DEVICE = (
 )
 
 
+def _tracing() -> bool:
+    """Whether Dynamo or a fake-tensor trace is describing tensors (not user code reading values)."""
+    return torch._guards.TracingContext.try_get() is not None or torch._C._get_dispatch_mode(
+        torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
 #: What ``optimizer.zero_grad(set_to_none=False)`` does to a gradient: to a marker, nothing.
 _CLEARING = frozenset({torch.Tensor.zero_, torch.Tensor.detach_, torch.Tensor.requires_grad_, torch._foreach_zero_})
 
@@ -39,14 +45,17 @@ class GradientOnDevice(torch.Tensor):
 
     @staticmethod
     def __new__(cls, parameter: torch.Tensor) -> GradientOnDevice:
-        return torch.Tensor._make_wrapper_subclass(
-            cls, parameter.shape, dtype=parameter.dtype, device=parameter.device, requires_grad=False)
+        # One zero broadcast to the parameter's shape: a real (one-element) storage, so that Dynamo
+        # can describe it when it compiles a function reading the parameter between steps (torch
+        # 2.11 turns a parameter's .grad into a fake tensor too); its values are never handed out.
+        data = torch.zeros((), dtype=parameter.dtype, device=parameter.device).expand(parameter.shape)
+        return torch.Tensor._make_subclass(cls, data, False)
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func in _CLEARING:  # optimizer.zero_grad(set_to_none=False): zeroing no gradient is fine
             return args[0] if func is not torch._foreach_zero_ else None
-        if func in METADATA_FUNCTIONS or torch.compiler.is_compiling():
+        if func in METADATA_FUNCTIONS or torch.compiler.is_compiling() or _tracing():
             # Shape, dtype, ...: no use of the values (Dynamo describing a parameter it compiles
             # between steps looks at its .grad this way).
             with torch._C.DisableTorchFunctionSubclass():
@@ -55,7 +64,15 @@ class GradientOnDevice(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
-        raise RuntimeError(GRADIENTS_STAY_ON_THE_DEVICE)
+        # Below the Python API too (autograd accumulating into it, C++ readers): the same error,
+        # except while a trace describes the tensor.
+        if not _tracing():
+            raise RuntimeError(GRADIENTS_STAY_ON_THE_DEVICE)
+
+        def plain(value: Any) -> Any:
+            return value.as_subclass(torch.Tensor) if isinstance(value, GradientOnDevice) else value
+
+        return func(*[plain(a) for a in args], **{k: plain(v) for k, v in (kwargs or {}).items()})
 
     def __repr__(self, **kwargs: Any) -> str:  # type: ignore[override]
         return "GradientOnDevice(cleared by a torch_adreno.TrainingStep; see the error reading it raises)"
