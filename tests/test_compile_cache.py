@@ -110,6 +110,10 @@ def test_what_changes_the_program_misses(cache_dir: Path, change: str) -> None:
 
     x = torch.randn(6, 4)
     run(1.0, {}, x)
+    # Positive control: the same compile again, with new values of the same geometry, hits.
+    before = _aot_counts()
+    run(1.0, {}, torch.randn(6, 4))
+    assert _delta(before)["autograd_cache_hit"] == 1
     inputs, scale, options = {
         "option": (x, 1.0, {"fusion": False}),
         "shape": (torch.randn(7, 4), 1.0, {}),
@@ -184,7 +188,13 @@ def test_retain_graph_without_memory_reuse(cache_dir: Path, dynamic: bool) -> No
             loss = compiled(batch, y[: len(batch)])
             loss.backward(retain_graph=True)
             loss.backward()
-            torch.testing.assert_close(loss, F.cross_entropy(model(batch), y[: len(batch)]))
+            got = [p.grad.clone() for p in model.parameters()]
+            model.zero_grad(set_to_none=True)
+            expected = F.cross_entropy(model(batch), y[: len(batch)])
+            expected.backward()
+            torch.testing.assert_close(loss, expected.detach())
+            for g, p in zip(got, model.parameters(), strict=True):  # two backwards: twice the gradient
+                torch.testing.assert_close(g, 2 * p.grad, rtol=1e-4, atol=1e-5)
     assert _delta(before)["autograd_cache_hit"] >= 1
 
 
