@@ -378,3 +378,29 @@ def test_replay_can_be_turned_off_and_steps_pickle_their_models() -> None:
     run.step = torch_adreno.TrainingStep(run.model, _loss, run.opt, replay=False)
     assert run.run(4).replayed_steps == 0
     pickle.dumps(run.model)
+
+
+def test_two_steps_interleaved_keep_their_buffers_alive() -> None:
+    """Two TrainingSteps on one device share the residency, whose table of transient entries churns
+    between their calls: a replay's kernels must keep every buffer they point at alive (a released
+    one crashed the process at the next enqueue)."""
+    def deep() -> torch.nn.Module:
+        torch.manual_seed(0)
+        layers: list[torch.nn.Module] = []
+        for _ in range(12):
+            layers += [torch.nn.Linear(12, 12), torch.nn.Tanh()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(12, 5))
+
+    runs = []
+    for replay in (False, True):
+        model = deep()
+        reference = copy.deepcopy(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        reference_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+        runs.append((torch_adreno.TrainingStep(model, _loss, opt, replay=replay), reference, reference_opt))
+    with torch_adreno.profile() as prof:
+        for x, y in _batches(6):
+            for step, reference, reference_opt in runs:
+                torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y),
+                                           rtol=1e-4, atol=1e-5)
+    assert prof.replayed_steps == 4

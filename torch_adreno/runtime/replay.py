@@ -163,6 +163,11 @@ class ReplayedStep:
                 batch_of[identity.index] = binding
                 buffers[identity.index] = device
         self._seeds = [buffers[i] for i in recorder.seeds]  # type: ignore[misc]
+        # A kernel argument holds no reference to its buffer: the residency may drop its entry for
+        # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
+        # buffer, which must then stay alive (a released one faults at the next enqueue), with the
+        # host memory under it (zero-copy).
+        self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
         # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue
         # on a profiling queue (NVIDIA's: ~14 vs ~7 us). Under profile() the runtime's queue is used.
         self._queue = cl.CommandQueue(context)
