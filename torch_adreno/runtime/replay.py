@@ -156,7 +156,10 @@ class ReplayedStep:
                 own = tuple(identity.tensor.shape), tuple(identity.tensor.stride()), identity.tensor.storage_offset()
                 base = recorder.batch[identity.batch_position]
                 whole = own == (tuple(base.shape), tuple(base.stride()), base.storage_offset())
-                device = None if identity.shared else cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
+                # Uploaded into a buffer of the replay's own in every mode: binding each new batch's
+                # host memory in place (zero-copy) crashed PoCL when buffers over the same memory
+                # were created again step after step; until that is understood, one copy.
+                device = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
                 binding = _BatchBinding(identity.batch_position, None if whole else identity.view, identity.nbytes,
                                         identity.label, device, [])
                 self._batch.append(binding)
