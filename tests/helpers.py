@@ -102,3 +102,18 @@ def training_step_against_eager(compiled: Callable[..., Any], model: torch.nn.Mo
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
                                        msg=lambda m, n=name, s=step: f"gradient of {n} at step {s}: {m}")
     return prof
+
+
+def cross_entropy_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss function the TrainingStep tests train with: ``loss_fn(model, *batch)``."""
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def eager_training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                        y: torch.Tensor) -> torch.Tensor:
+    """The step a TrainingStep is compared with, in eager PyTorch; returns the detached loss."""
+    opt.zero_grad(set_to_none=True)
+    loss = cross_entropy_loss(model, x, y)
+    loss.backward()
+    opt.step()
+    return loss.detach()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
+import torch_adreno
 from torch_adreno import compile_cache
 from torch_adreno.compile_cache import CompiledGraph
 
@@ -278,3 +279,19 @@ def test_a_changed_code_choice_misses(cache_dir: Path, monkeypatch: pytest.Monke
     loss, _ = _step(model, x, y)
     assert _delta(before) == {"autograd_cache_hit": 0, "autograd_cache_miss": 1, "autograd_cache_bypass": 0}
     torch.testing.assert_close(loss, F.cross_entropy(model(x), y))
+
+
+def test_the_same_graph_from_another_source_line_misses(cache_dir: Path) -> None:
+    """Kernels carry the source lines and module paths of their ops into profiles: a graph traced
+    from other code must not be loaded under this code's names."""
+    x = torch.randn(6, 4)
+    before = _aot_counts()
+    for fn in (lambda x: torch.tanh(x) * 2,
+               lambda x: torch.tanh(x) * 2):  # the same graph code, from the next line
+        torch._dynamo.reset()
+        with torch_adreno.profile() as prof:
+            torch.compile(fn, backend="adreno", dynamic=False)(x)
+        lines = {line for k in prof.kernels for line in k.source_lines}
+        assert lines and all(fn.__code__.co_filename in line for line in lines)
+        assert any(f":{fn.__code__.co_firstlineno}:" in line for line in lines), lines
+    assert _delta(before)["autograd_cache_hit"] == 0

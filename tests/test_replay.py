@@ -13,6 +13,8 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import cross_entropy_loss as _loss
+from helpers import eager_training_step as _eager_step
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -23,9 +25,6 @@ pytestmark = pytest.mark.device
 COPY = {"zero_copy": False}
 MODES = [pytest.param({}, id="default"), pytest.param(COPY, id="copy")]
 
-
-def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x), y)
 
 
 def _mlp(dropout: float = 0.0) -> torch.nn.Module:
@@ -39,13 +38,6 @@ def _batches(n: int, batch: int = 16):
     return [(torch.randn(batch, 12, generator=generator), torch.randint(0, 5, (batch,), generator=generator))
             for _ in range(n)]
 
-
-def _eager_step(model, opt, x, y) -> torch.Tensor:
-    opt.zero_grad(set_to_none=True)
-    loss = _loss(model, x, y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
 
 
 def _train(make_model, make_opt, batches, replay: bool, options=None, seed: int = 0):

@@ -10,6 +10,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import cross_entropy_loss as _loss
+from helpers import eager_training_step as _eager_step
 
 import torch_adreno
 from torch_adreno.training_gradients import GradientOnDevice
@@ -18,9 +20,6 @@ pytestmark = pytest.mark.device
 
 COPY = {"zero_copy": False}
 
-
-def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x), y)
 
 
 def _setup(optimizer: str = "sgd"):
@@ -35,13 +34,6 @@ def _setup(optimizer: str = "sgd"):
 
     return model, make(model.parameters()), reference, make(reference.parameters())
 
-
-def _eager_step(model, opt, x, y) -> torch.Tensor:
-    opt.zero_grad(set_to_none=True)
-    loss = _loss(model, x, y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
 
 
 def _batches(n: int):

@@ -157,9 +157,14 @@ def _input_key(value: Any) -> Any:
 
 
 def _module_key(gm: torch.fx.GraphModule, digest: Any) -> None:
-    """Digest the graph's code and every attribute it reads (constant tensors by value)."""
+    """Digest the graph's code, where its ops came from, and every attribute it reads (constant
+    tensors by value)."""
     digest.update(gm.code.encode())
     for node in gm.graph.nodes:
+        # Where each op came from (source line, module path): the kernels carry it into profiles,
+        # so a graph compiled from other code must not be named after this one's.
+        stack = node.meta.get("nn_module_stack") or {}
+        digest.update(repr((node.meta.get("stack_trace"), [str(v[0]) for v in stack.values()])).encode())
         if node.op == "call_module":
             raise BypassAOTAutogradCache("the graph calls a submodule")
         if node.op != "get_attr":

@@ -205,7 +205,8 @@ class TrainingStep:
                         host_sync.arm(self._residency)
                 self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
                 self.replayed_steps += 1
-                BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
+                if BUS.active:
+                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
                 return loss
             del self._replays[signature]
             _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)

@@ -58,8 +58,6 @@ class MemoryIdentity:
     #: Batch: which argument of the step, and the view's geometry in that argument's storage.
     batch_position: int = -1
     view: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
-    #: Batch: bound as host memory used in place (zero-copy) rather than as an uploaded copy.
-    shared: bool = False
     #: Internal: an arena slot of a graph (allocated for the graph's lifetime on the full path).
     arena: bool = False
 
@@ -102,7 +100,6 @@ class StepRecorder:
     _by_host_memory: dict[int, int] = field(default_factory=dict)
     #: The identity holding each output a graph returned, by the host address of the tensor.
     _outputs: dict[int, int] = field(default_factory=dict)
-    _zero_copy: bool = False
     _token: Any = None
 
     def __enter__(self) -> StepRecorder:
@@ -162,14 +159,9 @@ class StepRecorder:
             return index
         view = self._batch_view(value)
         if view is not None:
-            shared = self.residency_shares(value)
             return self._new(BATCH, buffer, value.numel() * value.element_size(), label, tensor=value,
-                             batch_position=view[0], view=view[1], shared=shared)
+                             batch_position=view[0], view=view[1])
         return self._new(PERSISTENT, buffer, buffer.size, label, tensor=value)
-
-    def residency_shares(self, value: torch.Tensor) -> bool:
-        """Whether the residency bound ``value`` as its own host memory (zero-copy) or as a copy."""
-        return bool(self._zero_copy and value.is_contiguous())
 
     # -- what an Executable call reports ----------------------------------------------------
 
@@ -182,7 +174,6 @@ class StepRecorder:
         if executable.runtime is not self.runtime:
             self.unsupported = f"{executable.graph.name} ran on another device than the step's"
             return
-        self._zero_copy = executable.residency.zero_copy
         graph = executable.graph
         plan = executable.program.plan
         self.graphs.append(graph.name)

@@ -7,8 +7,8 @@ scratch, the loss) is laid out anew by one memory plan spanning the whole step, 
 activation's bytes are free after its last backward read and a gradient's after the optimizer's;
 persistent tensors (parameters, optimizer state) keep the residency's buffers. A replay then:
 
-1. puts the batch in place: uploads it into its captured buffers, or, with zero-copy, binds the
-   new batch's host memory to the kernels that read it (nothing copied);
+1. uploads the batch into its own buffers (in every mode: binding each new batch's host memory
+   in place, as zero-copy graph calls do, crashed PoCL in long runs; not yet understood);
 2. uploads fresh random seeds, drawn from torch's default generator in the capture's order;
 3. enqueues the launches in one loop with nothing in it but the enqueue;
 4. reads the loss (the one blocking wait of the step).
@@ -40,7 +40,7 @@ from torch_adreno.runtime.capture import (
     StepRecorder,
 )
 from torch_adreno.runtime.events import BUS, LaunchRecord
-from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
+from torch_adreno.runtime.residency import Residency, host_array
 
 REPLAY_GRAPH = "replayed_step"
 
@@ -119,10 +119,8 @@ class _BatchBinding:
     view: tuple[tuple[int, ...], tuple[int, ...], int] | None
     nbytes: int
     label: str
-    #: Copy mode: the replay's own device buffer the batch is uploaded into.
-    buffer: cl.Buffer | None
-    #: Zero-copy: the (kernel, argument index) pairs bound to the batch's host memory each replay.
-    consumers: list[tuple[cl.Kernel, int]]
+    #: The replay's own device buffer the batch is uploaded into.
+    buffer: cl.Buffer
 
 
 class ReplayedStep:
@@ -142,7 +140,6 @@ class ReplayedStep:
         slots = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in self.memory.slot_bytes]
         buffers: dict[int, cl.Buffer | None] = {}
         self._batch: list[_BatchBinding] = []
-        batch_of: dict[int, _BatchBinding] = {}
         self._seeds: list[cl.Buffer] = []
         for identity in recorder.identities:
             if identity.index in self.memory.slot_of:
@@ -160,10 +157,8 @@ class ReplayedStep:
                 # host memory in place (zero-copy) crashed PoCL when buffers over the same memory
                 # were created again step after step; until that is understood, one copy.
                 device = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
-                binding = _BatchBinding(identity.batch_position, None if whole else identity.view, identity.nbytes,
-                                        identity.label, device, [])
-                self._batch.append(binding)
-                batch_of[identity.index] = binding
+                self._batch.append(_BatchBinding(identity.batch_position, None if whole else identity.view,
+                                                 identity.nbytes, identity.label, device))
                 buffers[identity.index] = device
         self._seeds = [buffers[i] for i in recorder.seeds]  # type: ignore[misc]
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
@@ -189,10 +184,7 @@ class ReplayedStep:
             # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
             kernel = cl.Kernel(op.kernel.program, op.kernel.function_name)
             for position, index in enumerate(op.args):
-                if index in batch_of and batch_of[index].buffer is None:
-                    batch_of[index].consumers.append((kernel, position))
-                else:
-                    kernel.set_arg(position, buffers[index])
+                kernel.set_arg(position, buffers[index])
             self._launches.append((op.graph, op.source, kernel))
             steps.append(("launch", kernel, op.source, (op.graph, op.source)))
             if len(self._launches) in FLUSH_AFTER:
@@ -215,8 +207,6 @@ class ReplayedStep:
         self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
         self._synchronizations_seen = -1
         self._graph_calls_seen = -1
-        # The zero-copy batch buffers bound last, with the tensors whose memory they are.
-        self._bound_batch: list[tuple[cl.Buffer, torch.Tensor]] = []
         #: Host seconds of the last replay's own work (the caller's checks, batch, seeds, enqueue
         #: loop), before it waits for the loss.
         self.last_host_seconds = 0.0
@@ -228,28 +218,14 @@ class ReplayedStep:
         return len(self._launches)
 
     def _bind_batch(self, batch: tuple[Any, ...], queue: cl.CommandQueue, keep: list[Any]) -> None:
-        self._bound_batch = []
         record = BUS.active
         for binding in self._batch:
             tensor = batch[binding.position]
-            view = tensor if binding.view is None else tensor.as_strided(*binding.view)
-            if binding.buffer is None:
-                buffer = shared_buffer(self.runtime, view)
-                # Referenced until the next replay binds another: a kernel never points at a
-                # released buffer (some drivers fault on enqueue when one does).
-                self._bound_batch.append((buffer, view))
-                for kernel, position in binding.consumers:
-                    kernel.set_arg(position, buffer)
-            else:
-                array = host_array(view)
-                keep.append(array)
-                event = cl.enqueue_copy(queue, binding.buffer, array, is_blocking=False)
-                if record:
-                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
-                continue
+            array = host_array(tensor if binding.view is None else tensor.as_strided(*binding.view))
+            keep.append(array)
+            event = cl.enqueue_copy(queue, binding.buffer, array, is_blocking=False)
             if record:
-                BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input",
-                             copied=not self.runtime.profile.unified_memory)
+                BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
 
     def _upload_seeds(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
         for buffer in self._seeds:
