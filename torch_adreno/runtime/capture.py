@@ -100,6 +100,8 @@ class StepRecorder:
     _by_host_memory: dict[int, int] = field(default_factory=dict)
     #: The identity holding each output a graph returned, by the host address of the tensor.
     _outputs: dict[int, int] = field(default_factory=dict)
+    _host_outputs: list[torch.Tensor] = field(default_factory=list)
+    _held_buffers: list[cl.Buffer] = field(default_factory=list)
     _token: Any = None
 
     def __enter__(self) -> StepRecorder:
@@ -114,17 +116,28 @@ class StepRecorder:
     def _new(self, kind: str, buffer: cl.Buffer, nbytes: int, label: str, **fields: Any) -> int:
         index = len(self.identities)
         self.identities.append(MemoryIdentity(index, kind, nbytes, buffer, label, **fields))
-        self._by_buffer[buffer.int_ptr] = index
+        self._map_buffer(buffer, index)
         return index
+
+    def _map_buffer(self, buffer: cl.Buffer, index: int) -> None:
+        """Buffers are told apart by their Python objects, each held while recording: an OpenCL
+        handle (``int_ptr``) released during the step (a seed's buffer, freed with its tensor) may be
+        handed to the next buffer made, which would then pass for the released one's memory (seen:
+        a gradient taken for an 8-byte seed, written past it in every replay)."""
+        self._by_buffer[id(buffer)] = index
+        self._held_buffers.append(buffer)
 
     def _internal(self, buffer: cl.Buffer, label: str, host: torch.Tensor | None = None,
                   arena: bool = False) -> int:
-        known = self._by_buffer.get(buffer.int_ptr)
+        known = self._by_buffer.get(id(buffer))
         if known is not None:
             return known
         index = self._new(INTERNAL, buffer, buffer.size, label, arena=arena)
         if host is not None:
             self._by_host_memory[host.data_ptr()] = index
+            # Alive while recording: its address must not be handed to a tensor made later in the
+            # step (a random seed, say), which would then pass for this output's memory.
+            self._host_outputs.append(host)
         return index
 
     def _batch_view(self, value: torch.Tensor) -> tuple[int, tuple[tuple[int, ...], tuple[int, ...], int]] | None:
@@ -139,7 +152,7 @@ class StepRecorder:
         return None
 
     def _input(self, graph: str, name: str, value: Any, buffer: cl.Buffer, is_seed: bool) -> int:
-        known = self._by_buffer.get(buffer.int_ptr)
+        known = self._by_buffer.get(id(buffer))
         label = f"{graph}.{name}"
         if known is not None:
             return known
@@ -148,14 +161,14 @@ class StepRecorder:
         if isinstance(value, DeviceTensor):
             self.unsupported = f"{label} is a device tensor made before the step"
             return self._new(INTERNAL, buffer, buffer.size, label)
-        if value.numel() and value.data_ptr() in self._by_host_memory:
-            # Host memory a graph of this step wrote (a zero-copy gradient), bound anew.
-            index = self._by_host_memory[value.data_ptr()]
-            self._by_buffer[buffer.int_ptr] = index
-            return index
         if is_seed:
             index = self._new(SEED, buffer, buffer.size, label)
             self.seeds.append(index)
+            return index
+        if value.numel() and value.data_ptr() in self._by_host_memory:
+            # Host memory a graph of this step wrote (a zero-copy gradient), bound anew.
+            index = self._by_host_memory[value.data_ptr()]
+            self._map_buffer(buffer, index)
             return index
         view = self._batch_view(value)
         if view is not None:
