@@ -370,7 +370,8 @@ def test_the_first_read_of_an_out_of_date_host_copy_synchronizes(tmp_path) -> No
         step(x, y)
         _eager_step(reference, reference_opt, x, y)
         assert residency.deferred_tensors and host_sync.is_armed(residency), what
-        model[0].weight.shape, model[0].weight.data_ptr(), model[0].weight.is_contiguous()  # metadata: no sync
+        weight = model[0].weight
+        weight.shape, weight.data_ptr(), weight.is_contiguous(), weight.nbytes, weight.itemsize  # metadata: no sync
         assert residency.deferred_tensors, what
         with torch_adreno.profile() as prof:
             read()

@@ -14,8 +14,9 @@ Invariants:
     runs (:func:`suspend`): the step's compiled code must not trace it.
   * Under Dynamo tracing it is transparent (``func(*args)``), so a function compiled between
     steps traces as it would without it (Dynamo compiles it once more for the different mode stack).
-  * Metadata reads (shape, dtype, ``data_ptr``, ``_version``...) do not synchronize: the runtime
-    makes them on every graph call, and a graph reading the device copies needs no host copy.
+  * Metadata reads (shape, dtype, ``data_ptr``, ``_version``, ``nbytes``...) do not synchronize: the
+    runtime makes them on every graph call, Dynamo's guard builder makes them while compiling a
+    function between steps, and a graph reading the device copies needs no host copy.
   * After synchronizing from inside its own handler the mode cannot leave the stack (PyTorch
     pushes it back after the call); it stays disarmed, costing a Python call per op, until the
     next :func:`suspend` or :func:`release` in that thread removes it.
@@ -42,7 +43,8 @@ class _Synchronizing(Protocol):
 def _metadata_functions() -> frozenset[Any]:
     getters = ("shape", "dtype", "device", "layout", "requires_grad", "is_leaf", "grad_fn", "_version", "ndim",
                "is_sparse", "is_quantized", "is_meta", "is_cuda", "is_cpu", "is_nested", "_backward_hooks",
-               "_post_accumulate_grad_hooks", "grad", "names", "__class__")
+               "_post_accumulate_grad_hooks", "grad", "names", "__class__", "nbytes", "itemsize", "is_mkldnn",
+               "is_sparse_csr", "is_mps", "is_xpu")
     methods = ("numel", "element_size", "data_ptr", "dim", "size", "stride", "is_contiguous",
                "is_floating_point", "is_complex", "storage_offset", "__hash__", "requires_grad_",
                "register_hook", "get_device", "nelement", "ndimension")
