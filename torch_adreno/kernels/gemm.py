@@ -205,7 +205,7 @@ def image_width(shape: tuple[int, ...], profile: DeviceProfile) -> int | None:
                if w <= profile.image2d_max_width and texels // w <= profile.image2d_max_height]
     align = max(profile.image_pitch_alignment, 1) if profile.image_from_buffer else 1
     aligned = [w for w in fitting if w % align == 0]
-    return (aligned or fitting or [None])[0]
+    return (aligned or fitting or [None])[0]  # type: ignore[list-item]
 
 
 def image_operands(node: ir.Gemm, params: dict[str, Param], profile: DeviceProfile) -> dict[str, ImageOperand]:

@@ -12,6 +12,7 @@ import atexit
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import pyopencl as cl
 
@@ -109,7 +110,8 @@ _IMAGE_PITCH_ALIGNMENT, _IMAGE_BASE_ADDRESS_ALIGNMENT = 0x104A, 0x104B
 
 def _optional_info(device: cl.Device, param: int) -> int:
     try:
-        return int(device.get_info(param))
+        value: Any = device.get_info(param)  # type: ignore[arg-type]
+        return int(value)
     except (cl.Error, TypeError, ValueError):
         return 0
 

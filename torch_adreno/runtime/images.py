@@ -67,8 +67,22 @@ class BoundImage:
         """Make a copied image show the buffer's current bytes (nothing to do for a shared one)."""
         if self.shared:
             return None
-        return cl.enqueue_copy(queue, self.image, self.buffer, offset=0, origin=(0, 0),
+        return cl.enqueue_copy(queue, self.image, self.buffer, offset=0, origin=(0, 0),  # type: ignore[call-overload]
                                region=(self.operand.width, self.operand.height))
+
+
+def image_descriptor(operand: ImageOperand, buffer: cl.Buffer | None) -> cl.ImageDescriptor:
+    """A 2D image over ``buffer`` (cl_khr_image2d_from_buffer), rows ``operand.width`` texels apart;
+    without a buffer, an image of its own."""
+    desc = cl.ImageDescriptor()
+    desc.image_type = cl.mem_object_type.IMAGE2D
+    # pyopencl takes 2 or 3 extents (its stub says 3).
+    desc.shape = (operand.width, operand.height)  # type: ignore[assignment]
+    desc.pitches = (operand.width * TEXEL_BYTES if buffer is not None else 0, 0)
+    desc.num_mip_levels = 0
+    desc.num_samples = 0
+    desc.buffer = buffer
+    return desc
 
 
 class ImageViews:
@@ -84,6 +98,8 @@ class ImageViews:
         self.shared_made = 0
         self.copies_made = 0
         self.bindings = 0
+        #: Per kernel name, the image operands (buffer names) its launches were bound to.
+        self.bound_kernels: dict[str, tuple[str, ...]] = {}
 
     def _can_share(self, buffer: cl.Buffer, operand: ImageOperand) -> bool:
         p = self.profile
@@ -92,7 +108,7 @@ class ImageViews:
         if operand.width * TEXEL_BYTES % (max(p.image_pitch_alignment, 1) * TEXEL_BYTES):
             return False
         try:
-            host = buffer.get_info(cl.mem_info.HOST_PTR)
+            host: Any = buffer.get_info(cl.mem_info.HOST_PTR)
         except (cl.Error, TypeError, ValueError):
             host = None
         # A buffer over host memory (zero-copy) shares only from an address the image unit accepts.
@@ -101,13 +117,9 @@ class ImageViews:
     def _make(self, buffer: cl.Buffer, operand: ImageOperand) -> BoundImage:
         shape = (operand.width, operand.height)
         if self._can_share(buffer, operand):
-            desc = cl.ImageDescriptor()
-            desc.image_type = cl.mem_object_type.IMAGE2D
-            desc.shape = shape
-            desc.pitches = (operand.width * TEXEL_BYTES,)
-            desc.buffer = buffer
             try:
-                image = cl.Image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMAT, desc)
+                image = cl.Image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMAT,
+                                 desc=image_descriptor(operand, buffer))
             except cl.Error:
                 pass  # the driver refused this buffer (an alignment it does not report): a copy
             else:
@@ -145,6 +157,7 @@ class ImageViews:
             kernel.set_arg(first + j, entry.image)
             bound.append(entry)
         self.bindings += 1
+        self.bound_kernels[source.name] = tuple(o.buffer for o in source.images)
         return bound
 
 

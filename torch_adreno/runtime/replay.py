@@ -190,8 +190,8 @@ class ReplayedStep:
                 kernel.set_arg(position, buffers[index])
             if op.source.images:
                 # Images over the replay's buffers; a copied image is refreshed before each read.
-                by_param = dict(zip(op.source.params, op.args, strict=True))
-                for image in image_views(self.runtime).bind(kernel, op.source, lambda n: buffers[by_param[n]]):
+                by_param = {name: buffers[index] for name, index in zip(op.source.params, op.args, strict=True)}
+                for image in image_views(self.runtime).bind(kernel, op.source, by_param.__getitem__):
                     self._images.append(image)
                     if not image.shared:
                         steps.append(("refresh", image))
