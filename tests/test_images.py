@@ -59,7 +59,9 @@ def test_image_width_follows_tensor_rows_limits_and_pitch_alignment() -> None:
     assert image_width((6, 3, 5, 5), profile) is None    # 450 floats: no whole texels
     assert image_width((64 * 64 * 4 * 2,), profile) is None  # beyond 64 x 64 texels
     shared = dataclasses.replace(profile, image_from_buffer=True, image_pitch_alignment=8)
-    assert image_width((20, 16), shared) == 40            # 40-texel rows share the buffer (pitch 8 texels)
+    assert image_width((20, 16), shared) == 8             # 2 tensor rows per image row: shares the buffer
+    assert image_width((128, 784), dataclasses.replace(REFERENCE_PROFILE, image_from_buffer=True,
+                                                       image_pitch_alignment=64)) == 256  # nearest 196
     assert image_width((5, 12), shared) == 3              # no aligned width: a copied image, by rows
 
 
@@ -86,6 +88,8 @@ LAYERS = {
     "conv2d_padded": (lambda x, w, b: F.conv2d(x, w, b, padding=1), [(2, 4, 9, 9), (8, 4, 3, 3), (8,)]),
     "conv2d_strided": (lambda x, w: F.conv2d(x, w, stride=2), [(2, 3, 11, 11), (8, 3, 3, 3)]),
     "conv2d_depthwise": (lambda x, w: F.conv2d(x, w, padding=1, groups=4), [(2, 4, 8, 8), (4, 1, 3, 3)]),
+    # The weight gradient (k = 2048 rows into 8 x 16 outputs) is split over k: images in the slices.
+    "linear_split_k": (lambda x, w: F.linear(x, w), [(2048, 16), (8, 16)]),
 }
 
 
@@ -97,6 +101,19 @@ def test_layers_forward_and_gradients_through_images_match_eager(layer: str) -> 
     inputs = [torch.randn(s, generator=generator) for s in shapes]
     before = dict(image_views(get_runtime()).bound_kernels)
     prof = assert_matches_eager(fn, *inputs, options=IMAGES)
+    _assert_read_through_images(prof, before)
+    if layer == "linear_split_k":
+        assert any("splitsum" in k.name for k in prof.kernels)
+
+
+@pytest.mark.device
+def test_tuned_image_kernels_match_eager(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner runs its candidates on scratch buffers: their images are bound and refreshed too
+    (an unbound image argument fails the launch; a stale one, the candidate's check)."""
+    monkeypatch.setenv("TORCH_ADRENO_CACHE", str(tmp_path))
+    fn, shapes = LAYERS["linear"]
+    before = dict(image_views(get_runtime()).bound_kernels)
+    prof = assert_matches_eager(fn, *[torch.randn(s) for s in shapes], options={"images": True, "tune": True})
     _assert_read_through_images(prof, before)
 
 

@@ -186,8 +186,9 @@ def image_width(shape: tuple[int, ...], profile: DeviceProfile) -> int | None:
     Rows of the tensor first (the last dimension, then the last two, ...: neighbouring texels in 2D
     are then neighbouring elements of the tensor, what a texture cache's 2D blocks are for), then any
     width that divides the buffer into whole rows. With ``cl_khr_image2d_from_buffer`` a width
-    whose row pitch meets the device's pitch alignment comes first, so that the image can share the
-    buffer's memory instead of being a copy kept in step with it.
+    whose row pitch meets the device's pitch alignment comes first (the one nearest the tensor's
+    row, for 2D locality), so that the image can share the buffer's memory instead of being a copy
+    kept in step with it.
     """
     numel = math.prod(shape)
     if numel == 0 or numel % 4:
@@ -204,8 +205,12 @@ def image_width(shape: tuple[int, ...], profile: DeviceProfile) -> int | None:
     fitting = [w for w in dict.fromkeys([*rows, *divisors])
                if w <= profile.image2d_max_width and texels // w <= profile.image2d_max_height]
     align = max(profile.image_pitch_alignment, 1) if profile.image_from_buffer else 1
+    if not fitting:
+        return None
     aligned = [w for w in fitting if w % align == 0]
-    return (aligned or fitting or [None])[0]  # type: ignore[list-item]
+    if not aligned:
+        return fitting[0]
+    return min(aligned, key=lambda w: (abs(math.log(w / fitting[0])), -w))
 
 
 def image_operands(node: ir.Gemm, params: dict[str, Param], profile: DeviceProfile) -> dict[str, ImageOperand]:
