@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pyopencl as cl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,10 +22,11 @@ from helpers import eager_training_step as _eager_step
 import torch_adreno
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
+from torch_adreno.kernels import ImageOperand
 from torch_adreno.kernels.gemm import image_width
 from torch_adreno.models import MODELS
 from torch_adreno.runtime import get_runtime
-from torch_adreno.runtime.images import image_views, images_enabled
+from torch_adreno.runtime.images import ImageViews, image_views, images_enabled
 from torch_adreno.target import REFERENCE_PROFILE
 
 IMAGES = {"images": True}
@@ -177,6 +179,23 @@ def test_images_shared_with_buffers_where_the_device_allows() -> None:
     # alignments get a width that is a multiple of it (see image_width).
     assert_matches_eager(fn, *[torch.randn(s) for s in [(8, 16), (64, 16), (64,)]], options=IMAGES)
     assert views.shared_made > shared
+
+
+@pytest.mark.device
+def test_a_refused_shared_image_becomes_a_copy_and_released_buffers_drop_their_images() -> None:
+    runtime = get_runtime()
+    if runtime.profile.image_from_buffer:
+        pytest.skip("the device shares images with buffers: nothing refuses here")
+    # Told the device shares, PoCL's driver refuses the image over the buffer: a copied image.
+    views = ImageViews(runtime.context, dataclasses.replace(runtime.profile, image_from_buffer=True))
+    operand = ImageOperand("x", 4, 4)
+    buffer = cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 256)
+    entry = views.image_for(buffer, operand)
+    assert not entry.shared and views.copies_made == 1
+    assert views.image_for(buffer, operand) is entry and len(views) == 1
+    del entry, buffer  # only the table holds the buffer now: the next new image releases both
+    views.image_for(cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 256), operand)
+    assert len(views) == 1 and views.copies_made == 2
 
 
 def _train_reference_model(name: str, steps: int, images: bool):

@@ -101,6 +101,9 @@ class ImageViews:
         #: Per kernel name, the image operands (buffer names) its launches were bound to.
         self.bound_kernels: dict[str, tuple[str, ...]] = {}
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def _can_share(self, buffer: cl.Buffer, operand: ImageOperand) -> bool:
         p = self.profile
         if not p.image_from_buffer or buffer.size < operand.width * operand.height * TEXEL_BYTES:
