@@ -86,6 +86,7 @@ def _assert_read_through_images(prof: torch_adreno.profile, before: dict[str, tu
 LAYERS = {
     "linear": (lambda x, w, b: F.linear(x, w, b), [(8, 12), (20, 12), (20,)]),
     "matmul_relu": (lambda a, b: torch.relu(a @ b), [(6, 8), (8, 12)]),
+    "gram": (lambda a: a @ a.t(), [(12, 8)]),  # one buffer, both operands, one image
     "bmm": (torch.bmm, [(3, 4, 8), (3, 8, 12)]),
     "conv2d_padded": (lambda x, w, b: F.conv2d(x, w, b, padding=1), [(2, 4, 9, 9), (8, 4, 3, 3), (8,)]),
     "conv2d_strided": (lambda x, w: F.conv2d(x, w, stride=2), [(2, 3, 11, 11), (8, 3, 3, 3)]),

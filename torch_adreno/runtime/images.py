@@ -21,6 +21,7 @@ which the shared images do not.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ import pyopencl as cl
 from torch_adreno.errors import OptionError
 from torch_adreno.kernels.program import ImageOperand, KernelSource
 from torch_adreno.target import DeviceProfile
+
+_log = logging.getLogger(__name__)
 
 #: 4 floats per texel: the format every OpenCL device with images supports for reading.
 IMAGE_FORMAT = cl.ImageFormat(cl.channel_order.RGBA, cl.channel_type.FLOAT)
@@ -123,8 +126,9 @@ class ImageViews:
             try:
                 image = cl.Image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMAT,
                                  desc=image_descriptor(operand, buffer))
-            except cl.Error:
-                pass  # the driver refused this buffer (an alignment it does not report): a copy
+            except cl.Error as err:
+                # The driver refused this buffer (an alignment it does not report): a copy, counted.
+                _log.info("image over a %d-byte buffer refused (%s): a copied image instead", buffer.size, err)
             else:
                 self.shared_made += 1
                 return BoundImage(image, buffer, operand, shared=True)
