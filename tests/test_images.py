@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from importlib import resources
 
+import numpy as np
 import pyopencl as cl
 import pytest
 import torch
@@ -238,3 +240,33 @@ def test_reference_models_train_with_images_as_without(name: str) -> None:
     assert torch.equal(with_images[0], without[0]), (with_images[0], without[0])
     for key, value in without[1].items():
         assert torch.equal(with_images[1][key], value), key
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("channel_type", ["float32", "float16"])
+def test_image_load_macro_reads_every_element_of_float_and_half_images(channel_type: str) -> None:
+    """The kernels' load of an image operand (``LOAD_IMAGE_FLOAT`` of ``gemm_image.cl``) over an
+    image made by the runtime gives back each element of the buffer, at every texel and channel;
+    half channels are widened (the half-storage formats compose with the same kernels)."""
+    runtime = get_runtime()
+    operand = ImageOperand("x", 3, 5, channel_type)
+    values = np.arange(60, dtype=np.float16 if channel_type == "float16" else np.float32) * 0.5 - 7
+    flags = cl.mem_flags
+    buffer = cl.Buffer(runtime.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=values)
+    out = cl.Buffer(runtime.context, flags.WRITE_ONLY, 60 * 4)
+    helper = resources.files("torch_adreno.kernels").joinpath("gemm_image.cl").read_text()
+    program = cl.Program(runtime.context, helper + """
+        __kernel void read_all(__global float* out, __read_only image2d_t image) {
+            const int i = get_global_id(0);
+            out[i] = LOAD_IMAGE_FLOAT(image, i, 3);
+        }""").build()
+    kernel = program.read_all
+    views = ImageViews(runtime.context, runtime.profile)
+    entry = views.image_for(buffer, operand)
+    kernel.set_arg(0, out)
+    kernel.set_arg(1, entry.image)
+    entry.refresh(runtime.queue)
+    cl.enqueue_nd_range_kernel(runtime.queue, kernel, (60,), None)
+    result = np.empty(60, np.float32)
+    cl.enqueue_copy(runtime.queue, result, out)
+    np.testing.assert_array_equal(result, values.astype(np.float32))

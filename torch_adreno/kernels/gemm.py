@@ -213,18 +213,25 @@ def image_width(shape: tuple[int, ...], profile: DeviceProfile) -> int | None:
     return min(aligned, key=lambda w: (abs(math.log(w / fitting[0])), -w))
 
 
+#: Element types a buffer read through an image may have, with the image's channel type: the
+#: kernels read every one with ``LOAD_IMAGE_FLOAT`` (``read_imagef`` widens half channels).
+IMAGE_CHANNEL_TYPES: dict[ir.DType, str] = {ir.DType.F32: "float32"}
+
+
 def image_operands(node: ir.Gemm, params: dict[str, Param], profile: DeviceProfile) -> dict[str, ImageOperand]:
-    """The buffers the GEMM's operands load that can be read through images: float32, only read by
-    the kernel and sharing no bytes with a buffer it writes (an image read of memory the same
-    launch writes is undefined), with an image shape within the device's limits."""
+    """The buffers the GEMM's operands load that can be read through images: of a type in
+    :data:`IMAGE_CHANNEL_TYPES`, only read by the kernel and sharing no bytes with a buffer it
+    writes (an image read of memory the same launch writes is undefined), with an image shape
+    within the device's limits."""
     chosen: dict[str, ImageOperand] = {}
     for load in [*ir.loads(node.lhs), *ir.loads(node.rhs)]:
         param = params[load.buffer]
-        if load.buffer in chosen or param.written or param.aliased or param.dtype is not ir.DType.F32:
+        channel_type = IMAGE_CHANNEL_TYPES.get(param.dtype)
+        if load.buffer in chosen or param.written or param.aliased or channel_type is None:
             continue
         width = image_width(param.shape, profile)
         if width is not None:
-            chosen[load.buffer] = ImageOperand(load.buffer, width, math.prod(param.shape) // 4 // width)
+            chosen[load.buffer] = ImageOperand(load.buffer, width, math.prod(param.shape) // 4 // width, channel_type)
     return chosen
 
 

@@ -1,9 +1,9 @@
 // Operands read through 2D images (the texture path of GEMM and convolution templates).
 //
-// A float buffer is seen as an RGBA float image WIDTH texels wide: its flat element i is channel
-// i % 4 of texel (i / 4 % WIDTH, i / 4 / WIDTH). The code writer renders a load of such a buffer
-// as LOAD_IMAGE_FLOAT(image, i, WIDTH) (WIDTH a literal). Loads of other storage formats (half
-// images) get sibling macros of the same shape. Guarded: several kernels of one program include it.
+// A buffer is seen as an RGBA image WIDTH texels wide: its flat element i is channel i % 4 of
+// texel (i / 4 % WIDTH, i / 4 / WIDTH). The code writer renders a load of such a buffer as
+// LOAD_IMAGE_FLOAT(image, i, WIDTH) (WIDTH a literal): a float value, for float and half channel
+// images alike (read_imagef widens halves). Guarded: several kernels of one program include it.
 
 #ifndef TORCH_ADRENO_IMAGE_OPERANDS
 #define TORCH_ADRENO_IMAGE_OPERANDS

@@ -13,10 +13,10 @@ from torch_adreno.memory import MemoryPlan
 
 @dataclass(frozen=True)
 class ImageOperand:
-    """A buffer a kernel reads through a 2D RGBA float image as well (the texture path).
+    """A buffer a kernel reads through a 2D RGBA image as well (the texture path).
 
     The buffer's flat element ``i`` is channel ``i % 4`` of texel ``(i / 4 % width, i / 4 / width)``:
-    the image is the buffer's bytes, ``width`` texels (16 bytes each) per row, ``height`` rows,
+    the image is the buffer's bytes, ``width`` texels (4 elements each) per row, ``height`` rows,
     ``width * height * 4`` elements in all. The kernel takes the image as an argument after its
     buffer arguments (which still include the buffer: the runtime makes the image from it).
     """
@@ -24,6 +24,9 @@ class ImageOperand:
     buffer: str
     width: int
     height: int
+    #: Storage of each of a texel's 4 channels, the buffer's element type ("float32"; the half
+    #: formats read the same way: ``read_imagef`` widens them).
+    channel_type: str = "float32"
 
 
 @dataclass(frozen=True)

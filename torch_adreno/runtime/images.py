@@ -35,9 +35,16 @@ from torch_adreno.target import DeviceProfile
 
 _log = logging.getLogger(__name__)
 
-#: 4 floats per texel: the format every OpenCL device with images supports for reading.
-IMAGE_FORMAT = cl.ImageFormat(cl.channel_order.RGBA, cl.channel_type.FLOAT)
-TEXEL_BYTES = 16
+#: Per channel type of an :class:`ImageOperand`: the image format (RGBA: 4 elements per texel, the
+#: order every OpenCL device with images supports for reading floats and halves) and its texel bytes.
+IMAGE_FORMATS: dict[str, tuple[cl.ImageFormat, int]] = {
+    "float32": (cl.ImageFormat(cl.channel_order.RGBA, cl.channel_type.FLOAT), 16),
+    "float16": (cl.ImageFormat(cl.channel_order.RGBA, cl.channel_type.HALF_FLOAT), 8),
+}
+
+
+def texel_bytes(operand: ImageOperand) -> int:
+    return IMAGE_FORMATS[operand.channel_type][1]
 
 
 def images_enabled(setting: str | bool, profile: DeviceProfile) -> bool:
@@ -64,7 +71,7 @@ class BoundImage:
 
     @property
     def nbytes(self) -> int:
-        return self.operand.width * self.operand.height * TEXEL_BYTES
+        return self.operand.width * self.operand.height * texel_bytes(self.operand)
 
     def refresh(self, queue: cl.CommandQueue) -> cl.Event | None:
         """Make a copied image show the buffer's current bytes (nothing to do for a shared one)."""
@@ -81,7 +88,7 @@ def image_descriptor(operand: ImageOperand, buffer: cl.Buffer | None) -> cl.Imag
     desc.image_type = cl.mem_object_type.IMAGE2D
     # pyopencl takes 2 or 3 extents (its stub says 3).
     desc.shape = (operand.width, operand.height)  # type: ignore[assignment]
-    desc.pitches = (operand.width * TEXEL_BYTES if buffer is not None else 0, 0)
+    desc.pitches = (operand.width * texel_bytes(operand) if buffer is not None else 0, 0)
     desc.num_mip_levels = 0
     desc.num_samples = 0
     desc.buffer = buffer
@@ -109,22 +116,24 @@ class ImageViews:
 
     def _can_share(self, buffer: cl.Buffer, operand: ImageOperand) -> bool:
         p = self.profile
-        if not p.image_from_buffer or buffer.size < operand.width * operand.height * TEXEL_BYTES:
+        texel = texel_bytes(operand)
+        if not p.image_from_buffer or buffer.size < operand.width * operand.height * texel:
             return False
-        if operand.width * TEXEL_BYTES % (max(p.image_pitch_alignment, 1) * TEXEL_BYTES):
+        # Both alignments are in texels (pixels).
+        if operand.width % max(p.image_pitch_alignment, 1):
             return False
         try:
             host: Any = buffer.get_info(cl.mem_info.HOST_PTR)
         except (cl.Error, TypeError, ValueError):
             host = None
         # A buffer over host memory (zero-copy) shares only from an address the image unit accepts.
-        return not host or int(host) % (max(p.image_base_address_alignment, 1) * TEXEL_BYTES) == 0
+        return not host or int(host) % (max(p.image_base_address_alignment, 1) * texel) == 0
 
     def _make(self, buffer: cl.Buffer, operand: ImageOperand) -> BoundImage:
         shape = (operand.width, operand.height)
         if self._can_share(buffer, operand):
             try:
-                image = cl.Image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMAT,
+                image = cl.Image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMATS[operand.channel_type][0],
                                  desc=image_descriptor(operand, buffer))
             except cl.Error as err:
                 # The driver refused this buffer (an alignment it does not report): a copy, counted.
@@ -132,7 +141,8 @@ class ImageViews:
             else:
                 self.shared_made += 1
                 return BoundImage(image, buffer, operand, shared=True)
-        image = cl.create_image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMAT, shape=shape)
+        image = cl.create_image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMATS[operand.channel_type][0],
+                                shape=shape)
         self.copies_made += 1
         return BoundImage(image, buffer, operand, shared=False)
 
@@ -179,4 +189,4 @@ def image_views(runtime: Any) -> ImageViews:
     return held[1]
 
 
-__all__ = ["IMAGE_FORMAT", "BoundImage", "ImageViews", "image_views", "images_enabled"]
+__all__ = ["IMAGE_FORMATS", "BoundImage", "ImageViews", "image_views", "images_enabled"]
