@@ -16,7 +16,9 @@ Invariant: a launch never reads a stale image. A copied image is refreshed befor
 that reads it, in the compiled graphs and in a replayed step alike (its recording replays the
 refreshes), so a write to the buffer between two launches (an optimizer step, a memory slot
 reused by another buffer) is always seen; this costs one device copy of the operand per read,
-which the shared images do not.
+which the shared images do not. (Refreshing only after a write would need every writer tracked,
+and with zero-copy the host writes parameters' memory itself — an eager optimizer step, a NumPy
+view — unseen by any device-side bookkeeping.)
 """
 
 from __future__ import annotations
