@@ -9,8 +9,12 @@ part of it). Peers, in the same run:
     includes launch overhead ours does not pay: at small sizes that favours us;
   * PyTorch on the same machine: torch.mm / conv2d on the CUDA GPU where there is one, else on
     the host CPU.
+Ours runs with images off (``adreno``) and, with --images, on (``adreno_images``: both operands read
+through image2d_t, ``images_mode`` says whether the images shared the buffers' memory or were
+copies, whose refresh copies are not in the kernel time). A desktop GPU's numbers say nothing of
+an Adreno's texture cache, the reason the image path exists.
 
-    python benchmarks/gemm.py [--sizes 256 1024 4096] [--reps 20] [--device NVIDIA]
+    python benchmarks/gemm.py [--sizes 256 1024 4096] [--reps 20] [--device NVIDIA] [--images]
 
 Appends JSON lines to benchmarks/results/gemm.jsonl and draws benchmarks/results/gemm.png.
 """
@@ -38,6 +42,7 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.runtime import get_runtime
+from torch_adreno.runtime.images import image_views
 
 #: (name, batch, in channels, out channels, spatial size, kernel, stride) of resnet_mini's convolutions.
 RESNET_MINI_CONVS = [
@@ -145,7 +150,7 @@ class CLBlast:
         return statistics.median(times)
 
 
-PEERS = ("adreno", "adreno_tuned", "clblast", "torch")
+PEERS = ("adreno", "adreno_images", "adreno_tuned", "clblast", "torch")
 
 
 def _ours(fn: Any, args: list[torch.Tensor], reps: int, options: dict[str, Any]) -> tuple[float, Any]:
@@ -156,10 +161,18 @@ def _ours(fn: Any, args: list[torch.Tensor], reps: int, options: dict[str, Any])
 
 
 def _measure(row: dict[str, Any], fn: Any, args: list[torch.Tensor], reps: int, options: dict[str, Any],
-             tune: bool) -> Any:
-    """Fill ``row`` with ours (and tuned, if ``tune``) and PyTorch's times, then every peer's
-    GFLOP/s from ``row["flops"]``; returns our output."""
-    row["adreno_us"], out = _ours(fn, args, reps, options)
+             tune: bool, images: bool = False) -> Any:
+    """Fill ``row`` with ours (with images, if ``images``; tuned, if ``tune``) and PyTorch's times;
+    returns our output (images off)."""
+    row["adreno_us"], out = _ours(fn, args, reps, {**options, "images": False})
+    if images:
+        views = image_views(get_runtime(options.get("device")))
+        shared, copies = views.shared_made, views.copies_made
+        row["adreno_images_us"], with_images = _ours(fn, args, reps, {**options, "images": True})
+        made_shared, made_copies = views.shared_made - shared, views.copies_made - copies
+        row["images_mode"] = "shared" if made_shared and not made_copies else "copied" if made_copies and not made_shared \
+            else f"{made_shared} shared, {made_copies} copied"
+        row["images_max_abs_diff"] = (with_images - out).abs().max().item()
     if tune:
         row["adreno_tuned_us"], _ = _ours(fn, args, reps, {**options, "tune": True})
     row["torch_us"], row["torch_peer"] = _torch_us(fn, args, reps)
@@ -173,13 +186,13 @@ def _add_gflops(row: dict[str, Any]) -> None:
 
 
 def gemm_records(sizes: list[int], reps: int, device: Any, clblast: CLBlast | None,
-                 tune: bool) -> list[dict[str, Any]]:
+                 tune: bool, images: bool = False) -> list[dict[str, Any]]:
     records = []
     options = {"device": device} if device is not None else {}
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
         row: dict[str, Any] = {"kind": "sgemm", "shape": f"{n}x{n}x{n}", "flops": 2 * n**3}
-        out = _measure(row, torch.mm, [a, b], reps, options, tune)
+        out = _measure(row, torch.mm, [a, b], reps, options, tune, images)
         row["adreno_rel_error"] = ((out - a @ b).abs().max() / (a @ b).abs().max()).item()
         if clblast is not None:
             row["clblast_us"] = clblast.sgemm_us(n, reps)
@@ -189,7 +202,7 @@ def gemm_records(sizes: list[int], reps: int, device: Any, clblast: CLBlast | No
     return records
 
 
-def conv_records(reps: int, device: Any, tune: bool) -> list[dict[str, Any]]:
+def conv_records(reps: int, device: Any, tune: bool, images: bool = False) -> list[dict[str, Any]]:
     records = []
     options = {"device": device} if device is not None else {}
     for name, batch, cin, cout, size, kernel, stride in RESNET_MINI_CONVS:
@@ -201,7 +214,7 @@ def conv_records(reps: int, device: Any, tune: bool) -> list[dict[str, Any]]:
         out_size = (size + 2 * (kernel // 2) - kernel) // stride + 1
         row: dict[str, Any] = {"kind": "conv2d", "shape": name,
                                "flops": 2 * batch * cout * out_size * out_size * cin * kernel * kernel}
-        _measure(row, conv, [x, w], reps, options, tune)
+        _measure(row, conv, [x, w], reps, options, tune, images)
         _add_gflops(row)
         records.append(row)
         print(_format(row))
@@ -210,7 +223,8 @@ def conv_records(reps: int, device: Any, tune: bool) -> list[dict[str, Any]]:
 
 def _format(row: dict[str, Any]) -> str:
     peers = "  ".join(f"{k}: {row[f'{k}_gflops']:8.1f}" for k in PEERS if f"{k}_gflops" in row)
-    return f"{row['kind']:<7} {row['shape']:<22} GFLOP/s  {peers}"
+    mode = f"  (images {row['images_mode']})" if "images_mode" in row else ""
+    return f"{row['kind']:<7} {row['shape']:<22} GFLOP/s  {peers}{mode}"
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
@@ -242,6 +256,8 @@ def main() -> None:
     parser.add_argument("--no-conv", action="store_true")
     parser.add_argument("--tune", action="store_true",
                         help="also time ours with tune=True (the verified fastest launch per kernel)")
+    parser.add_argument("--images", action="store_true",
+                        help="also time ours with images=True (operands read through image2d_t)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gemm.jsonl")
     args = parser.parse_args()
     device = args.device
@@ -250,9 +266,9 @@ def main() -> None:
     clblast = CLBlast(lib, get_runtime(device)) if lib is not None else None
     if clblast is None:
         print("CLBlast: libclblast not found (set TORCH_ADRENO_CLBLAST to its path), skipped")
-    records = gemm_records(args.sizes, args.reps, device, clblast, args.tune)
+    records = gemm_records(args.sizes, args.reps, device, clblast, args.tune, args.images)
     if not args.no_conv:
-        records += conv_records(args.reps, device, args.tune)
+        records += conv_records(args.reps, device, args.tune, args.images)
     records = [{**context, **r} for r in records]
     append_jsonl(args.out, records)
     plot(records, args.out.with_suffix(".png"))

@@ -39,6 +39,7 @@ from torch_adreno.lowering import lower_graph
 from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_checks
 from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.runtime.images import images_enabled
 
 aten = torch.ops.aten
 
@@ -123,7 +124,7 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     fused = fuse(graph, config, max_kernel_buffers(runtime.profile.max_parameter_bytes, runtime.profile.address_bits))
     plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donated, resident_outputs=resident_outputs)
-    program = render_program(fused, plan, runtime.profile)
+    program = render_program(fused, plan, runtime.profile, images=images_enabled(config.images, runtime.profile))
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
     return program

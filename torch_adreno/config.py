@@ -126,6 +126,12 @@ OPTIONS: dict[str, OptionSpec] = {
             "the choice on disk per device, driver, kernel and shape (default False: the heuristic)",
         ),
         OptionSpec(
+            "images", _auto_bool, "auto", "TORCH_ADRENO_IMAGES",
+            "read GEMM and convolution operands (weights, and activations whose layout fits) through "
+            "2D images, the texture cache path ('auto', the default: where the device prefers it, "
+            "Adreno GPUs; True requires a device with image support; False always reads buffers)",
+        ),
+        OptionSpec(
             "compile_cache", _bool, True, "TORCH_ADRENO_COMPILE_CACHE",
             "keep each compiled graph (AOTAutograd's forward and backward with our kernel programs) in "
             "PyTorch's AOTAutograd disk cache, so a later process compiling the same graph with the same "
@@ -148,6 +154,7 @@ class Config:
     debug_dir: str | None = None
     activation_memory_budget: float = 1.0
     tune: bool = False
+    images: str | bool = "auto"
     compile_cache: bool = True
 
     @classmethod

@@ -40,6 +40,20 @@ class DeviceProfile:
     #: launch list itself (runtime/replay.py), the one loop such a queue would replace.
     recordable_queues: bool = False
     command_buffers: bool = False
+    #: 2D image limits in texels (CL_DEVICE_IMAGE2D_MAX_WIDTH/HEIGHT; 8192 is OpenCL 1.2's minimum
+    #: for a device with images), and ``cl_khr_image2d_from_buffer``: an image may share a buffer's
+    #: memory when its row pitch is a multiple of ``image_pitch_alignment`` texels and the buffer's
+    #: address of ``image_base_address_alignment`` texels (CL_DEVICE_IMAGE_PITCH_ALIGNMENT and
+    #: CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT; 0 where the driver does not report them).
+    image2d_max_width: int = 8192
+    image2d_max_height: int = 8192
+    image_from_buffer: bool = False
+    image_pitch_alignment: int = 0
+    image_base_address_alignment: int = 0
+    #: Whether GEMM and convolution operands should be read through images (the texture cache) when
+    #: the ``images`` option is "auto": Adreno GPUs (MNN, TVM and tinygrad's QCOM backend all read
+    #: weights through image2d objects there).
+    prefers_images: bool = False
 
     @property
     def key(self) -> str:

@@ -34,6 +34,7 @@ from torch_adreno.kernels.generated import (
 )
 from torch_adreno.kernels.program import (
     HostStep,
+    ImageOperand,
     KernelProgram,
     KernelSource,
     Step,
@@ -44,7 +45,7 @@ from torch_adreno.kernels.workgroup import Launch, guarded_linear_candidates
 from torch_adreno.memory import MemoryPlan
 from torch_adreno.target import DeviceProfile
 
-__all__ = ["HostStep", "KernelProgram", "KernelSource", "launch_candidates", "render_program"]
+__all__ = ["HostStep", "ImageOperand", "KernelProgram", "KernelSource", "launch_candidates", "render_program"]
 
 
 def kernel_name(graph_name: str, index: int, group: FusionGroup, kind: str | None = None) -> str:
@@ -98,7 +99,9 @@ def estimate_flops(group: FusionGroup) -> int:
     return 0
 
 
-def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) -> KernelProgram:
+def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, images: bool = False) -> KernelProgram:
+    """The graph's kernels. ``images``: GEMM and convolution operands are read through 2D images
+    where their buffers allow (:func:`torch_adreno.kernels.gemm.image_operands`)."""
     steps: list[Step] = []
     graph = fused.graph
     for index, group in enumerate(fused.groups):
@@ -114,7 +117,7 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
         options: tuple[str, ...] = ()
         if isinstance(spec, GemmKernel):
             sum_name = kernel_name(graph.name, index, group, kind="splitsum")
-            steps.extend(_gemm_steps(graph, group, spec, name, sum_name, header, params, profile))
+            steps.extend(_gemm_steps(graph, group, spec, name, sum_name, header, params, profile, images))
             continue
         if isinstance(spec, PointwiseKernel):
             source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
@@ -130,15 +133,15 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
 
 
 def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str, sum_name: str, header: str,
-                params: dict[str, Any], profile: DeviceProfile) -> list[KernelSource]:
+                params: dict[str, Any], profile: DeviceProfile, images: bool) -> list[KernelSource]:
     """One launch, or for a split-K GEMM two: the slices into ``spec.partials``, then their sum
     through the epilogue (each launch counted with the bytes it moves)."""
-    launches = render_gemm(name, header, spec, params, profile, sum_name)
+    launches = render_gemm(name, header, spec, params, profile, sum_name, images)
     if len(launches) == 1:
         (only,) = launches
         return [KernelSource(only.kernel_name, only.kind, only.source, only.build_options, tuple(params), only.global_size,
                              only.local_size, group.origins, buffer_bytes(graph, group.reads),
-                             buffer_bytes(graph, group.writes), only.macros, estimate_flops(group))]
+                             buffer_bytes(graph, group.writes), only.macros, estimate_flops(group), only.images)]
     assert spec.partials is not None
     g = spec.gemm
     operands = {ld.buffer for ld in [*ir.loads(g.lhs), *ir.loads(g.rhs)]}
@@ -149,7 +152,7 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str
     return [
         KernelSource(slices.kernel_name, slices.kind, slices.source, slices.build_options, tuple(params), slices.global_size,
                      slices.local_size, group.origins, buffer_bytes(graph, sorted(operands)),
-                     buffer_bytes(graph, [spec.partials]), slices.macros, multiply_flops),
+                     buffer_bytes(graph, [spec.partials]), slices.macros, multiply_flops, slices.images),
         KernelSource(total.kernel_name, total.kind, total.source, total.build_options, tuple(params),
                      total.global_size, total.local_size, group.origins,
                      buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),

@@ -9,6 +9,7 @@ from importlib import resources
 from torch_adreno import ir
 from torch_adreno.fusion import GemmKernel
 from torch_adreno.kernels.generated import index_ctype_for, write_stores
+from torch_adreno.kernels.program import ImageOperand
 from torch_adreno.kernels.workgroup import (
     MAX_CANDIDATE_GROUP,
     Launch,
@@ -178,15 +179,94 @@ def _unit_stride(expr: ir.Expr, var: ir.Expr, params: dict[str, Param], writer: 
     return terms.get(var) == 1
 
 
+def image_width(shape: tuple[int, ...], profile: DeviceProfile) -> int | None:
+    """Texels per row of the RGBA float image a buffer of ``shape`` is read through (see
+    :class:`ImageOperand`), or None where none fits the device's image limits.
+
+    Rows of the tensor first (the last dimension, then the last two, ...: neighbouring texels in 2D
+    are then neighbouring elements of the tensor, what a texture cache's 2D blocks are for), then any
+    width that divides the buffer into whole rows. With ``cl_khr_image2d_from_buffer`` a width
+    whose row pitch meets the device's pitch alignment comes first (the one nearest the tensor's
+    row, for 2D locality), so that the image can share the buffer's memory instead of being a copy
+    kept in step with it.
+    """
+    numel = math.prod(shape)
+    if numel == 0 or numel % 4:
+        return None
+    texels = numel // 4
+    rows: list[int] = []
+    extent = 1
+    for size in reversed(shape):
+        extent *= size
+        if extent % 4 == 0:
+            rows.append(extent // 4)
+    divisors = [d for d in range(1, math.isqrt(texels) + 1) if texels % d == 0]
+    divisors = sorted({*divisors, *(texels // d for d in divisors)}, reverse=True)
+    fitting = [w for w in dict.fromkeys([*rows, *divisors])
+               if w <= profile.image2d_max_width and texels // w <= profile.image2d_max_height]
+    align = max(profile.image_pitch_alignment, 1) if profile.image_from_buffer else 1
+    if not fitting:
+        return None
+    aligned = [w for w in fitting if w % align == 0]
+    if not aligned:
+        return fitting[0]
+    return min(aligned, key=lambda w: (abs(math.log(w / fitting[0])), -w))
+
+
+#: Element types a buffer read through an image may have, with the image's channel type: the
+#: kernels read every one with ``LOAD_IMAGE_FLOAT`` (``read_imagef`` widens half channels).
+IMAGE_CHANNEL_TYPES: dict[ir.DType, str] = {ir.DType.F32: "float32"}
+
+
+def image_operands(node: ir.Gemm, params: dict[str, Param], profile: DeviceProfile) -> dict[str, ImageOperand]:
+    """The buffers the GEMM's operands load that can be read through images: of a type in
+    :data:`IMAGE_CHANNEL_TYPES`, only read by the kernel and sharing no bytes with a buffer it
+    writes (an image read of memory the same launch writes is undefined), with an image shape
+    within the device's limits."""
+    chosen: dict[str, ImageOperand] = {}
+    for load in [*ir.loads(node.lhs), *ir.loads(node.rhs)]:
+        param = params[load.buffer]
+        channel_type = IMAGE_CHANNEL_TYPES.get(param.dtype)
+        if load.buffer in chosen or param.written or param.aliased or channel_type is None:
+            continue
+        width = image_width(param.shape, profile)
+        if width is not None:
+            chosen[load.buffer] = ImageOperand(load.buffer, width, math.prod(param.shape) // 4 // width, channel_type)
+    return chosen
+
+
+def image_c_name(param: Param) -> str:
+    return f"{param.c_name}_image"
+
+
+def image_declarations(images: dict[str, ImageOperand], params: dict[str, Param]) -> list[str]:
+    return [f"__read_only image2d_t {image_c_name(params[name])}" for name in images]
+
+
+class _ImageOperandWriter(CodeWriter):
+    """The code writer, with loads of the image operands rendered as image reads."""
+
+    def __init__(self, params: dict[str, Param], images: dict[str, ImageOperand], var_names: dict[ir.Var, str],
+                 prefix: str) -> None:
+        super().__init__(params, var_names, prefix=prefix)
+        self.images = images
+
+    def _render(self, expr: ir.Expr, guarded: bool) -> str:
+        if isinstance(expr, ir.Load) and expr.buffer in self.images:
+            offset = self.expr(self.flat_index(expr.buffer, expr.index), guarded)
+            image = self.images[expr.buffer]
+            return f"LOAD_IMAGE_FLOAT({image_c_name(self.params[expr.buffer])}, {offset}, {image.width})"
+        return super()._render(expr, guarded)
+
+
 def _operand_function(fn_name: str, expr: ir.Expr, names: tuple[str, str, str], vars_: tuple[ir.Expr, ...],
-                      params: dict[str, Param]) -> str:
+                      params: dict[str, Param], images: dict[str, ImageOperand]) -> str:
     var_names = {v: n for v, n in zip(vars_, names, strict=True) if isinstance(v, ir.Var)}
-    writer = CodeWriter(params, var_names,
-                        prefix=f"{fn_name}_t")
+    writer = _ImageOperandWriter(params, images, var_names, prefix=f"{fn_name}_t")
     value = writer.expr(expr)
     body = writer.close_scope()
     args = ", ".join(f"const INDEX_T {n}" for n in names)
-    decls = ", ".join(p.declaration() for p in params.values())
+    decls = ", ".join([*(p.declaration() for p in params.values()), *image_declarations(images, params)])
     return "\n".join([f"inline float {fn_name}({args}, {decls}) {{", *("    " + ln for ln in body),
                       f"    return {value};", "}"])
 
@@ -230,6 +310,8 @@ class RenderedGemm:
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
     macros: tuple[str, ...]
+    #: Operand buffers the launch also reads through images (arguments after the buffers).
+    images: tuple[ImageOperand, ...] = ()
 
 
 #: Macros of the second launch of a split GEMM.
@@ -241,25 +323,33 @@ def _template(file: str) -> str:
 
 
 def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Param],
-                profile: DeviceProfile, sum_name: str | None = None) -> list[RenderedGemm]:
+                profile: DeviceProfile, sum_name: str | None = None, images: bool = False) -> list[RenderedGemm]:
     """The launches of one GEMM kernel: one, or two for a split-K GEMM (``spec.split_k`` slices
     multiplied into ``spec.partials`` by ``gemm.cl``/``gemm_direct.cl``, then added up and stored
-    through the epilogue by ``gemm_split_sum.cl``, as kernel ``sum_name``)."""
+    through the epilogue by ``gemm_split_sum.cl``, as kernel ``sum_name``).
+
+    ``images``: the operands' buffers are read through images where :func:`image_operands` allows
+    (the multiplying launch takes them as extra arguments; the sum of a split GEMM reads none)."""
     node = spec.gemm
     v = node.vars()
     split = spec.split_k
+    operand_images = image_operands(node, params, profile) if images else {}
     probe = CodeWriter(params)
     a_k_fastest = _unit_stride(node.lhs, v["k"], params, probe) or not _unit_stride(node.lhs, v["m"], params, probe)
     b_n_fastest = _unit_stride(node.rhs, v["n"], params, probe) or not _unit_stride(node.rhs, v["k"], params, probe)
     arg_names = ", ".join(p.c_name for p in params.values())
     index_t = index_ctype_for(params, node.batch * node.m * node.k, node.batch * node.k * node.n,
                               split * node.batch * (node.m * node.n + node.m))
+    buffer_params = "#define KERNEL_PARAMS " + ", ".join(p.declaration() for p in params.values())
     common = [header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {name}",
-              "#define KERNEL_PARAMS " + ", ".join(p.declaration() for p in params.values())]
+              ", ".join([buffer_params, *image_declarations(operand_images, params)])]
     operands = [
-        _operand_function(f"{name}_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params),
-        _operand_function(f"{name}_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params),
+        _operand_function(f"{name}_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params, operand_images),
+        _operand_function(f"{name}_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params, operand_images),
     ]
+    if operand_images:
+        operands.insert(0, _template("gemm_image.cl"))
+    operand_args = ", ".join([arg_names, *(image_c_name(params[b]) for b in operand_images)])
     epilogue = [
         _store_function(f"{name}_store_c", spec, params),
         _row_store_function(f"{name}_store_row", spec, params) if spec.row_sum is not None else "",
@@ -268,8 +358,8 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
     ]
     slice_k = math.ceil(node.k / split)
     if split == 1:
-        macros = [f"#define LOAD_A(b, m, k) {name}_load_a(b, m, k, {arg_names})",
-                  f"#define LOAD_B(b, k, n) {name}_load_b(b, k, n, {arg_names})", *epilogue]
+        macros = [f"#define LOAD_A(b, m, k) {name}_load_a(b, m, k, {operand_args})",
+                  f"#define LOAD_B(b, k, n) {name}_load_b(b, k, n, {operand_args})", *epilogue]
     else:
         # Work-group batch index b' = b * split + slice: operands read k from the slice's start;
         # the slice sums go to the partials buffer, [b'][m][n] then the row sums [b'][m].
@@ -277,8 +367,8 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
         slices = params[spec.partials].c_name
         k_of = f"((INDEX_T)((b) % {split}) * {slice_k} + (k))"
         macros = [
-            f"#define LOAD_A(b, m, k) ({k_of} < {node.k} ? {name}_load_a((b) / {split}, m, {k_of}, {arg_names}) : 0.0f)",
-            f"#define LOAD_B(b, k, n) ({k_of} < {node.k} ? {name}_load_b((b) / {split}, {k_of}, n, {arg_names}) : 0.0f)",
+            f"#define LOAD_A(b, m, k) ({k_of} < {node.k} ? {name}_load_a((b) / {split}, m, {k_of}, {operand_args}) : 0.0f)",
+            f"#define LOAD_B(b, k, n) ({k_of} < {node.k} ? {name}_load_b((b) / {split}, {k_of}, n, {operand_args}) : 0.0f)",
             f"#define STORE_C(b, m, n, v) ({slices}[((INDEX_T)(b) * {node.m} + (m)) * {node.n} + (n)] = (v))",
             f"#define STORE_ROW(b, m, v) ({slices}[{split * node.batch * node.m * node.n} + "
             f"(INDEX_T)(b) * {node.m} + (m)] = (v))",
@@ -289,12 +379,12 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
     if not use_local_memory_tiles(profile):
         launch = direct_launch(node.m, node.n, batch, choose_direct_tiling(node.m, node.n, profile))
         first = RenderedGemm(name, "gemm", prelude + _template("gemm_direct.cl"), (*launch.defines, "-cl-mad-enable", *sizes),
-                             launch.global_size, launch.local_size, GEMM_MACROS)
+                             launch.global_size, launch.local_size, GEMM_MACROS, tuple(operand_images.values()))
     else:
         launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile))
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}")
         first = RenderedGemm(name, "gemm", prelude + _template("gemm.cl"), options, launch.global_size,
-                             launch.local_size, GEMM_MACROS)
+                             launch.local_size, GEMM_MACROS, tuple(operand_images.values()))
     if split == 1:
         return [first]
     assert spec.partials is not None
@@ -302,7 +392,7 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
     assert sum_name is not None and not sum_name.startswith(name) and not name.startswith(sum_name)
     sum_header = header.replace(f"// kernel {name}:", f"// kernel {sum_name}: adds up {split} k slices of", 1)
     sum_prelude = "\n".join([
-        sum_header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {sum_name}", common[3], *epilogue, f"#define SLICE(i) {params[spec.partials].c_name}[i]",
+        sum_header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {sum_name}", buffer_params, *epilogue, f"#define SLICE(i) {params[spec.partials].c_name}[i]",
         f"#define ROW_BASE {split * outputs}", ""])
     local = linear_local_size(outputs, profile)
     second = RenderedGemm(

@@ -12,6 +12,24 @@ from torch_adreno.memory import MemoryPlan
 
 
 @dataclass(frozen=True)
+class ImageOperand:
+    """A buffer a kernel reads through a 2D RGBA image as well (the texture path).
+
+    The buffer's flat element ``i`` is channel ``i % 4`` of texel ``(i / 4 % width, i / 4 / width)``:
+    the image is the buffer's bytes, ``width`` texels (4 elements each) per row, ``height`` rows,
+    ``width * height * 4`` elements in all. The kernel takes the image as an argument after its
+    buffer arguments (which still include the buffer: the runtime makes the image from it).
+    """
+
+    buffer: str
+    width: int
+    height: int
+    #: Storage of each of a texel's 4 channels, the buffer's element type ("float32"; the half
+    #: formats read the same way: ``read_imagef`` widens them).
+    channel_type: str = "float32"
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """One OpenCL kernel, ready to build and launch.
 
@@ -35,6 +53,8 @@ class KernelSource:
     macros: tuple[str, ...] = ("INDEX_T",)
     #: Floating-point operations of one launch (a multiply-add counts two), estimated from the IR.
     flops: int = 0
+    #: Buffers also read through images, one image argument each after ``params``, in this order.
+    images: tuple[ImageOperand, ...] = ()
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import atexit
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import pyopencl as cl
 
@@ -102,9 +103,23 @@ def _preferred_multiple(device: cl.Device, context: cl.Context) -> int:
     return int(program.probe.get_work_group_info(cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, device))
 
 
+#: CL_DEVICE_IMAGE_PITCH_ALIGNMENT and CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT (OpenCL 2.0 /
+#: cl_khr_image2d_from_buffer), which pyopencl does not name.
+_IMAGE_PITCH_ALIGNMENT, _IMAGE_BASE_ADDRESS_ALIGNMENT = 0x104A, 0x104B
+
+
+def _optional_info(device: cl.Device, param: int) -> int:
+    try:
+        value: Any = device.get_info(param)  # type: ignore[arg-type]
+        return int(value)
+    except (cl.Error, TypeError, ValueError):
+        return 0
+
+
 def profile_of(entry: DeviceEntry, context: cl.Context) -> DeviceProfile:
     d = entry.device
     extensions = d.extensions.split()
+    images = bool(d.image_support)
     return DeviceProfile(
         name=d.name.strip(),
         vendor=d.vendor.strip(),
@@ -122,11 +137,17 @@ def profile_of(entry: DeviceEntry, context: cl.Context) -> DeviceProfile:
         base_addr_align_bytes=max(int(d.mem_base_addr_align) // 8, 4),
         unified_memory=bool(getattr(d, "host_unified_memory", False)),
         fp16="cl_khr_fp16" in extensions,
-        images=bool(d.image_support),
+        images=images,
         max_parameter_bytes=int(d.max_parameter_size),
         recordable_queues="cl_qcom_recordable_queues" in extensions,
         command_buffers="cl_khr_command_buffer" in extensions,
         address_bits=int(d.address_bits),
+        image2d_max_width=int(d.image2d_max_width) if images else 0,
+        image2d_max_height=int(d.image2d_max_height) if images else 0,
+        image_from_buffer=images and "cl_khr_image2d_from_buffer" in extensions,
+        image_pitch_alignment=_optional_info(d, _IMAGE_PITCH_ALIGNMENT) if images else 0,
+        image_base_address_alignment=_optional_info(d, _IMAGE_BASE_ADDRESS_ALIGNMENT) if images else 0,
+        prefers_images=images and ("adreno" in d.name.lower() or "qualcomm" in d.vendor.lower()),
     )
 
 

@@ -25,6 +25,7 @@ from torch_adreno.runtime.capture import ACTIVE_RECORDER
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
+from torch_adreno.runtime.images import image_views
 from torch_adreno.runtime.residency import Residency, host_array, poison, shared_buffer, sync_shared
 from torch_adreno.runtime.tuning import TuningResult, tune_kernels
 
@@ -93,6 +94,8 @@ class Executable:
         # The buffers of the last call stay referenced until the next call binds new ones: a kernel
         # object never points at a released buffer (some drivers fault when it does).
         self._last_call: dict[str, Any] = {}
+        self._images = image_views(runtime)
+        self._last_images: list[Any] = []
         self._donors = sorted({a.donor for a in plan.allocations.values() if a.donor is not None})
 
     @property
@@ -175,6 +178,7 @@ class Executable:
                 assert alloc.in_place_of is not None
                 storage[name] = storage[alloc.in_place_of]
         queue = self.runtime.queue
+        images: list[Any] = []
         record = BUS.active
         if record:
             plan = self.program.plan
@@ -189,6 +193,11 @@ class Executable:
                 continue
             for i, name in step.dynamic_args:
                 step.kernel.set_arg(i, storage[name])
+            if step.source.images:
+                # Images over this call's buffers; a copied one is refreshed right before the read.
+                for image in self._images.bind(step.kernel, step.source, storage.__getitem__):
+                    image.refresh(queue)
+                    images.append(image)
             event = cl.enqueue_nd_range_kernel(queue, step.kernel, step.source.global_size, step.source.local_size)
             if record:
                 BUS.launch(LaunchRecord(self.graph.name, step.source, event))
@@ -199,6 +208,7 @@ class Executable:
             recorder.record_call(self, args, storage, host_outputs, outputs)
         self.residency.finish_transfers()
         self._last_call = storage
+        self._last_images = images
         for donor in self._donors:
             arg = args[self._input_positions[donor]]
             if isinstance(arg, DeviceTensor):

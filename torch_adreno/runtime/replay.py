@@ -40,6 +40,7 @@ from torch_adreno.runtime.capture import (
     StepRecorder,
 )
 from torch_adreno.runtime.events import BUS, LaunchRecord
+from torch_adreno.runtime.images import image_views
 from torch_adreno.runtime.residency import Residency, host_array
 
 REPLAY_GRAPH = "replayed_step"
@@ -172,6 +173,8 @@ class ReplayedStep:
         self._profiled_operations: list[Any] = []
         self._slots = slots
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
+        #: The images the kernels read (a kernel argument holds no reference).
+        self._images: list[Any] = []
         self._operations: list[Any] = []
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
         self._described: list[tuple[str, Any] | None] = []
@@ -185,6 +188,13 @@ class ReplayedStep:
             kernel = cl.Kernel(op.kernel.program, op.kernel.function_name)
             for position, index in enumerate(op.args):
                 kernel.set_arg(position, buffers[index])
+            if op.source.images:
+                # Images over the replay's buffers; a copied image is refreshed before each read.
+                by_param = {name: buffers[index] for name, index in zip(op.source.params, op.args, strict=True)}
+                for image in image_views(self.runtime).bind(kernel, op.source, by_param.__getitem__):
+                    self._images.append(image)
+                    if not image.shared:
+                        steps.append(("refresh", image))
             self._launches.append((op.graph, op.source, kernel))
             steps.append(("launch", kernel, op.source, (op.graph, op.source)))
             if len(self._launches) in FLUSH_AFTER:
@@ -195,6 +205,8 @@ class ReplayedStep:
             for step in steps:
                 if step[0] == "copy":
                     operations.append(functools.partial(cl.enqueue_copy, queue, step[1], step[2], byte_count=step[3]))
+                elif step[0] == "refresh":
+                    operations.append(functools.partial(step[1].refresh, queue))
                 elif step[0] == "launch":
                     operations.append(functools.partial(cl.enqueue_nd_range_kernel, queue, step[1],
                                                         step[2].global_size, step[2].local_size))

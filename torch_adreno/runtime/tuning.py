@@ -55,6 +55,7 @@ from torch_adreno.errors import KernelBuildError
 from torch_adreno.kernels import KernelSource, launch_candidates
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
+from torch_adreno.runtime.images import image_views
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +200,22 @@ class _Scratch:
         self.pristine = [cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a) if a.nbytes
                          else cl.Buffer(ctx, flags.READ_ONLY, 1) for a in self.arrays]
         self.buffers = [cl.Buffer(ctx, flags.READ_WRITE, max(a.nbytes, 1)) for a in self.arrays]
+        self.source = kernel
+        self._images: list[Any] = []
 
     def bind(self, kernel: cl.Kernel) -> None:
         for i, buf in enumerate(self.buffers):
             kernel.set_arg(i, buf)
+        if self.source.images:  # (every candidate reads the same operands through images)
+            by_param = dict(zip(self.source.params, self.buffers, strict=True))
+            self._images = image_views(self.runtime).bind(kernel, self.source, by_param.__getitem__)
 
     def restore(self) -> None:
         for src, dst, a in zip(self.pristine, self.buffers, self.arrays, strict=True):
             if a.nbytes:
                 cl.enqueue_copy(self.runtime.queue, dst, src, byte_count=a.nbytes)
+        for image in self._images:
+            image.refresh(self.runtime.queue)
 
     def read(self) -> list[np.ndarray]:
         out = [np.empty_like(a) for a in self.arrays]
