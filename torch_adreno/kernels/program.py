@@ -35,6 +35,9 @@ class KernelSource:
     macros: tuple[str, ...] = ("INDEX_T",)
     #: Floating-point operations of one launch (a multiply-add counts two), estimated from the IR.
     flops: int = 0
+    #: Whether the kernel checks data-dependent indices (``index_check.cl``): it then takes two
+    #: arguments after ``params``, the device's index error record and a token naming the launch.
+    checks_indices: bool = False
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:

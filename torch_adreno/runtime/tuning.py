@@ -199,10 +199,17 @@ class _Scratch:
         self.pristine = [cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a) if a.nbytes
                          else cl.Buffer(ctx, flags.READ_ONLY, 1) for a in self.arrays]
         self.buffers = [cl.Buffer(ctx, flags.READ_WRITE, max(a.nbytes, 1)) for a in self.arrays]
+        # A kernel that checks indices gets an error record of its own (the scratch integer inputs
+        # are zeros, valid indices; the device's record is never touched by a candidate).
+        self.index_record = (cl.Buffer(ctx, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=np.zeros(4, np.int32))
+                             if kernel.checks_indices else None)
 
     def bind(self, kernel: cl.Kernel) -> None:
         for i, buf in enumerate(self.buffers):
             kernel.set_arg(i, buf)
+        if self.index_record is not None:
+            kernel.set_arg(len(self.buffers), self.index_record)
+            kernel.set_arg(len(self.buffers) + 1, np.int32(1))
 
     def restore(self) -> None:
         for src, dst, a in zip(self.pristine, self.buffers, self.arrays, strict=True):
