@@ -148,8 +148,10 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
         pos = list(i)
         if src.shape:
             sel = index_view.load([i[dim]] if index_view.shape else [])
-            pos[dim] = _as_index(ctx, sel, src.shape[dim], dim, wraps=False, error="IndexError",
-                                 eager_message=_OUT_OF_RANGE_IN_SELF)
+            # (Eager's CPU kernel has a path of its own for dim 1, with another error type.)
+            error, message = (("RuntimeError", "INDICES element is out of DATA bounds") if dim == 1
+                              else ("IndexError", _OUT_OF_RANGE_IN_SELF))
+            pos[dim] = _as_index(ctx, sel, src.shape[dim], dim, wraps=False, error=error, eager_message=message)
         return src.load(pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)

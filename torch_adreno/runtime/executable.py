@@ -85,7 +85,8 @@ class Executable:
                 else:
                     dynamic.append((i, name))
             if source.checks_indices:
-                runtime.index_errors.bind(kernel, len(source.params), self.graph, source.name)
+                runtime.index_errors.register(source, self.graph)
+                runtime.index_errors.bind(kernel, source)
             self._steps.append(_Launch(kernel, source, dynamic, 0 in source.global_size))
         #: Launches per call that check data-dependent indices (each read of the record covers them).
         self._checking_launches = sum(1 for s in self._steps if isinstance(s, _Launch) and not s.empty

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -47,8 +48,10 @@ class DeviceIndexRuntimeError(DeviceIndexOutOfRange, RuntimeError):
 
 @dataclass(frozen=True)
 class _Registered:
-    graph: ir.Graph
-    kernel: str
+    graph: str
+    #: The kernel (held, so that its ``id`` is not reused while registered).
+    source: Any
+    checks: tuple[ir.IndexCheck, ...]
 
 
 class IndexErrorRecord:
@@ -59,23 +62,25 @@ class IndexErrorRecord:
         self.buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=self._zeros)
         self._host = np.zeros(RECORD_INTS, dtype=np.int32)
         self._lock = threading.Lock()
-        self._tokens: dict[tuple[int, str], int] = {}
+        self._tokens: dict[int, int] = {}
         self._registered: list[_Registered] = []
         #: Checking launches enqueued so far; the record is known clean up to :attr:`_clean_up_to`.
         self.launches = 0
         self._clean_up_to = 0
         self._read_at = 0
 
-    def bind(self, kernel: cl.Kernel, first_position: int, graph: ir.Graph, kernel_name: str) -> None:
-        """Bind the record and ``kernel_name``'s token (in ``graph``) as the kernel's last two arguments."""
+    def register(self, source: Any, graph: ir.Graph) -> None:
+        """Give kernel ``source`` (a KernelSource of ``graph``) a token, once."""
         with self._lock:
-            key = (id(graph), kernel_name)
-            token = self._tokens.get(key)
-            if token is None:
-                self._registered.append(_Registered(graph, kernel_name))
-                token = self._tokens[key] = len(self._registered)
-        kernel.set_arg(first_position, self.buffer)
-        kernel.set_arg(first_position + 1, np.int32(token))
+            if id(source) not in self._tokens:
+                self._registered.append(_Registered(graph.name, source, tuple(graph.index_checks)))
+                self._tokens[id(source)] = len(self._registered)
+
+    def bind(self, kernel: cl.Kernel, source: Any) -> None:
+        """Bind the record and the token of ``source`` (registered) as ``kernel``'s last two arguments."""
+        token = self._tokens[id(source)]
+        kernel.set_arg(len(source.params), self.buffer)
+        kernel.set_arg(len(source.params) + 1, np.int32(token))
 
     @property
     def unchecked(self) -> bool:
@@ -113,9 +118,9 @@ class IndexErrorRecord:
 
     def _error(self, token: int, site: int, value: int) -> Exception:
         registered = self._registered[token - 1]
-        check = registered.graph.index_checks[site]
+        check = registered.checks[site]
         origin = check.origin
-        where = f"{origin.op} (FX node {origin.node} of graph {registered.graph.name}, kernel {registered.kernel}"
+        where = f"{origin.op} (FX node {origin.node} of graph {registered.graph}, kernel {registered.source.name}"
         where += f", {origin.source})" if origin.source else ")"
         low = -check.size if check.wraps else 0
         detail = (f"index {value} is out of bounds for dimension {check.dim} with size {check.size} "
