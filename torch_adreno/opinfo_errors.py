@@ -42,13 +42,9 @@ DYNAMO_DIFFERS = "dynamo differs"
 EAGER_AGREES = (SAME_ERROR, CLEAR_UNSUPPORTED, SAME_RESULT, DYNAMO_DIFFERS)
 
 #: Cases where ours is known to disagree with eager, with the reason: (OpInfo name, case) -> reason.
-OUT_OF_RANGE = ("an index value out of range: eager checks every index when it runs; the generated kernels "
-                "do not (no device-side bounds flag yet), so an out-of-range index reads or writes past the "
-                "tensor's extent instead of raising")
+#: (Index values out of range are checked on the device and raised as eager's type since
+#: runtime/index_check.py: gather, scatter and scatter_add's error inputs agree.)
 KNOWN_DISAGREEMENTS: dict[tuple[str, str], str] = {
-    ("gather", "error_inputs[4]"): OUT_OF_RANGE,
-    ("scatter", "error_inputs[3]"): OUT_OF_RANGE,
-    ("scatter_add", "error_inputs[3]"): OUT_OF_RANGE,
     ("max_pool2d_with_indices_backward", "sample[0] float32 operands as int64"): (
         "eager's int64 max pooling forward exists and its backward raises NotImplementedError; ours refuses "
         "the int64 forward first, with UnsupportedOpError (a RuntimeError) naming it"),
