@@ -164,3 +164,24 @@ def test_an_unread_error_is_raised_at_the_next_sync_point():
         step.synchronize()
     step.synchronize()  # cleared after raising
     step.close()
+
+
+EMPTY = torch.zeros(0, 3)
+EMPTY_SOURCE_CASES = [
+    ("gather", lambda i: torch.gather(EMPTY, 0, i.reshape(1, 1).expand(1, 3)), RuntimeError),
+    ("embedding", lambda i: F.embedding(i, EMPTY), RuntimeError),
+    ("index", lambda i: EMPTY[i], IndexError),
+    ("index_select_0dim", lambda i: torch.index_select(torch.tensor(5.0), 0, i), IndexError),
+]
+
+
+@pytest.mark.parametrize("name,fn,error", EMPTY_SOURCE_CASES, ids=[c[0] for c in EMPTY_SOURCE_CASES])
+def test_indexing_a_dimension_without_elements_raises_and_reads_nothing(name, fn, error):
+    """Every index into an empty dimension is out of range (and a 0-dim source takes only 0): eager
+    raises; so do we, without reading from the empty buffer."""
+    compiled = torch.compile(fn, backend="adreno", fullgraph=True, dynamic=False)
+    with pytest.raises(error):
+        fn(_ix(1))
+    with pytest.raises(error) as ours:
+        compiled(_ix(1))
+    assert isinstance(ours.value, DeviceIndexOutOfRange), ours.value

@@ -122,6 +122,23 @@ def _as_index(ctx: LoweringContext, value: ir.Expr, size: int, dim: int, *, wrap
     return ir.call("checked_index", value, ir.index(size), ir.index(site), ir.index(int(wraps)))
 
 
+def _load_scalar_checked(src: ir.View, check: ir.Expr) -> ir.Expr:
+    """The one element of a 0-dim ``src`` once index ``check`` (into a dimension of 1) is checked:
+    written so that the check is evaluated even where ``src`` is a constant."""
+    # (A checked index is never negative: the cast adds 0; a conditional would be folded away.)
+    return ir.call("add", src.load([]), ir.cast(ir.call("lt", check, ir.index(0)), src.dtype))
+
+
+def _load_checked(src: ir.View, pos: Sequence[ir.Expr]) -> ir.Expr:
+    """``src[pos]``, where ``pos`` holds checked indices. From a tensor without elements (where
+    every index is out of range) nothing is read: a 0 that still evaluates a check, which fails."""
+    if src.numel:
+        return src.load(pos)
+    checks = [e for p in pos for e in ir.walk(p) if isinstance(e, ir.Call) and e.op == "checked_index"]
+    # (A checked index is never negative: this is 0, and nothing folds it away before the check.)
+    return ir.cast(ir.call("lt", checks[0], ir.index(0)), src.dtype) if checks else ir.const(0, src.dtype)
+
+
 @register(aten.gather.default)
 def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *, sparse_grad: bool = False) -> Value:
     src, index_view = _view(x, node.name), _view(idx, node.name)
@@ -130,10 +147,10 @@ def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *,
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         if not src.shape:  # a 0-dim input is gathered as a 1-element one: every index must be 0
-            return src.reshape([1]).load([_as_index(ctx, index_view.load(i), 1, 0, wraps=False, error="RuntimeError")])
+            return _load_scalar_checked(src, _as_index(ctx, index_view.load(i), 1, 0, wraps=False, error="RuntimeError"))
         pos = list(i)
         pos[dim] = _as_index(ctx, index_view.load(i), src.shape[dim], dim, wraps=False, error="RuntimeError")
-        return src.load(pos)
+        return _load_checked(src, pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -145,14 +162,17 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
     dim %= max(len(src.shape), 1)
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        # (A 0-dim input gives a 0-dim result from its one index element.)
+        sel = index_view.load(([i[dim]] if i else [ir.index(0)]) if index_view.shape else [])
+        if not src.shape:  # a 0-dim input is selected from as a 1-element one: every index must be 0
+            return _load_scalar_checked(src, _as_index(ctx, sel, 1, 0, wraps=False, error="IndexError",
+                                                       eager_message=_OUT_OF_RANGE_IN_SELF))
         pos = list(i)
-        if src.shape:
-            sel = index_view.load([i[dim]] if index_view.shape else [])
-            # (Eager's CPU kernel has a path of its own for dim 1, with another error type.)
-            error, message = (("RuntimeError", "INDICES element is out of DATA bounds") if dim == 1
-                              else ("IndexError", _OUT_OF_RANGE_IN_SELF))
-            pos[dim] = _as_index(ctx, sel, src.shape[dim], dim, wraps=False, error=error, eager_message=message)
-        return src.load(pos)
+        # (Eager's CPU kernel has a path of its own for dim 1, with another error type.)
+        error, message = (("RuntimeError", "INDICES element is out of DATA bounds") if dim == 1
+                          else ("IndexError", _OUT_OF_RANGE_IN_SELF))
+        pos[dim] = _as_index(ctx, sel, src.shape[dim], dim, wraps=False, error=error, eager_message=message)
+        return _load_checked(src, pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -309,9 +329,11 @@ def _embedding(ctx: LoweringContext, node: Node, weight: Value, indices: Value, 
     rows = table.shape[0]
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        row = _as_index(ctx, ids.load(i[:-1]), rows, 0, wraps=False, error="IndexError",
-                        eager_message=_OUT_OF_RANGE_IN_SELF)
-        return table.load([row, i[-1]])
+        # (An empty table is refused by eager's shape check, a RuntimeError, whatever the index.)
+        error, message = (("IndexError", _OUT_OF_RANGE_IN_SELF) if rows else
+                          ("RuntimeError", "index_select(): self indexing axis dim should be positive"))
+        row = _as_index(ctx, ids.load(i[:-1]), rows, 0, wraps=False, error=error, eager_message=message)
+        return _load_checked(table, [row, i[-1]])
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -460,7 +482,7 @@ def _index(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Value])
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         b, rest = adv.split(i)
-        return src.load(adv.source(ctx, b, rest))
+        return _load_checked(src, adv.source(ctx, b, rest))
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
