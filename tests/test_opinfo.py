@@ -65,7 +65,7 @@ def test_opinfo_samples_match_eager(name):
 #: OpInfo entries whose error inputs and dtype cases CI runs: the matrix products, the ops whose
 #: meta functions check less than eager's kernels, decomposed ops and indexing.
 ERROR_SUBSET = ["mm", "addmm", "nn.functional.linear", "index_put", "softmax", "nn.functional.layer_norm",
-                "nn.functional.gelu", "var", "nn.functional.nll_loss", "gather", "scatter_add",
+                "nn.functional.gelu", "var", "nn.functional.nll_loss", "gather", "scatter", "scatter_add",
                 "nn.functional.adaptive_avg_pool2d", "cat"]
 
 

@@ -45,6 +45,7 @@ from torch_adreno.ir.graph import (
     Graph,
     GraphOutput,
     HostOp,
+    IndexCheck,
     Node,
     Origin,
     OutputRole,
@@ -58,7 +59,7 @@ from torch_adreno.ir.view import View, contiguous_strides, placeholder_vars
 
 __all__ = [
     "GEMM_VARS", "OPS", "REDUCE_OPS", "Buffer", "Call", "Const", "DType", "Expr", "Gemm", "Graph", "GraphOutput",
-    "HostOp", "Load", "Node", "OpInfo", "Origin", "OutputRole", "Pointwise", "Reduction", "Var", "View", "bounds",
+    "HostOp", "IndexCheck", "Load", "Node", "OpInfo", "Origin", "OutputRole", "Pointwise", "Reduction", "Var", "View", "bounds",
     "call", "cast", "const", "contiguous_strides", "format_graph", "index",
     "linear_terms", "loads", "loop_var", "node_inputs",
     "node_outputs", "placeholder_vars", "rewrite", "substitute", "walk", "where",

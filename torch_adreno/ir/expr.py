@@ -193,7 +193,7 @@ class OpInfo:
     """What the IR knows of an operation: arity and how its result type is formed."""
 
     arity: int
-    result: str  # "same" (type of first arg), "bool", "float", "where" (type of 2nd arg) or "given" (cast)
+    result: str  # "same" (type of first arg), "bool", "float", "index", "where" (type of 2nd arg), "given" (cast)
 
 
 #: Every operation an expression may use. ``kernels/expressions.py`` holds one rendering each.
@@ -215,6 +215,11 @@ OPS: dict[str, OpInfo] = {
     # generator), so recomputing it in several kernels gives the same numbers.
     "uniform": OpInfo(2, "float"),
     "isnan": OpInfo(1, "bool"),
+    # checked_index(value, size, site, wraps): a loaded tensor value used as an index into a
+    # dimension of ``size``, checked on the device (see ``Graph.index_checks[site]``); ``wraps``
+    # (1/0) says whether -size <= value < 0 counts from the end. Always in [0, size): a value out of
+    # range is recorded as an error for the host and replaced by 0, so nothing is read out of bounds.
+    "checked_index": OpInfo(4, "index"),
     "where": OpInfo(3, "where"),
     "cast": OpInfo(1, "given"),
 }
@@ -236,6 +241,8 @@ def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
         return folded if folded is not None else Call(op, args, DType.BOOL)
     if info.result == "float":
         return Call(op, args, DType.F32)
+    if info.result == "index":
+        return Call(op, args, DType.INDEX)
     result = args[1].dtype if info.result == "where" else args[0].dtype
     if all(a.dtype is DType.INDEX for a in args):
         simplified = _simplify_index_call(op, args)
@@ -330,6 +337,8 @@ def bounds(expr: Expr) -> tuple[int, int] | None:
     if isinstance(expr, Const):
         return (int(expr.value), int(expr.value))
     if isinstance(expr, Call) and expr.dtype is DType.INDEX:
+        if expr.op == "checked_index" and isinstance(expr.args[1], Const):
+            return (0, max(int(expr.args[1].value) - 1, 0))
         if expr.op == "add":
             a, b = bounds(expr.args[0]), bounds(expr.args[1])
             return None if a is None or b is None else (a[0] + b[0], a[1] + b[1])

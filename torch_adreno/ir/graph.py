@@ -23,6 +23,24 @@ class Origin:
 
 
 @dataclass(frozen=True)
+class IndexCheck:
+    """A place where a kernel uses a tensor's values as indices (the ``site`` argument of the IR op
+    ``checked_index`` is its position in :attr:`Graph.index_checks`): what the host reports when a
+    value falls outside ``[0, size)`` (or ``[-size, size)`` where negative values count from the end).
+
+    ``error`` is the exception type eager PyTorch raises there ("IndexError" or "RuntimeError");
+    ``eager_message`` is eager's wording when it does not name the value (embedding: "index out of
+    range in self"), else None."""
+
+    origin: Origin
+    dim: int
+    size: int
+    wraps: bool
+    error: str
+    eager_message: str | None = None
+
+
+@dataclass(frozen=True)
 class Buffer:
     name: str
     shape: tuple[int, ...]
@@ -206,6 +224,8 @@ class Graph:
     #: op of the graph reads, drawn by the runtime from torch's default generator (so
     #: torch.manual_seed makes runs repeat). It is the last entry of ``inputs``.
     random_seeds: list[str] = field(default_factory=list)
+    #: Where kernels index by tensor values (the ``site`` of each ``checked_index`` expression).
+    index_checks: list[IndexCheck] = field(default_factory=list)
 
     def input_buffers(self) -> set[str]:
         return {b for b in self.inputs if b is not None}

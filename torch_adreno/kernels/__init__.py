@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from torch_adreno import ir
 from torch_adreno.fusion import (
@@ -22,6 +21,7 @@ from torch_adreno.fusion import (
     ReductionKernel,
     SegmentedKernel,
 )
+from torch_adreno.kernels.expressions import INDEX_CHECK_CALL
 from torch_adreno.kernels.gemm import gemm_candidates, render_gemm
 from torch_adreno.kernels.generated import (
     GROUP_SIZE,
@@ -42,6 +42,7 @@ from torch_adreno.kernels.program import (
     header_comment,
 )
 from torch_adreno.kernels.workgroup import Launch, guarded_linear_candidates
+from torch_adreno.kernels.writer import INDEX_CHECK_PARAMS, Param, with_index_check_params
 from torch_adreno.memory import MemoryPlan
 from torch_adreno.target import DeviceProfile
 
@@ -114,32 +115,49 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, 
         storage = {name: plan.storage_root(name) for name in [*group.writes, *group.reads]
                    if name in plan.allocations}
         params = make_params(graph, group.writes, group.reads, storage)
-        options: tuple[str, ...] = ()
-        if isinstance(spec, GemmKernel):
-            sum_name = kernel_name(graph.name, index, group, kind="splitsum")
-            steps.extend(_gemm_steps(graph, group, spec, name, sum_name, header, params, profile, images))
-            continue
-        if isinstance(spec, PointwiseKernel):
-            source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
-        elif isinstance(spec, SegmentedKernel):
-            source, global_size, local_size = render_segmented(name, header, spec, params, profile)
-        else:
-            assert isinstance(spec, ReductionKernel)
-            source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
-        steps.append(KernelSource(name, group.kind, source, options, tuple(params), global_size, local_size,
-                                  group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
-                                  ("INDEX_T",), estimate_flops(group)))
+        kernels = _render_group(graph, group, index, name, header, params, profile, images)
+        if any(INDEX_CHECK_CALL in k.source for k in kernels):
+            # Rendered again with the two arguments the index checks read (the text is the same
+            # otherwise): only kernels that index by tensor values take them.
+            kernels = [dataclasses.replace(k, checks_indices=True) for k in
+                       _render_group(graph, group, index, name, header, with_index_check_params(params), profile,
+                                     images)]
+        steps.extend(kernels)
     return KernelProgram(graph, plan, steps)
 
 
+def _render_group(graph: ir.Graph, group: FusionGroup, index: int, name: str, header: str,
+                  params: dict[str, Param], profile: DeviceProfile, images: bool) -> list[KernelSource]:
+    """The launches of one fusion group; each ``KernelSource.params`` names its IR buffers only."""
+    spec = group.spec
+    options: tuple[str, ...] = ()
+    if isinstance(spec, GemmKernel):
+        sum_name = kernel_name(graph.name, index, group, kind="splitsum")
+        return _gemm_steps(graph, group, spec, name, sum_name, header, params, profile, images)
+    if isinstance(spec, PointwiseKernel):
+        source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
+    elif isinstance(spec, SegmentedKernel):
+        source, global_size, local_size = render_segmented(name, header, spec, params, profile)
+    else:
+        assert isinstance(spec, ReductionKernel)
+        source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
+    return [KernelSource(name, group.kind, source, options, _buffer_params(params), global_size, local_size,
+                         group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
+                         ("INDEX_T",), estimate_flops(group))]
+
+
+def _buffer_params(params: dict[str, Param]) -> tuple[str, ...]:
+    return tuple(name for name in params if name not in INDEX_CHECK_PARAMS)
+
+
 def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str, sum_name: str, header: str,
-                params: dict[str, Any], profile: DeviceProfile, images: bool) -> list[KernelSource]:
+                params: dict[str, Param], profile: DeviceProfile, images: bool) -> list[KernelSource]:
     """One launch, or for a split-K GEMM two: the slices into ``spec.partials``, then their sum
     through the epilogue (each launch counted with the bytes it moves)."""
     launches = render_gemm(name, header, spec, params, profile, sum_name, images)
     if len(launches) == 1:
         (only,) = launches
-        return [KernelSource(only.kernel_name, only.kind, only.source, only.build_options, tuple(params), only.global_size,
+        return [KernelSource(only.kernel_name, only.kind, only.source, only.build_options, _buffer_params(params), only.global_size,
                              only.local_size, group.origins, buffer_bytes(graph, group.reads),
                              buffer_bytes(graph, group.writes), only.macros, estimate_flops(group), only.images)]
     assert spec.partials is not None
@@ -150,10 +168,10 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str
     slices, total = launches
     multiply_flops = 2 * g.batch * g.m * g.n * g.k
     return [
-        KernelSource(slices.kernel_name, slices.kind, slices.source, slices.build_options, tuple(params), slices.global_size,
+        KernelSource(slices.kernel_name, slices.kind, slices.source, slices.build_options, _buffer_params(params), slices.global_size,
                      slices.local_size, group.origins, buffer_bytes(graph, sorted(operands)),
                      buffer_bytes(graph, [spec.partials]), slices.macros, multiply_flops, slices.images),
-        KernelSource(total.kernel_name, total.kind, total.source, total.build_options, tuple(params),
+        KernelSource(total.kernel_name, total.kind, total.source, total.build_options, _buffer_params(params),
                      total.global_size, total.local_size, group.origins,
                      buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),
                      buffer_bytes(graph, results), total.macros, estimate_flops(group) - multiply_flops),

@@ -19,6 +19,13 @@ STORAGE_CTYPE = {DType.F32: "float", DType.I64: "long", DType.I32: "int", DType.
 Renderer = Callable[[Sequence[str], Sequence[DType], DType], str]
 
 
+#: The C names of the two arguments that every kernel checking data-dependent indices takes after
+#: its buffers: the device's index error record and the token the runtime gave this kernel.
+INDEX_ERROR_ARG = "index_error"
+INDEX_CHECK_TOKEN_ARG = "index_check_token"
+#: What a kernel's source contains when it checks indices (and so takes those two arguments).
+INDEX_CHECK_CALL = "adreno_checked_index("
+
 #: Every kernel defines INDEX_T (int, or long when a buffer is too large for int offsets).
 INDEX_CTYPE = "INDEX_T"
 
@@ -142,10 +149,14 @@ EXPRESSIONS: dict[str, Renderer] = {
     "cast": _cast,
     # Defined in random.cl, which a program includes when one of its kernels calls it.
     "uniform": _fmt("adreno_uniform((ulong)({0}), (ulong)({1}))"),
+    # Defined in index_check.cl; reads the two kernel arguments every checking kernel ends with.
+    "checked_index": lambda a, t, r: (
+        f"((INDEX_T)adreno_checked_index((long)({a[0]}), {a[1]}L, {a[2]}, {a[3]}, "
+        f"{INDEX_ERROR_ARG}, {INDEX_CHECK_TOKEN_ARG}))"),
 }
 
 #: Helper functions some renderings call, with the ``.cl`` file that defines each.
-HELPER_SOURCES = {"adreno_uniform(": "random.cl"}
+HELPER_SOURCES = {"adreno_uniform(": "random.cl", "adreno_checked_index(": "index_check.cl"}
 
 #: Arguments of these ops that are only evaluated when the op needs them (C short-circuit and the
 #: conditional operator). The code writer must not hoist loads out of them: the guard is what keeps

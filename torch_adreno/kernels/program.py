@@ -55,6 +55,9 @@ class KernelSource:
     flops: int = 0
     #: Buffers also read through images, one image argument each after ``params``, in this order.
     images: tuple[ImageOperand, ...] = ()
+    #: Whether the kernel checks data-dependent indices (``index_check.cl``): it then takes two
+    #: arguments after ``params``, the device's index error record and a token naming the launch.
+    checks_indices: bool = False
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:

@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torch_adreno import ir
-from torch_adreno.kernels.expressions import GUARDED_ARGS, STORAGE_CTYPE, literal, render_op, value_ctype
+from torch_adreno.kernels.expressions import (
+    GUARDED_ARGS,
+    INDEX_CHECK_TOKEN_ARG,
+    INDEX_ERROR_ARG,
+    STORAGE_CTYPE,
+    literal,
+    render_op,
+    value_ctype,
+)
 
 
 @dataclass
@@ -34,6 +42,27 @@ class Param:
         if self.written:
             return f"__global {ctype}*{qualifier} {self.c_name}"
         return f"__global const {ctype}*{qualifier} {self.c_name}"
+
+
+class IndexCheckParam(Param):
+    """One of the two arguments a kernel that checks data-dependent indices takes after its
+    buffers (see ``index_check.cl``): not an IR buffer; the runtime binds it."""
+
+    def declaration(self) -> str:
+        if self.c_name == INDEX_ERROR_ARG:
+            return f"__global volatile int* {INDEX_ERROR_ARG}"
+        return f"const int {INDEX_CHECK_TOKEN_ARG}"
+
+
+#: Keys of the index check arguments in a kernel's parameter map (no IR buffer has such a name).
+INDEX_CHECK_PARAMS = ("<index error>", "<index check token>")
+
+
+def with_index_check_params(params: Mapping[str, Param]) -> dict[str, Param]:
+    """``params`` followed by the index check arguments."""
+    extra = {key: IndexCheckParam(key, c_name, ir.DType.I32, (), written=True, aliased=True)
+             for key, c_name in zip(INDEX_CHECK_PARAMS, (INDEX_ERROR_ARG, INDEX_CHECK_TOKEN_ARG), strict=True)}
+    return {**params, **extra}
 
 
 @dataclass

@@ -104,10 +104,39 @@ def _as_strided(ctx: LoweringContext, node: Node, x: Value, size: Sequence[int],
     return ir.View(flat_view.buffer, flat_view.buffer_shape, flat_view.dtype, tuple(shape), flat_view.at([flat]))
 
 
-def _as_index(value: ir.Expr, size: int) -> ir.Expr:
-    """A loaded index as a loop index; negative indices wrap like in PyTorch."""
-    i = ir.cast(value, ir.DType.INDEX)
-    return ir.where(ir.call("lt", i, ir.index(0)), ir.call("add", i, ir.index(size)), i)
+#: Eager's wording where its message does not name the value (index_select, embedding).
+_OUT_OF_RANGE_IN_SELF = "index out of range in self"
+
+
+def _as_index(ctx: LoweringContext, value: ir.Expr, size: int, dim: int, *, wraps: bool, error: str,
+              eager_message: str | None = None) -> ir.Expr:
+    """A loaded tensor value as an index into dimension ``dim`` (of ``size``), checked on the device
+    as eager checks it: a value outside ``[0, size)`` (``[-size, size)`` where ``wraps``: negative
+    values count from the end) is reported to the host at its next wait, as eager's ``error`` type
+    naming this FX node, and replaced by 0 so that no kernel reads or writes out of bounds."""
+    check = ir.IndexCheck(ctx.origins[0], dim, size, wraps, error, eager_message)
+    checks = ctx.graph.index_checks
+    if check not in checks:
+        checks.append(check)
+    site = checks.index(check)
+    return ir.call("checked_index", value, ir.index(size), ir.index(site), ir.index(int(wraps)))
+
+
+def _load_scalar_checked(src: ir.View, check: ir.Expr) -> ir.Expr:
+    """The one element of a 0-dim ``src`` once index ``check`` (into a dimension of 1) is checked:
+    written so that the check is evaluated even where ``src`` is a constant."""
+    # (A checked index is never negative: the cast adds 0; a conditional would be folded away.)
+    return ir.call("add", src.load([]), ir.cast(ir.call("lt", check, ir.index(0)), src.dtype))
+
+
+def _load_checked(src: ir.View, pos: Sequence[ir.Expr]) -> ir.Expr:
+    """``src[pos]``, where ``pos`` holds checked indices. From a tensor without elements (where
+    every index is out of range) nothing is read: a 0 that still evaluates a check, which fails."""
+    if src.numel:
+        return src.load(pos)
+    checks = [e for p in pos for e in ir.walk(p) if isinstance(e, ir.Call) and e.op == "checked_index"]
+    # (A checked index is never negative: this is 0, and nothing folds it away before the check.)
+    return ir.cast(ir.call("lt", checks[0], ir.index(0)), src.dtype) if checks else ir.const(0, src.dtype)
 
 
 @register(aten.gather.default)
@@ -117,11 +146,11 @@ def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *,
     dim %= max(len(src.shape), 1)
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        if not src.shape:
-            return src.load([])
+        if not src.shape:  # a 0-dim input is gathered as a 1-element one: every index must be 0
+            return _load_scalar_checked(src, _as_index(ctx, index_view.load(i), 1, 0, wraps=False, error="RuntimeError"))
         pos = list(i)
-        pos[dim] = _as_index(index_view.load(i), src.shape[dim])
-        return src.load(pos)
+        pos[dim] = _as_index(ctx, index_view.load(i), src.shape[dim], dim, wraps=False, error="RuntimeError")
+        return _load_checked(src, pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -133,11 +162,17 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
     dim %= max(len(src.shape), 1)
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        # (A 0-dim input gives a 0-dim result from its one index element.)
+        sel = index_view.load(([i[dim]] if i else [ir.index(0)]) if index_view.shape else [])
+        if not src.shape:  # a 0-dim input is selected from as a 1-element one: every index must be 0
+            return _load_scalar_checked(src, _as_index(ctx, sel, 1, 0, wraps=False, error="IndexError",
+                                                       eager_message=_OUT_OF_RANGE_IN_SELF))
         pos = list(i)
-        if src.shape:
-            sel = index_view.load([i[dim]] if index_view.shape else [])
-            pos[dim] = _as_index(sel, src.shape[dim])
-        return src.load(pos)
+        # (Eager's CPU kernel has a path of its own for dim 1, with another error type.)
+        error, message = (("RuntimeError", "INDICES element is out of DATA bounds") if dim == 1
+                          else ("IndexError", _OUT_OF_RANGE_IN_SELF))
+        pos[dim] = _as_index(ctx, sel, src.shape[dim], dim, wraps=False, error=error, eager_message=message)
+        return _load_checked(src, pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -147,12 +182,13 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
 # the input, and the index, having no element along some dimension, must not be read.
 
 
-def _index_dim_hits(index_view: ir.View, out_shape: tuple[int, ...], dim: int, i: tuple[ir.Expr, ...],
-                    j: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
+def _index_dim_hits(ctx: LoweringContext, index_view: ir.View, out_shape: tuple[int, ...], dim: int,
+                    i: tuple[ir.Expr, ...], j: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
     """Whether index element ``i`` with ``dim`` replaced by ``j`` targets output element ``i``."""
     pos = list(i)
     pos[dim] = j
-    cond: ir.Expr = ir.call("eq", _as_index(index_view.load(pos), out_shape[dim]), i[dim])
+    target = _as_index(ctx, index_view.load(pos), out_shape[dim], dim, wraps=False, error="RuntimeError")
+    cond: ir.Expr = ir.call("eq", target, i[dim])
     for d, (e, size) in enumerate(zip(i, index_view.shape, strict=True)):
         if d != dim and size < out_shape[d]:
             cond = ir.call("logical_and", ir.call("lt", e, ir.index(size)), cond)
@@ -170,7 +206,8 @@ def _scatter_add(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Valu
         # Into a 0-dim tensor: every index element is 0 (or -1); each adds its source element.
         def scalar_contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
             pos = list(r) if index_view.shape else []
-            hit = ir.call("eq", _as_index(index_view.load(pos), 1), ir.index(0))
+            target = _as_index(ctx, index_view.load(pos), 1, 0, wraps=False, error="RuntimeError")
+            hit = ir.call("eq", target, ir.index(0))
             value = values.load(pos if values.shape else [])
             return ir.where(hit, ir.cast(value, out.dtype), ir.const(0, out.dtype))
 
@@ -179,7 +216,7 @@ def _scatter_add(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Valu
     dim %= len(out.shape)
 
     def contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-        hit, pos = _index_dim_hits(index_view, out.shape, dim, i, r[0])
+        hit, pos = _index_dim_hits(ctx, index_view, out.shape, dim, i, r[0])
         return ir.where(hit, ir.cast(values.load(pos), out.dtype), ir.const(0, out.dtype))
 
     added = ctx.reduction(out.shape, (index_view.shape[dim],), "sum", out.dtype, contributions)
@@ -206,7 +243,8 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
             else:
                 assert isinstance(src, (int, float, bool)), "scatter's value is a tensor or a number"
                 value = ir.const(src, out.dtype)
-            return ir.where(ir.call("eq", _as_index(index_view.load([]), 1), ir.index(0)), value, base.load([]))
+            target = _as_index(ctx, index_view.load([]), 1, 0, wraps=False, error="RuntimeError")
+            return ir.where(ir.call("eq", target, ir.index(0)), value, base.load([]))
 
         return ctx.pointwise((), out.dtype, scalar)
     dim %= len(out.shape)
@@ -219,13 +257,13 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
 
     if n_targets == 1:
         def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-            hit, pos = _index_dim_hits(index_view, out.shape, dim, i, ir.index(0))
+            hit, pos = _index_dim_hits(ctx, index_view, out.shape, dim, i, ir.index(0))
             return ir.where(hit, src_at(pos), base.load(i))
 
         return ctx.pointwise(out.shape, out.dtype, body)
 
     def last_hit(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-        hit, _ = _index_dim_hits(index_view, out.shape, dim, i, r[0])
+        hit, _ = _index_dim_hits(ctx, index_view, out.shape, dim, i, r[0])
         return ir.where(hit, ir.cast(r[0], ir.DType.I64), ir.const(-1, ir.DType.I64))
 
     winner = ctx.reduction(out.shape, (n_targets,), "max", ir.DType.I64, last_hit)
@@ -291,8 +329,11 @@ def _embedding(ctx: LoweringContext, node: Node, weight: Value, indices: Value, 
     rows = table.shape[0]
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        row = _as_index(ids.load(i[:-1]), rows)
-        return table.load([row, i[-1]])
+        # (An empty table is refused by eager's shape check, a RuntimeError, whatever the index.)
+        error, message = (("IndexError", _OUT_OF_RANGE_IN_SELF) if rows else
+                          ("RuntimeError", "index_select(): self indexing axis dim should be positive"))
+        row = _as_index(ctx, ids.load(i[:-1]), rows, 0, wraps=False, error=error, eager_message=message)
+        return _load_checked(table, [row, i[-1]])
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -413,14 +454,18 @@ class _Advanced:
             return ([rest[d] for d in self.rest if d < first] + list(b) + [rest[d] for d in self.rest if d > first])
         return list(b) + [rest[d] for d in self.rest]
 
-    def source(self, b: Sequence[ir.Expr], rest: dict[int, ir.Expr]) -> list[ir.Expr]:
+    def target(self, ctx: LoweringContext, d: int, b: Sequence[ir.Expr]) -> ir.Expr:
+        """Where along dim ``d`` batch index ``b`` points (negative values count from the end)."""
+        ix = self.tensors[d]
+        assert isinstance(ix, ir.View)
+        return _as_index(ctx, ix.expand(self.batch).load(b), self.x.shape[d], d, wraps=True, error="IndexError")
+
+    def source(self, ctx: LoweringContext, b: Sequence[ir.Expr], rest: dict[int, ir.Expr]) -> list[ir.Expr]:
         """The element of ``x`` that batch index ``b`` and remaining dims ``rest`` select."""
         pos = []
-        for d, size in enumerate(self.x.shape):
+        for d in range(len(self.x.shape)):
             if d in self.tensors:
-                ix = self.tensors[d]
-                assert isinstance(ix, ir.View)
-                pos.append(_as_index(ix.expand(self.batch).load(b), size))
+                pos.append(self.target(ctx, d, b))
             else:
                 pos.append(rest[d])
         return pos
@@ -437,7 +482,7 @@ def _index(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Value])
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         b, rest = adv.split(i)
-        return src.load(adv.source(b, rest))
+        return _load_checked(src, adv.source(ctx, b, rest))
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -477,7 +522,8 @@ def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Val
 
         def onehot(b: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
             # (An inf among the values would meet the zeros of the one-hot and give NaN.)
-            return ir.where(ir.call("eq", _as_index(flat_ids.load([k]), rows), m), ir.const(1.0, out.dtype),
+            row = _as_index(ctx, flat_ids.load([k]), rows, 0, wraps=True, error="IndexError")
+            return ir.where(ir.call("eq", row, m), ir.const(1.0, out.dtype),
                             ir.const(0.0, out.dtype))
 
         def value(b: ir.Expr, k: ir.Expr, n: ir.Expr) -> ir.Expr:
@@ -492,9 +538,7 @@ def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Val
         rest = {d: i[d] for d in adv.rest}
         cond: ir.Expr = ir.const(True, ir.DType.BOOL)
         for d in adv.positions:
-            ix = adv.tensors[d]
-            assert isinstance(ix, ir.View)
-            match = ir.call("eq", _as_index(ix.expand(adv.batch).load(b), out.shape[d]), i[d])
+            match = ir.call("eq", adv.target(ctx, d, b), i[d])
             cond = match if isinstance(cond, ir.Const) else ir.call("logical_and", cond, match)
         return cond, adv.join(b, rest)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pyopencl as cl
 
 from torch_adreno.errors import AmbiguousDeviceError, DeviceNotFoundError
+from torch_adreno.runtime.index_check import IndexErrorRecord
 from torch_adreno.runtime.pool import BufferPool
 from torch_adreno.target import DeviceProfile
 
@@ -161,6 +162,8 @@ class DeviceRuntime:
         self.queue = cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.profile = profile_of(entry, self.context)
         self.pool = BufferPool(self.context)
+        #: Where kernels record an out-of-range data-dependent index (read at the host's waits).
+        self.index_errors = IndexErrorRecord(self.context)
         #: Graph calls enqueued on :attr:`queue` so far (a replay, on a queue of its own, waits for
         #: the runtime's queue only when this moved since its last call).
         self.graph_calls = 0

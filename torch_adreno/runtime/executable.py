@@ -85,7 +85,13 @@ class Executable:
                     kernel.set_arg(i, self._static[name])
                 else:
                     dynamic.append((i, name))
+            if source.checks_indices:
+                runtime.index_errors.register(source, self.graph)
+                runtime.index_errors.bind(kernel, source)
             self._steps.append(_Launch(kernel, source, dynamic, 0 in source.global_size))
+        #: Launches per call that check data-dependent indices (each read of the record covers them).
+        self._checking_launches = sum(1 for s in self._steps if isinstance(s, _Launch) and not s.empty
+                                      and s.source.checks_indices)
         self._input_positions = {name: pos for pos, name in enumerate(self.graph.inputs) if name is not None}
         # The allocations each call must bind anew (arena slots and inputs are bound above / by
         # _bind_inputs), in plan order: a call walks these, not every buffer of the graph.
@@ -201,6 +207,7 @@ class Executable:
             event = cl.enqueue_nd_range_kernel(queue, step.kernel, step.source.global_size, step.source.local_size)
             if record:
                 BUS.launch(LaunchRecord(self.graph.name, step.source, event))
+        self.runtime.index_errors.launches += self._checking_launches
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)
         recorder = ACTIVE_RECORDER.get()
@@ -282,6 +289,15 @@ class Executable:
             if out.buffer in blocks:  # storage of its own: it stays on the device as the tensor's copy
                 self.residency.adopt(tensor, owner, blocks[out.buffer])
             outputs.append(tensor)
+        if pending or host_outputs:
+            # The host waits for this call's results: the index error record is read in the same
+            # wait (only if a checking kernel ran since it was last read clean), so an index out of
+            # range in this call or an earlier one raises here instead of returning invalid values.
+            read = self.runtime.index_errors.enqueue_read(self.runtime.queue)
+            if read is not None:
+                pending.append(read)
         if pending:
             cl.wait_for_events(pending)
+        if pending or host_outputs:
+            self.runtime.index_errors.raise_if_set(self.runtime.queue)
         return outputs

@@ -169,7 +169,8 @@ class ImageViews:
         """Set ``kernel``'s image arguments (after its buffer arguments) to the images of the buffers
         ``buffer_of`` gives for its image operands; the caller refreshes each before the launch
         and keeps them referenced while the kernel may be enqueued."""
-        first = len(source.params)
+        # After the buffers, and after the index check's two arguments where the kernel has them.
+        first = len(source.params) + (2 if source.checks_indices else 0)
         bound = []
         for j, operand in enumerate(source.images):
             entry = self.image_for(buffer_of(operand.buffer), operand)

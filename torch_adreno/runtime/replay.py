@@ -188,6 +188,8 @@ class ReplayedStep:
             kernel = cl.Kernel(op.kernel.program, op.kernel.function_name)
             for position, index in enumerate(op.args):
                 kernel.set_arg(position, buffers[index])
+            if op.source.checks_indices:  # the device's index error record, the launch's token
+                self.runtime.index_errors.bind(kernel, op.source)
             if op.source.images:
                 # Images over the replay's buffers; a copied image is refreshed before each read.
                 by_param = {name: buffers[index] for name, index in zip(op.source.params, op.args, strict=True)}
@@ -213,6 +215,7 @@ class ReplayedStep:
                 else:
                     operations.append(queue.flush)
         self._described = [step[3] if step[0] == "launch" else None for step in steps]
+        self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
         self._loss_buffer: cl.Buffer = slots[self.memory.slot_of[loss_identity]]
         self._loss_shape = tuple(loss.shape)
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
@@ -280,10 +283,15 @@ class ReplayedStep:
         self.last_host_seconds = end - start
         self.last_phase_seconds = (bind_start - start, enqueue_start - bind_start, end - enqueue_start)
         loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
+        index_errors = self.runtime.index_errors
+        index_errors.launches += self._checking_launches
+        index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
         # Blocking, on the queue of the launches: when it returns, the whole step is done.
         cl.enqueue_copy(queue, loss, self._loss_buffer, is_blocking=True)
         BUS.transfer(REPLAY_GRAPH, "d2h", loss.nbytes, "loss", "output")
         self._defer_updates()
+        if index_check is not None:
+            index_errors.raise_if_set(queue)
         del keep  # the batch's memory and the seeds were in use until the blocking read above
         return torch.from_numpy(loss)
 

@@ -328,6 +328,9 @@ class Residency:
             BUS.transfer("synchronize", "d2h", target.nbytes, "deferred", "synchronize", event=event)
             copied += target.nbytes
         self.finish_transfers()
+        # A sync point: an index out of range in a kernel since the last read of the record raises
+        # here (after the copies: the host copies are what the device holds, valid or not).
+        self.runtime.index_errors.check(self.runtime.queue)
         if conflicts:
             raise RuntimeError(
                 f"{len(conflicts)} parameter or optimizer state tensor(s) ({', '.join(conflicts[:6])}"

@@ -200,12 +200,19 @@ class _Scratch:
         self.pristine = [cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a) if a.nbytes
                          else cl.Buffer(ctx, flags.READ_ONLY, 1) for a in self.arrays]
         self.buffers = [cl.Buffer(ctx, flags.READ_WRITE, max(a.nbytes, 1)) for a in self.arrays]
+        # A kernel that checks indices gets an error record of its own (the scratch integer inputs
+        # are zeros, valid indices; the device's record is never touched by a candidate).
+        self.index_record = (cl.Buffer(ctx, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=np.zeros(4, np.int32))
+                             if kernel.checks_indices else None)
         self.source = kernel
         self._images: list[Any] = []
 
     def bind(self, kernel: cl.Kernel) -> None:
         for i, buf in enumerate(self.buffers):
             kernel.set_arg(i, buf)
+        if self.index_record is not None:
+            kernel.set_arg(len(self.buffers), self.index_record)
+            kernel.set_arg(len(self.buffers) + 1, np.int32(1))
         if self.source.images:  # (every candidate reads the same operands through images)
             by_param = dict(zip(self.source.params, self.buffers, strict=True))
             self._images = image_views(self.runtime).bind(kernel, self.source, by_param.__getitem__)
