@@ -187,8 +187,8 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
     # their identities are the captured ones, the captured objects are read directly.
     opt = w.bind(optimizer)
     optimizer_module = importlib.import_module("torch.optim.optimizer")
-    step_hooks = [getattr(optimizer_module, "_global_optimizer_pre_hooks"),
-                  getattr(optimizer_module, "_global_optimizer_post_hooks")]
+    step_hooks = [optimizer_module._global_optimizer_pre_hooks,
+                  optimizer_module._global_optimizer_post_hooks]
     w.check(" or ".join([*(f"len({w.bind(hooks)}) != {len(hooks)}" for hooks in step_hooks),
                          *(f"len({opt}.{table}) != {len(getattr(optimizer, table))}"
                            for table in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"))]),

@@ -120,6 +120,13 @@ def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemor
 IN_PLACE, STAGED, UPLOADED = "in place", "staged", "uploaded"
 
 
+def batch_mode(zero_copy: bool, unified_memory: bool) -> str:
+    """How a replay puts the batch in place on a device (see the module docstring)."""
+    if unified_memory:
+        return IN_PLACE if zero_copy else UPLOADED
+    return STAGED
+
+
 @dataclass
 class _BatchBinding:
     position: int
@@ -158,8 +165,7 @@ class ReplayedStep:
         batch_of: dict[int, _BatchBinding] = {}
         self._seeds: list[cl.Buffer] = []
         #: How the batch is put in place: IN_PLACE, STAGED or UPLOADED (see the module docstring).
-        self.batch_mode = (IN_PLACE if residency.zero_copy and self.runtime.profile.unified_memory
-                           else UPLOADED if self.runtime.profile.unified_memory else STAGED)
+        self.batch_mode = batch_mode(residency.zero_copy, self.runtime.profile.unified_memory)
         # Staged: the pinned buffers, each mapped once (the mapping lives as long as the replay).
         self._staging_buffers: list[cl.Buffer] = []
         # In place: the host-pointer buffers bound by the last replay, with the memory under them;
@@ -250,7 +256,8 @@ class ReplayedStep:
         """Pinned host memory of ``nbytes``: a host-allocated buffer mapped once. A write from it
         is a DMA the host does not wait for; one from pageable memory is staged by the driver."""
         buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
-        mapped: Any = cl.enqueue_map_buffer(self._queue, buffer, cl.map_flags.WRITE | cl.map_flags.READ, 0,
+        flags: Any = cl.map_flags.WRITE | cl.map_flags.READ
+        mapped: Any = cl.enqueue_map_buffer(self._queue, buffer, flags, 0,
                                             (nbytes,), np.dtype(np.uint8), is_blocking=True)
         self._staging_buffers.append(buffer)
         array: np.ndarray = mapped[0]
@@ -282,6 +289,7 @@ class ReplayedStep:
                 array = binding.staging
             else:
                 keep.append(array)
+            assert binding.buffer is not None  # not in place
             event = _cl._enqueue_write_buffer(queue, binding.buffer, array, 0, None, False)
             if record:
                 BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
