@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,12 @@ def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemor
 IN_PLACE, STAGED, UPLOADED = "in place", "staged", "uploaded"
 
 
+def _unmap_all(maps: list[Any], queue: cl.CommandQueue) -> None:
+    for mapping in maps:
+        mapping.release(queue)
+    queue.finish()
+
+
 def batch_mode(zero_copy: bool, unified_memory: bool) -> str:
     """How a replay puts the batch in place on a device (see the module docstring)."""
     if unified_memory:
@@ -168,6 +175,7 @@ class ReplayedStep:
         self.batch_mode = batch_mode(residency.zero_copy, self.runtime.profile.unified_memory)
         # Staged: the pinned buffers, each mapped once (the mapping lives as long as the replay).
         self._staging_buffers: list[cl.Buffer] = []
+        self._staging_maps: list[Any] | None = None
         # In place: the host-pointer buffers bound by the last replay, with the memory under them;
         # kept until the next replay binds others, so no kernel points at a released buffer.
         self._bound_batch: list[tuple[cl.Buffer, Any]] = []
@@ -261,6 +269,12 @@ class ReplayedStep:
                                             (nbytes,), np.dtype(np.uint8), is_blocking=True)
         self._staging_buffers.append(buffer)
         array: np.ndarray = mapped[0]
+        if self._staging_maps is None:
+            self._staging_maps = []
+            # Unmapped when the replay goes (a recapture, an evicted geometry), not left to the
+            # order in which the collector frees buffer and mapping.
+            weakref.finalize(self, _unmap_all, self._staging_maps, self._queue)
+        self._staging_maps.append(array.base)
         return array
 
     def _bind_batch(self, batch: tuple[Any, ...], queue: cl.CommandQueue, keep: list[Any]) -> None:
