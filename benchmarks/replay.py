@@ -23,6 +23,8 @@ Appends JSON lines to benchmarks/results/replay.jsonl. Not a test: asserts nothi
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import statistics
 import sys
 import time
@@ -140,6 +142,53 @@ def enqueue_breakdown(replay: Any, repeats: int = 5) -> dict[str, Any]:
     }
 
 
+def _opencl_enqueue_function() -> Any:
+    """``clEnqueueNDRangeKernel`` of the OpenCL library this process loaded (through ctypes), or
+    None where it cannot be found."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = [line.split()[-1] for line in maps if "libOpenCL" in line and "/" in line]
+    except OSError:
+        return None
+    if not paths:
+        return None
+    function = ctypes.CDLL(paths[0]).clEnqueueNDRangeKernel
+    function.restype = ctypes.c_int32
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p]
+    return function
+
+
+def enqueue_without_events_us(replay: Any, repeats: int = 5) -> float | None:
+    """A probe for what pyopencl's per-launch event costs: the replay's launches enqueued straight
+    through the driver's C entry point without asking for an event (queue held idle), microseconds
+    per launch. None where the library cannot be found."""
+    function = _opencl_enqueue_function()
+    if function is None:
+        return None
+    queue = replay._queue
+    calls = []
+    for op in replay._operations:
+        if getattr(op, "func", None) is cl.enqueue_nd_range_kernel:
+            _, kernel, global_size, local_size = op.args
+            dims = len(global_size)
+            sizes = ((ctypes.c_size_t * dims)(*global_size),
+                     None if local_size is None else (ctypes.c_size_t * dims)(*local_size))
+            calls.append(functools.partial(function, queue.int_ptr, kernel.int_ptr, dims, None, *sizes, 0, None, None))
+    times = []
+    for _ in range(repeats):
+        queue.finish()
+        gate = _gate(replay.runtime.context, queue)
+        start = time.perf_counter()
+        for call in calls:
+            if call() != 0:
+                raise RuntimeError("clEnqueueNDRangeKernel failed in the probe")
+        times.append(time.perf_counter() - start)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    queue.finish()
+    return statistics.median(times) / len(calls) * 1e6
+
+
 PHASES = ("guard", "batch", "enqueue", "after", "loss_read")
 
 
@@ -190,6 +239,7 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
         "host_bar_us": bar_us, "host_bar_idle_us": 100 + 1.25 * idle * replay.kernel_launches,
         "host_bar_met": host_us <= bar_us,
         **enqueue_breakdown(replay),
+        "enqueue_idle_no_event_us_per_launch": enqueue_without_events_us(replay),
         "device_ms": prof.device_time_us / 1e3,
         "step_memory_planned_bytes": replay.memory.planned_bytes,
         "step_memory_full_path_bytes": replay.memory.full_path_bytes,
@@ -233,7 +283,9 @@ def main() -> None:
               f"{row['step_memory_full_path_bytes'] / 1e6:>8.2f} {row['bit_identical']!s:>9}  "
               f"{row['replay_host_guard_us']:.0f}/{row['replay_host_batch_us']:.0f}/{row['replay_host_enqueue_us']:.0f}/"
               f"{row['replay_host_after_us']:.0f} ({row['replay_host_loss_read_us']:.0f})  {row['batch_mode']}")
-        print(f"{'':<12} enqueue us per launch by argument count (idle): {row['enqueue_idle_us_by_args']}")
+        no_event = row["enqueue_idle_no_event_us_per_launch"]
+        print(f"{'':<12} enqueue us per launch by argument count (idle): {row['enqueue_idle_us_by_args']}; "
+              f"without an event (ctypes probe): {'n/a' if no_event is None else f'{no_event:.2f}'}")
 
 
 if __name__ == "__main__":
