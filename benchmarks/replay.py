@@ -3,7 +3,9 @@
 - bit-identical: losses and parameters over --check-steps steps (a new batch each step);
 - step time: --rounds rounds of --steps steps, the two variants interleaved step by step (the
   order alternating) on the same batch; the median of each round's medians, and in how many
-  rounds the replay was faster (a shared machine's noise shows as disagreeing rounds);
+  rounds the replay was faster (a shared machine's noise shows as disagreeing rounds); and per
+  pair of adjacent steps the replayed over the full step's time (drifting load cancels out of
+  a pair): their median, and how many pairs the replay won;
 - host time of a replayed step split into guard / batch / enqueue loop / after (the caller's
   bookkeeping once the loss is read), with the loss read's wait beside it (device time, not
   host work), next to the bar of issue #14: 0.1 ms + 1.25 x the driver's own cost of one bare
@@ -200,6 +202,9 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
         full(x, y)
         replayed(x, y)
     round_medians: dict[bool, list[float]] = {False: [], True: []}
+    # Each replayed step over the full step run next to it: load that drifts on a shared machine
+    # cancels out of a pair.
+    paired: list[float] = []
     host: list[float] = []
     phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
     for _ in range(rounds):
@@ -217,6 +222,7 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
                         phases[phase].append(step.replay.last_phases[phase])
         for is_replay in (False, True):
             round_medians[is_replay].append(statistics.median(times[is_replay]))
+        paired += [r / f for f, r in zip(times[False], times[True], strict=True)]
     assert replayed.replayed_steps >= rounds * steps, "the replay did not run"
     with torch_adreno.profile() as prof:
         replayed(x, y).item()
@@ -233,6 +239,8 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
         "full_ms_by_round": [round(t * 1e3, 3) for t in round_medians[False]],
         "replay_ms_by_round": [round(t * 1e3, 3) for t in round_medians[True]],
         "rounds_replay_faster": sum(r < f for f, r in zip(round_medians[False], round_medians[True], strict=True)),
+        "paired_ratio_median": statistics.median(paired),
+        "pairs_replay_faster": sum(ratio < 1 for ratio in paired), "pairs": len(paired),
         "replay_host_us": host_us, "replay_host_us_per_launch": host_us / replay.kernel_launches,
         **{f"replay_host_{phase}_us": statistics.median(phases[phase]) * 1e6 for phase in PHASES},
         "bare_enqueue_us": busy, "bare_enqueue_idle_us": idle,
@@ -263,7 +271,7 @@ def main() -> None:
     if args.copy:
         options["zero_copy"] = False
     context = run_context(args.device)
-    print(f"{'model':<12} {'launches':>8} {'full ms':>8} {'replay ms':>9} {'faster':>6} {'host us':>7} "
+    print(f"{'model':<12} {'launches':>8} {'full ms':>8} {'replay ms':>9} {'faster':>6} {'paired':>13} {'host us':>7} "
           f"{'bar us':>6} {'met':>5} {'bare us busy/idle':>17} {'enq us/launch idle':>18} {'flush us':>8} "
           f"{'device ms':>9} {'plan MB':>7} {'today MB':>8} identical  host us guard/batch/enqueue/after "
           f"(loss-read wait)  batch mode")
@@ -275,7 +283,9 @@ def main() -> None:
                                  "unified_memory": get_runtime(args.device).profile.unified_memory,
                                  "benchmark": "replay"}])
         print(f"{name:<12} {row['launches']:>8} {row['full_ms']:>8.2f} {row['replay_ms']:>9.2f} "
-              f"{row['rounds_replay_faster']:>3}/{row['rounds']:<2} {row['replay_host_us']:>7.0f} "
+              f"{row['rounds_replay_faster']:>3}/{row['rounds']:<2} "
+              f"{row['paired_ratio_median']:>5.3f} {row['pairs_replay_faster']:>3}/{row['pairs']:<3} "
+              f"{row['replay_host_us']:>7.0f} "
               f"{row['host_bar_us']:>6.0f} {row['host_bar_met']!s:>5} "
               f"{row['bare_enqueue_us']:>8.2f}/{row['bare_enqueue_idle_us']:<8.2f} "
               f"{row['enqueue_idle_us_per_launch']:>18.2f} {row['enqueue_idle_flush_us']:>8.0f} "
