@@ -96,11 +96,12 @@ def test_reference_models_replay_bit_identically(name) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("options", MODES)
 @pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])
-def test_reference_models_replay_bit_identically_over_50_steps(name) -> None:
+def test_reference_models_replay_bit_identically_over_50_steps(name, options) -> None:
     steps = 50 if name in ("mlp", "lenet") else 12
-    full = _reference_model_losses(name, steps, replay=False, options=COPY)
-    replayed = _reference_model_losses(name, steps, replay=True, options=COPY)
+    full = _reference_model_losses(name, steps, replay=False, options=options)
+    replayed = _reference_model_losses(name, steps, replay=True, options=options)
     assert replayed[2].replayed_steps == steps - 2
     _assert_bit_identical(full, replayed)
 
