@@ -285,7 +285,10 @@ class ReplayedStep:
                 tensor = batch[binding.position]
                 view = tensor if binding.view is None else tensor.as_strided(*binding.view)
                 # A buffer made over the memory as it is now (what a device caches of host memory
-                # is defined at creation): nothing is copied on a unified-memory device.
+                # is defined at creation): nothing is copied on a unified-memory device. (This was
+                # once turned off after crashes in long PoCL runs; their cause was the capture
+                # taking a released buffer's reused handle for another identity, since fixed:
+                # tests/test_replay.py's fresh-tensor, dropout and interleaved tests guard it.)
                 buffer = shared_buffer(self.runtime, view)
                 bound.append((buffer, view))
                 for kernel, position in binding.consumers:
