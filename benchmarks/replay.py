@@ -1,13 +1,23 @@
 """TrainingStep replayed vs through the compiled graphs, per reference model, in one run:
 
 - bit-identical: losses and parameters over --check-steps steps (a new batch each step);
-- step time: median of --steps steps, the two interleaved on the same batch;
-- host time of a replayed step, per launch, next to the driver's own cost of one bare enqueue
-  with prebound arguments (a trivial kernel, the same number of launches);
+- step time: --rounds rounds of --steps steps, the two variants interleaved step by step (the
+  order alternating) on the same batch; the median of each round's medians, and in how many
+  rounds the replay was faster (a shared machine's noise shows as disagreeing rounds); and per
+  pair of adjacent steps the replayed over the full step's time (drifting load cancels out of
+  a pair): their median, and how many pairs the replay won;
+- host time of a replayed step split into guard / batch / enqueue loop / after (the caller's
+  bookkeeping once the loss is read), with the loss read's wait beside it (device time, not
+  host work), next to the bar of issue #14: 0.1 ms + 1.25 x the driver's own cost of one bare
+  enqueue (a trivial kernel, one prebound argument, nothing else in the loop) per launch. The
+  floor is measured two ways: "busy", the device running the launches meanwhile (the issue's
+  measure), and "idle", the queue held by a user event so that only the enqueue is timed;
+- the replay's enqueue loop timed operation by operation (device held idle the same way): per
+  launch, by argument count, and the flushes;
 - device time and launches of one replayed step; device bytes of the step's memory: the
   replay's whole-step plan next to what the compiled graphs hold (arenas + escaping peak).
 
-    python benchmarks/replay.py [--models mlp lenet] [--device NVIDIA] [--copy]
+    python benchmarks/replay.py [--models mlp lenet] [--device NVIDIA] [--copy] [--rounds 5 --steps 20]
 
 Appends JSON lines to benchmarks/results/replay.jsonl. Not a test: asserts nothing.
 """
@@ -15,6 +25,8 @@ Appends JSON lines to benchmarks/results/replay.jsonl. Not a test: asserts nothi
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import statistics
 import sys
 import time
@@ -58,9 +70,18 @@ def bit_identical(name: str, options: dict[str, Any], steps: int) -> bool:
     return torch.equal(a, b) and all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
 
 
-def bare_enqueue_us(runtime: Any, launches: int, repeats: int = 30) -> float:
-    """Host microseconds of one enqueue of a trivial kernel with prebound arguments, on a queue
-    without profiling (as a replay enqueues): the driver's own floor."""
+def _gate(context: Any, queue: cl.CommandQueue) -> cl.UserEvent:
+    """Hold ``queue`` until the returned event is set complete: what is enqueued meanwhile does
+    not run, so a timed loop measures the host's enqueue cost alone."""
+    gate = cl.UserEvent(context)
+    cl.enqueue_barrier(queue, wait_for=[gate])
+    return gate
+
+
+def bare_enqueue_us(runtime: Any, launches: int, repeats: int = 30) -> tuple[float, float]:
+    """Host microseconds of one enqueue of a trivial kernel with one prebound argument, on a
+    queue without profiling (as a replay enqueues), nothing else in the loop: the driver's own
+    floor. Returns (busy: the device runs the launches meanwhile, idle: the queue held)."""
     program = cl.Program(runtime.context, "__kernel void tiny(__global float* x) { x[get_global_id(0)] += 1.0f; }").build()
     buffers = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 256) for _ in range(launches)]
     kernels = []
@@ -69,48 +90,164 @@ def bare_enqueue_us(runtime: Any, launches: int, repeats: int = 30) -> float:
         kernel.set_arg(0, buffer)
         kernels.append(kernel)
     queue = cl.CommandQueue(runtime.context)  # no profiling, as the replay's own queue
+    results = []
+    for idle in (False, True):
+        times = []
+        for _ in range(repeats):
+            queue.finish()
+            gate = _gate(runtime.context, queue) if idle else None
+            start = time.perf_counter()
+            for kernel in kernels:
+                cl.enqueue_nd_range_kernel(queue, kernel, (64,), (64,))
+            times.append(time.perf_counter() - start)
+            if gate is not None:
+                gate.set_status(cl.command_execution_status.COMPLETE)
+        queue.finish()
+        results.append(statistics.median(times) / launches * 1e6)
+    return results[0], results[1]
+
+
+def enqueue_breakdown(replay: Any, repeats: int = 5) -> dict[str, Any]:
+    """The replay's enqueue loop timed operation by operation, its queue held idle (so only the
+    host's cost is timed): microseconds per launch by argument count, and all flushes together.
+    Runs the step's launches again on the buffers of the last replay (the model trains on)."""
+    queue = replay._queue
+    by_args: dict[int, list[float]] = {}
+    flushes: list[float] = []
+    loops: list[float] = []
+    kinds = []
+    for op in replay._operations:
+        func = getattr(op, "func", None)
+        kinds.append(("flush", 0) if func is None else ("launch", op.args[1].num_args)
+                     if func is cl.enqueue_nd_range_kernel else ("copy", 0))
+    for _ in range(repeats):
+        queue.finish()
+        gate = _gate(replay.runtime.context, queue)
+        loop_start = time.perf_counter()
+        for op, (kind, nargs) in zip(replay._operations, kinds, strict=True):
+            start = time.perf_counter()
+            op()
+            spent = time.perf_counter() - start
+            if kind == "launch":
+                by_args.setdefault(nargs, []).append(spent)
+            elif kind == "flush":
+                flushes.append(spent)
+        loops.append(time.perf_counter() - loop_start)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    queue.finish()
+    launches = [t for times in by_args.values() for t in times]
+    return {
+        "enqueue_idle_us_per_launch": statistics.mean(launches) * 1e6 if launches else 0.0,
+        "enqueue_idle_loop_us": statistics.median(loops) * 1e6,
+        "enqueue_idle_flush_us": sum(flushes) / repeats * 1e6,
+        "enqueue_idle_us_by_args": {n: round(statistics.mean(t) * 1e6, 2) for n, t in sorted(by_args.items())},
+    }
+
+
+def _opencl_enqueue_function() -> Any:
+    """``clEnqueueNDRangeKernel`` of the OpenCL library this process loaded (through ctypes), or
+    None where it cannot be found."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = [line.split()[-1] for line in maps if "libOpenCL" in line and "/" in line]
+    except OSError:
+        return None
+    if not paths:
+        return None
+    function = ctypes.CDLL(paths[0]).clEnqueueNDRangeKernel
+    function.restype = ctypes.c_int32
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p]
+    return function
+
+
+def enqueue_without_events_us(replay: Any, repeats: int = 5) -> float | None:
+    """A probe for what pyopencl's per-launch event costs: the replay's launches enqueued straight
+    through the driver's C entry point without asking for an event (queue held idle), microseconds
+    per launch. None where the library cannot be found."""
+    function = _opencl_enqueue_function()
+    if function is None:
+        return None
+    queue = replay._queue
+    calls = []
+    for op in replay._operations:
+        if getattr(op, "func", None) is cl.enqueue_nd_range_kernel:
+            _, kernel, global_size, local_size = op.args
+            dims = len(global_size)
+            sizes = ((ctypes.c_size_t * dims)(*global_size),
+                     None if local_size is None else (ctypes.c_size_t * dims)(*local_size))
+            calls.append(functools.partial(function, queue.int_ptr, kernel.int_ptr, dims, None, *sizes, 0, None, None))
     times = []
     for _ in range(repeats):
         queue.finish()
+        gate = _gate(replay.runtime.context, queue)
         start = time.perf_counter()
-        for kernel in kernels:
-            cl.enqueue_nd_range_kernel(queue, kernel, (64,), (64,))
+        for call in calls:
+            if call() != 0:
+                raise RuntimeError("clEnqueueNDRangeKernel failed in the probe")
         times.append(time.perf_counter() - start)
+        gate.set_status(cl.command_execution_status.COMPLETE)
     queue.finish()
-    return statistics.median(times) / launches * 1e6
+    return statistics.median(times) / len(calls) * 1e6
 
 
-def measure(name: str, options: dict[str, Any], steps: int) -> dict[str, Any]:
+PHASES = ("guard", "batch", "enqueue", "after", "loss_read")
+
+
+def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict[str, Any]:
     x, y = MODELS[name].batch(torch.Generator().manual_seed(1))
     full = _step(name, options, replay=False)[1]
     replayed = _step(name, options, replay=True)[1]
     for _ in range(3):
         full(x, y)
         replayed(x, y)
-    times: dict[bool, list[float]] = {False: [], True: []}
+    round_medians: dict[bool, list[float]] = {False: [], True: []}
+    # Each replayed step over the full step run next to it: load that drifts on a shared machine
+    # cancels out of a pair.
+    paired: list[float] = []
     host: list[float] = []
-    phases: list[tuple[float, float, float]] = []
-    for _ in range(steps):
-        for replay, step in ((False, full), (True, replayed)):
-            start = time.perf_counter()
-            step(x, y).item()
-            times[replay].append(time.perf_counter() - start)
-        assert replayed.replay is not None
-        host.append(replayed.replay.last_host_seconds)
-        phases.append(replayed.replay.last_phase_seconds)
+    phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for _ in range(rounds):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for index in range(steps):
+            order = ((False, full), (True, replayed)) if index % 2 == 0 else ((True, replayed), (False, full))
+            for is_replay, step in order:
+                start = time.perf_counter()
+                step(x, y).item()
+                times[is_replay].append(time.perf_counter() - start)
+                if is_replay:
+                    assert step.replay is not None
+                    host.append(step.replay.last_host_seconds)
+                    for phase in PHASES:
+                        phases[phase].append(step.replay.last_phases[phase])
+        for is_replay in (False, True):
+            round_medians[is_replay].append(statistics.median(times[is_replay]))
+        paired += [r / f for f, r in zip(times[False], times[True], strict=True)]
+    assert replayed.replayed_steps >= rounds * steps, "the replay did not run"
     with torch_adreno.profile() as prof:
         replayed(x, y).item()
     replay = replayed.replay
     assert replay is not None and prof.replayed_steps == 1, "the replay did not run"
     host_us = statistics.median(host) * 1e6
+    busy, idle = bare_enqueue_us(replay.runtime, replay.kernel_launches)
+    bar_us = 100 + 1.25 * busy * replay.kernel_launches
     return {
-        "model": name, "launches": replay.kernel_launches,
-        "full_ms": statistics.median(times[False]) * 1e3, "replay_ms": statistics.median(times[True]) * 1e3,
+        "model": name, "launches": replay.kernel_launches, "batch_mode": replay.batch_mode,
+        "rounds": rounds, "steps_per_round": steps,
+        "full_ms": statistics.median(round_medians[False]) * 1e3,
+        "replay_ms": statistics.median(round_medians[True]) * 1e3,
+        "full_ms_by_round": [round(t * 1e3, 3) for t in round_medians[False]],
+        "replay_ms_by_round": [round(t * 1e3, 3) for t in round_medians[True]],
+        "rounds_replay_faster": sum(r < f for f, r in zip(round_medians[False], round_medians[True], strict=True)),
+        "paired_ratio_median": statistics.median(paired),
+        "pairs_replay_faster": sum(ratio < 1 for ratio in paired), "pairs": len(paired),
         "replay_host_us": host_us, "replay_host_us_per_launch": host_us / replay.kernel_launches,
-        "bare_enqueue_us": bare_enqueue_us(replay.runtime, replay.kernel_launches),
-        "replay_host_checks_us": statistics.median(p[0] for p in phases) * 1e6,
-        "replay_host_batch_us": statistics.median(p[1] for p in phases) * 1e6,
-        "replay_host_enqueue_us": statistics.median(p[2] for p in phases) * 1e6,
+        **{f"replay_host_{phase}_us": statistics.median(phases[phase]) * 1e6 for phase in PHASES},
+        "bare_enqueue_us": busy, "bare_enqueue_idle_us": idle,
+        "host_bar_us": bar_us, "host_bar_idle_us": 100 + 1.25 * idle * replay.kernel_launches,
+        "host_bar_met": host_us <= bar_us,
+        **enqueue_breakdown(replay),
+        "enqueue_idle_no_event_us_per_launch": enqueue_without_events_us(replay),
         "device_ms": prof.device_time_us / 1e3,
         "step_memory_planned_bytes": replay.memory.planned_bytes,
         "step_memory_full_path_bytes": replay.memory.full_path_bytes,
@@ -122,7 +259,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["mlp", "lenet", "resnet_mini", "transformer"],
                         choices=list(MODELS))
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per variant (default 30)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of timed steps (default 5)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant and round (default 20)")
     parser.add_argument("--check-steps", type=int, default=50,
                         help="steps compared bit for bit, replayed vs not (default 50; 0 skips)")
     parser.add_argument("--device", default=None, type=device_arg, help="OpenCL device (index or name part)")
@@ -133,20 +271,31 @@ def main() -> None:
     if args.copy:
         options["zero_copy"] = False
     context = run_context(args.device)
-    print(f"{'model':<12} {'launches':>8} {'full ms':>8} {'replay ms':>9} {'host us/launch':>14} "
-          f"{'bare us':>7} {'device ms':>9} {'plan MB':>7} {'today MB':>8} identical  host us: checks/batch/enqueue")
+    print(f"{'model':<12} {'launches':>8} {'full ms':>8} {'replay ms':>9} {'faster':>6} {'paired':>13} {'host us':>7} "
+          f"{'bar us':>6} {'met':>5} {'bare us busy/idle':>17} {'enq us/launch idle':>18} {'flush us':>8} "
+          f"{'device ms':>9} {'plan MB':>7} {'today MB':>8} identical  host us guard/batch/enqueue/after "
+          f"(loss-read wait)  batch mode")
     for name in args.models:
-        row = measure(name, options, args.steps)
+        row = measure(name, options, args.rounds, args.steps)
         row["bit_identical"] = bit_identical(name, options, args.check_steps) if args.check_steps else None
         row["check_steps"] = args.check_steps
         append_jsonl(args.out, [{**row, **context, "options": {k: str(v) for k, v in options.items()},
                                  "unified_memory": get_runtime(args.device).profile.unified_memory,
                                  "benchmark": "replay"}])
         print(f"{name:<12} {row['launches']:>8} {row['full_ms']:>8.2f} {row['replay_ms']:>9.2f} "
-              f"{row['replay_host_us_per_launch']:>14.2f} {row['bare_enqueue_us']:>7.2f} {row['device_ms']:>9.3f} "
-              f"{row['step_memory_planned_bytes'] / 1e6:>7.2f} {row['step_memory_full_path_bytes'] / 1e6:>8.2f} "
-              f"{row['bit_identical']!s:>9}  {row['replay_host_checks_us']:.0f}/{row['replay_host_batch_us']:.0f}/"
-              f"{row['replay_host_enqueue_us']:.0f}")
+              f"{row['rounds_replay_faster']:>3}/{row['rounds']:<2} "
+              f"{row['paired_ratio_median']:>5.3f} {row['pairs_replay_faster']:>3}/{row['pairs']:<3} "
+              f"{row['replay_host_us']:>7.0f} "
+              f"{row['host_bar_us']:>6.0f} {row['host_bar_met']!s:>5} "
+              f"{row['bare_enqueue_us']:>8.2f}/{row['bare_enqueue_idle_us']:<8.2f} "
+              f"{row['enqueue_idle_us_per_launch']:>18.2f} {row['enqueue_idle_flush_us']:>8.0f} "
+              f"{row['device_ms']:>9.3f} {row['step_memory_planned_bytes'] / 1e6:>7.2f} "
+              f"{row['step_memory_full_path_bytes'] / 1e6:>8.2f} {row['bit_identical']!s:>9}  "
+              f"{row['replay_host_guard_us']:.0f}/{row['replay_host_batch_us']:.0f}/{row['replay_host_enqueue_us']:.0f}/"
+              f"{row['replay_host_after_us']:.0f} ({row['replay_host_loss_read_us']:.0f})  {row['batch_mode']}")
+        no_event = row["enqueue_idle_no_event_us_per_launch"]
+        print(f"{'':<12} enqueue us per launch by argument count (idle): {row['enqueue_idle_us_by_args']}; "
+              f"without an event (ctypes probe): {'n/a' if no_event is None else f'{no_event:.2f}'}")
 
 
 if __name__ == "__main__":

@@ -96,11 +96,12 @@ def test_reference_models_replay_bit_identically(name) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("options", MODES)
 @pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])
-def test_reference_models_replay_bit_identically_over_50_steps(name) -> None:
+def test_reference_models_replay_bit_identically_over_50_steps(name, options) -> None:
     steps = 50 if name in ("mlp", "lenet") else 12
-    full = _reference_model_losses(name, steps, replay=False, options=COPY)
-    replayed = _reference_model_losses(name, steps, replay=True, options=COPY)
+    full = _reference_model_losses(name, steps, replay=False, options=options)
+    replayed = _reference_model_losses(name, steps, replay=True, options=options)
     assert replayed[2].replayed_steps == steps - 2
     _assert_bit_identical(full, replayed)
 
@@ -396,3 +397,102 @@ def test_two_steps_interleaved_keep_their_buffers_alive() -> None:
                 torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y),
                                            rtol=1e-4, atol=1e-5)
     assert prof.replayed_steps == 4
+
+
+def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -> None:
+    from torch_adreno.runtime.replay import IN_PLACE, UPLOADED
+
+    batches = _batches(5)
+    for options, mode in (({}, IN_PLACE), (COPY, UPLOADED)):
+        _, _, prof, step = _train(_mlp, lambda p: torch.optim.SGD(p, lr=0.1), batches, replay=True,
+                                       options=options)
+        assert prof.replayed_steps == 3
+        if not step.replay.runtime.profile.unified_memory:
+            pytest.skip("a device with memory of its own stages the batch")
+        assert step.replay.batch_mode == mode
+        batch_bytes = sum(x.nbytes + y.nbytes for x, y in batches[2:])
+        with torch_adreno.profile() as replayed:
+            step(*batches[0])
+        copied = replayed.transfer_bytes("h2d", "input", copied=True)
+        shared = replayed.transfer_bytes("h2d", "input", copied=False)
+        per_step = batch_bytes // 3
+        assert (copied, shared) == ((0, per_step) if mode == IN_PLACE else (per_step, 0))
+        step.close()
+
+
+def test_staged_batch_upload_is_bit_identical(monkeypatch) -> None:
+    """Pinned staging is what a device with memory of its own uses; forced here on PoCL."""
+    from torch_adreno.runtime import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.STAGED)
+    batches = _batches(8)
+    opt = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
+    full = _train(_mlp, opt, batches, replay=False, options=COPY)
+    staged = _train(_mlp, opt, batches, replay=True, options=COPY)
+    assert staged[3].replay.batch_mode == replay_module.STAGED and staged[3].replay._staging_buffers
+    assert staged[2].replayed_steps == 6
+    _assert_bit_identical(full, staged)
+
+
+@pytest.mark.parametrize("options", MODES)
+def test_fresh_batch_tensors_every_step_with_dropout_and_two_steps(options) -> None:
+    """Each step gets new batch tensors (the allocator hands their addresses out again), random
+    seeds are drawn, and two TrainingSteps interleave: bound in place, every step must read its
+    own batch (a buffer over freed or reused memory would show as a different loss)."""
+    def make(p: float):
+        return _mlp(p)
+
+    results = []
+    for replay in (False, True):
+        torch._dynamo.reset()
+        models = [make(0.3), make(0.0)]
+        steps = [torch_adreno.TrainingStep(m, _loss, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                           options=options, replay=replay) for m in models]
+        torch.manual_seed(3)
+        generator = torch.Generator().manual_seed(3)
+        losses = []
+        with torch_adreno.profile() as prof:
+            for _ in range(12):
+                for step in steps:
+                    x, y = torch.randn(16, 12, generator=generator), torch.randint(0, 5, (16,), generator=generator)
+                    losses.append(step(x.clone(), y.clone()))
+        for step in steps:
+            step.synchronize()
+        results.append((torch.stack(losses), {str(i): p.detach().clone()
+                                              for i, p in enumerate(p for m in models for p in m.parameters())}))
+        assert prof.replayed_steps == (20 if replay else 0)
+    _assert_bit_identical(results[0], results[1])
+
+
+def test_guard_optimizer_step_hook_added_after_capture() -> None:
+    run = _Lockstep()
+    run.run(3)
+    calls = []
+    run.opt.register_step_post_hook(lambda *args: calls.append(1))
+    prof = run.run(3)
+    assert calls == [1, 1, 1]  # a replay would have skipped it
+    assert prof.replayed_steps == 0
+    assert any("step hook" in reason for reason in prof.replay_fallbacks), prof.replay_fallbacks
+    run.check_parameters()
+
+
+def test_guard_backward_hook_and_optimizer_state_replaced() -> None:
+    run = _Lockstep()
+    run.run(3)
+    (_, guard), = run.step._replays.values()
+    x, y = next(run.batches)
+    assert guard((x, y)) is None
+    handle = run.model[0].register_full_backward_hook(lambda *args: None)
+    assert guard((x, y)) == "a hook of 0 was added or removed"
+    handle.remove()
+    hooks = torch.nn.modules.module._global_forward_pre_hooks
+    hooks[-1] = lambda *args: None
+    try:
+        assert guard((x, y)) == "a global module hook was added or removed"
+    finally:
+        del hooks[-1]
+    assert guard((x, y)) is None
+    param = run.model[0].weight
+    # An entry replaced by one of the same keys and an equal value: only its identity tells.
+    run.opt.state[param] = {k: v.clone() for k, v in run.opt.state[param].items()}
+    assert guard((x, y)) is not None and "optimizer state" in guard((x, y))

@@ -3,12 +3,16 @@
 A :class:`~torch_adreno.runtime.replay.ReplayedStep` runs the kernels one full step enqueued,
 bound to the buffers that step used. That is right only while everything the compiled graphs
 took as given at capture still holds. :func:`build_guard` writes those facts down as one Python
-function (generated source, one flat sequence of comparisons: about 0.1 us a check) that returns
-``None`` when a replay is valid and otherwise the first fact that changed, in words:
+function (generated source) that reads every watched fact into one tuple and compares it with the
+tuple taken at capture -- one C-level comparison, identities as ``id()`` of objects the guard
+holds, dictionaries' keys and values read by iteration rather than looked up -- and returns
+``None`` when a replay is valid, otherwise the first fact that changed, in words:
 
 - the batch: number of arguments, each tensor's type, shape, strides, storage offset, dtype and
   ``requires_grad``; each other argument's value;
-- grad mode and the train/eval mode (and forward-hook count) of every submodule;
+- grad mode, the global module hooks, and the train/eval mode and hook counts (forward,
+  forward-pre, backward, backward-pre) of every submodule; the optimizer's step hooks (global
+  and its own: a capture with any is refused, one added later would be skipped by a replay);
 - every parameter and buffer is still the same tensor object in its module, with the same
   ``requires_grad``; the optimizer's groups hold the same parameters with the same hyperparameters
   (lr, momentum, betas, weight decay, ...: anything but the parameter list), and its state the
@@ -24,6 +28,7 @@ a host tensor the guards could not watch.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -74,11 +79,14 @@ def describe_persistent(identities: Iterable[MemoryIdentity], names: dict[int, s
 
 
 class _Writer:
-    """The guard function's source, one check at a time, with the objects it compares against."""
+    """The guard's source, one check at a time, with the objects it compares against.
+
+    Two functions are generated: ``guard``, one expression ``or``-ing every check (the common
+    case: all hold, about 0.05-0.3 us a check), and ``explain``, run only when one fails (or an
+    expression raised), going through the checks one at a time to name the first that fails."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = ["def explain(batch):"]
-        self.failing: list[str] = []
+        self.checks: list[tuple[str, str, bool]] = []
         self.namespace: dict[str, Any] = {}
 
     def bind(self, value: Any) -> str:
@@ -86,22 +94,48 @@ class _Writer:
         self.namespace[name] = value
         return name
 
-    def check(self, failing: str, reason: str) -> None:
-        self.failing.append(f"({failing})")
-        self.lines.append(f"    if {failing}:")
-        self.lines.append(f"        return {reason!r}")
+    def check(self, failing: str, reason: str, explain_only: bool = False) -> None:
+        """``failing`` (over ``batch`` and bound names) is true when what was captured changed.
+        ``explain_only``: a finer message for something other checks of the guard cover."""
+        self.checks.append((f"({failing})", reason, explain_only))
+
+    def check_value(self, expression: str, value: Any, reason: str) -> None:
+        """A hyperparameter or state value: tensors by identity (their contents are watched as
+        persistent tensors), tuples and lists element by element, anything else by equality."""
+        if isinstance(value, torch.Tensor):
+            self.check(f"{expression} is not {self.bind(value)}", reason)
+        elif isinstance(value, (tuple, list)):
+            self.check(f"type({expression}) is not {self.bind(type(value))} or len({expression}) != {len(value)}",
+                       reason)
+            for index, item in enumerate(value):
+                self.check_value(f"{expression}[{index}]", item, reason)
+        else:
+            self.check(f"{expression} != {self.bind(value)}", reason)
+
+    def check_identities(self, expression: str, objects: Iterable[Any], reason: str) -> None:
+        """``expression`` iterates over exactly ``objects``, in order, compared by identity in C
+        (``id`` of objects this guard holds, so no other object can have one of those ids)."""
+        objects = list(objects)
+        self.bind(objects)
+        self.check(f"tuple(map(id, {expression})) != {self.bind(tuple(id(o) for o in objects))}", reason)
 
     def build(self) -> Guard:
-        """Two functions: one expression of every check (the common case: all hold), and, when
-        one fails, the checks one by one to say which."""
-        self.lines.append("    return None")
-        self.lines.append("def guard(batch):")
-        self.lines.append(f"    if {' or '.join(self.failing) or 'False'}:")
-        self.lines.append("        return explain(batch)")
-        self.lines.append("    return None")
-        exec(compile("\n".join(self.lines), "<torch_adreno step guard>", "exec"), self.namespace)
+        lines = ["def explain(batch):"]
+        for failing, reason, _ in self.checks:
+            lines += ["    try:", f"        if {failing}:", f"            return {reason!r}",
+                      "    except Exception as error:",
+                      f"        return {reason!r} + f' ({{type(error).__name__}}: {{error}})'"]
+        lines.append("    return None")
+        lines += ["def guard(batch):", "    try:",
+                  f"        if not ({' or '.join(f for f, _, detail in self.checks if not detail) or 'False'}):",
+                  "            return None", "    except Exception:", "        pass",
+                  "    return explain(batch) or 'the state a replay assumes changed'"]
+        exec(compile("\n".join(lines), "<torch_adreno step guard>", "exec"), self.namespace)
         guard: Guard = self.namespace["guard"]
         return guard
+
+
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -121,16 +155,18 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
             w.check(f"type({item}) is not {w.bind(type(value))} or {item} != {w.bind(value)}",
                     f"batch argument {position} changed its value")
     w.check(f"{w.bind(torch.is_grad_enabled)}() is not {torch.is_grad_enabled()}", "grad mode changed")
-    hooks = torch.nn.modules.module._global_forward_hooks
-    w.check(f"len({w.bind(hooks)}) != {len(hooks)}", "a global forward hook was added or removed")
+    module_globals = torch.nn.modules.module
+    for table in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                  "_global_backward_pre_hooks"):
+        hooks = getattr(module_globals, table)
+        w.check(f"len({w.bind(hooks)}) != {len(hooks)}", "a global module hook was added or removed")
     for name, module in model.named_modules():
         label = name or "the model"
         prefix = f"{name}." if name else ""
         m = w.bind(module)
         w.check(f"{m}.training is not {module.training}", f"train/eval mode of {label} changed")
-        w.check(f"len({m}._forward_hooks) != {len(module._forward_hooks)} or "
-                f"len({m}._forward_pre_hooks) != {len(module._forward_pre_hooks)}",
-                f"a forward hook of {label} was added or removed")
+        w.check(" or ".join(f"len({m}.{table}) != {len(getattr(module, table))}" for table in _MODULE_HOOKS),
+                f"a hook of {label} was added or removed")
         for child_name, child in module._modules.items():
             w.check(f"{m}._modules.get({child_name!r}) is not {w.bind(child)}",
                     f"submodule {prefix}{child_name} was replaced")
@@ -147,39 +183,51 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
             name = names.get(id(param), f"a parameter of optimizer group {index}")
             w.check(f"{t}._backward_hooks or {t}._post_accumulate_grad_hooks",
                     f"a gradient hook was registered on {name}")
-    # Read through the optimizer each time: load_state_dict gives it a new state dict and new groups.
+    # Read through the optimizer: load_state_dict gives it a new state dict and new groups. Once
+    # their identities are the captured ones, the captured objects are read directly.
     opt = w.bind(optimizer)
+    optimizer_module = importlib.import_module("torch.optim.optimizer")
+    step_hooks = [optimizer_module._global_optimizer_pre_hooks,
+                  optimizer_module._global_optimizer_post_hooks]
+    w.check(" or ".join([*(f"len({w.bind(hooks)}) != {len(hooks)}" for hooks in step_hooks),
+                         *(f"len({opt}.{table}) != {len(getattr(optimizer, table))}"
+                           for table in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"))]),
+            "an optimizer step hook was added (a replay would not run it)")
     w.check(f"len({opt}.param_groups) != {len(optimizer.param_groups)}", "the optimizer's parameter groups changed")
     for index, group in enumerate(optimizer.param_groups):
-        g = f"{opt}.param_groups[{index}]"
-        w.check(f"{g} is not {w.bind(group)}", f"optimizer parameter group {index} was replaced (load_state_dict?)")
+        w.check(f"{opt}.param_groups[{index}] is not {w.bind(group)}",
+                f"optimizer parameter group {index} was replaced (load_state_dict?)")
+    for index, group in enumerate(optimizer.param_groups):
+        g = w.bind(group)
         w.check(f"len({g}) != {len(group)}", f"optimizer parameter group {index} changed its keys")
         for key, value in group.items():
             if key == "params":
-                params = w.bind(list(value))
-                w.check(f"len({g}['params']) != {len(value)} or any(a is not b for a, b in zip({g}['params'], {params}))",
-                        f"the parameters of optimizer group {index} changed")
+                w.check_identities(f"{g}['params']", value, f"the parameters of optimizer group {index} changed")
             elif isinstance(value, torch.Tensor):
-                w.check(f"{g}.get({key!r}) is not {w.bind(value)}",
-                        f"optimizer hyperparameter {key!r} of group {index} was replaced")
+                w.check_value(f"{g}[{key!r}]", value, f"optimizer hyperparameter {key!r} of group {index} was replaced")
             else:
-                w.check(f"{g}.get({key!r}) != {w.bind(value)}",
-                        f"optimizer hyperparameter {key!r} of group {index} changed (a new learning rate?)")
+                w.check_value(f"{g}[{key!r}]", value,
+                              f"optimizer hyperparameter {key!r} of group {index} changed (a new learning rate?)")
     state = f"{opt}.state"
     w.check(f"len({state}) != {len(optimizer.state)}", "the optimizer's state changed")
     for param, entries in optimizer.state.items():
+        # Only in explain's messages: looking a parameter up hashes it (a Python call per tensor);
+        # the guard compares keys and values by iteration below.
+        owner = names.get(id(param), "a parameter")
+        w.check(f"{state}.get({w.bind(param)}) is not {w.bind(entries)}",
+                f"the optimizer state of {owner} was replaced (load_state_dict?)", explain_only=True)
+    w.check_identities(state, optimizer.state.keys(), "the optimizer's state changed")
+    w.check_identities(f"{state}.values()", optimizer.state.values(),
+                       "the optimizer's state was replaced (load_state_dict?)")
+    for param, entries in optimizer.state.items():
         s = w.bind(entries)
         owner = names.get(id(param), "a parameter")
-        w.check(f"{state}.get({w.bind(param)}) is not {s} or len({s}) != {len(entries)}",
-                f"the optimizer state of {owner} was replaced (load_state_dict?)")
+        w.check(f"len({s}) != {len(entries)}", f"the optimizer state of {owner} changed its keys")
         for key, value in entries.items():
-            if isinstance(value, torch.Tensor):
-                w.check(f"{s}.get({key!r}) is not {w.bind(value)}",
-                        f"optimizer state {key!r} of {owner} was replaced")
-            else:
-                w.check(f"{s}.get({key!r}) != {w.bind(value)}", f"optimizer state {key!r} of {owner} changed")
+            verb = "was replaced" if isinstance(value, torch.Tensor) else "changed"
+            w.check_value(f"{s}[{key!r}]", value, f"optimizer state {key!r} of {owner} {verb}")
     for tensor in persistent:
         t = w.bind(tensor)
-        w.check(f"{t}._version != {tensor._version} or {t}.data_ptr() != {tensor.data_ptr()}",
+        w.check(f"{t}.data_ptr() != {tensor.data_ptr()} or {t}._version != {tensor._version}",
                 f"{names.get(id(tensor), 'a tensor the step reads')} was changed on the host")
     return w.build()

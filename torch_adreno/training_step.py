@@ -205,6 +205,9 @@ class TrainingStep:
                         host_sync.arm(self._residency)
                 self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
                 self.replayed_steps += 1
+                after = time.perf_counter() - replay.loss_read_at
+                replay.last_phases["after"] = after
+                replay.last_host_seconds += after
                 if BUS.active:
                     BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
                 return loss

@@ -7,8 +7,11 @@ scratch, the loss) is laid out anew by one memory plan spanning the whole step, 
 activation's bytes are free after its last backward read and a gradient's after the optimizer's;
 persistent tensors (parameters, optimizer state) keep the residency's buffers. A replay then:
 
-1. uploads the batch into its own buffers (in every mode: binding each new batch's host memory
-   in place, as zero-copy graph calls do, crashed PoCL in long runs; not yet understood);
+1. puts the batch in place: on a unified-memory device with zero-copy, binds each new batch's host
+   memory to the kernels that read it (a host-pointer buffer made over it, nothing copied); on a
+   device with memory of its own, copies it into pinned staging memory mapped once and uploads
+   that asynchronously (a driver stages pageable memory itself, synchronously); else (zero-copy
+   off on unified memory) uploads it from its own memory;
 2. uploads fresh random seeds, drawn from torch's default generator in the capture's order;
 3. enqueues the launches in one loop with nothing in it but the enqueue;
 4. reads the loss (the one blocking wait of the step).
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
+import pyopencl._cl as _cl
 import torch
 
 from torch_adreno.runtime.capture import (
@@ -41,7 +46,7 @@ from torch_adreno.runtime.capture import (
 )
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.images import image_views
-from torch_adreno.runtime.residency import Residency, host_array
+from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
 
 REPLAY_GRAPH = "replayed_step"
 
@@ -113,6 +118,23 @@ def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemor
                           sum(recorder.identities[i].nbytes for i in arenas) + peak)
 
 
+#: How a replay puts a batch argument in place (see the module docstring).
+IN_PLACE, STAGED, UPLOADED = "in place", "staged", "uploaded"
+
+
+def _unmap_all(maps: list[Any], queue: cl.CommandQueue) -> None:
+    for mapping in maps:
+        mapping.release(queue)
+    queue.finish()
+
+
+def batch_mode(zero_copy: bool, unified_memory: bool) -> str:
+    """How a replay puts the batch in place on a device (see the module docstring)."""
+    if unified_memory:
+        return IN_PLACE if zero_copy else UPLOADED
+    return STAGED
+
+
 @dataclass
 class _BatchBinding:
     position: int
@@ -120,8 +142,12 @@ class _BatchBinding:
     view: tuple[tuple[int, ...], tuple[int, ...], int] | None
     nbytes: int
     label: str
-    #: The replay's own device buffer the batch is uploaded into.
-    buffer: cl.Buffer
+    #: The replay's own device buffer the batch is uploaded into (None: bound in place).
+    buffer: cl.Buffer | None
+    #: Staged: the pinned staging memory, mapped for the replay's lifetime, as bytes.
+    staging: np.ndarray | None = None
+    #: In place: the (kernel, argument index) pairs that read the batch.
+    consumers: list[tuple[cl.Kernel, int]] = field(default_factory=list)
 
 
 class ReplayedStep:
@@ -139,9 +165,26 @@ class ReplayedStep:
         self.memory = plan_step_memory(recorder, {loss_identity})
         context = self.runtime.context
         slots = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in self.memory.slot_bytes]
+        # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue
+        # on a profiling queue (NVIDIA's: ~14 vs ~7 us). Under profile() the runtime's queue is used.
+        self._queue = cl.CommandQueue(context)
         buffers: dict[int, cl.Buffer | None] = {}
         self._batch: list[_BatchBinding] = []
+        batch_of: dict[int, _BatchBinding] = {}
         self._seeds: list[cl.Buffer] = []
+        #: How the batch is put in place: IN_PLACE, STAGED or UPLOADED (see the module docstring).
+        self.batch_mode = batch_mode(residency.zero_copy, self.runtime.profile.unified_memory)
+        if self.batch_mode is IN_PLACE and any(not isinstance(op, RecordedCopy) and op.source.images
+                                              for op in recorder.operations):
+            # An image is made over a buffer once, at binding: a batch bound anew each step would
+            # need new images each step, so the batch goes into the replay's own buffers instead.
+            self.batch_mode = UPLOADED
+        # Staged: the pinned buffers, each mapped once (the mapping lives as long as the replay).
+        self._staging_buffers: list[cl.Buffer] = []
+        self._staging_maps: list[Any] | None = None
+        # In place: the host-pointer buffers bound by the last replay, with the memory under them;
+        # kept until the next replay binds others, so no kernel points at a released buffer.
+        self._bound_batch: list[tuple[cl.Buffer, Any]] = []
         for identity in recorder.identities:
             if identity.index in self.memory.slot_of:
                 buffers[identity.index] = slots[self.memory.slot_of[identity.index]]
@@ -154,22 +197,21 @@ class ReplayedStep:
                 own = tuple(identity.tensor.shape), tuple(identity.tensor.stride()), identity.tensor.storage_offset()
                 base = recorder.batch[identity.batch_position]
                 whole = own == (tuple(base.shape), tuple(base.stride()), base.storage_offset())
-                # Uploaded into a buffer of the replay's own in every mode: binding each new batch's
-                # host memory in place (zero-copy) crashed PoCL when buffers over the same memory
-                # were created again step after step; until that is understood, one copy.
-                device = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
-                self._batch.append(_BatchBinding(identity.batch_position, None if whole else identity.view,
-                                                 identity.nbytes, identity.label, device))
-                buffers[identity.index] = device
+                binding = _BatchBinding(identity.batch_position, None if whole else identity.view,
+                                        identity.nbytes, identity.label, None)
+                if self.batch_mode is not IN_PLACE:
+                    binding.buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
+                if self.batch_mode is STAGED and identity.nbytes:
+                    binding.staging = self._staging(identity.nbytes)
+                self._batch.append(binding)
+                batch_of[identity.index] = binding
+                buffers[identity.index] = binding.buffer
         self._seeds = [buffers[i] for i in recorder.seeds]  # type: ignore[misc]
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
         # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
         # host memory under it (zero-copy).
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
-        # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue
-        # on a profiling queue (NVIDIA's: ~14 vs ~7 us). Under profile() the runtime's queue is used.
-        self._queue = cl.CommandQueue(context)
         self._profiled_operations: list[Any] = []
         self._slots = slots
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
@@ -187,7 +229,10 @@ class ReplayedStep:
             # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
             kernel = cl.Kernel(op.kernel.program, op.kernel.function_name)
             for position, index in enumerate(op.args):
-                kernel.set_arg(position, buffers[index])
+                if index in batch_of and batch_of[index].buffer is None:
+                    batch_of[index].consumers.append((kernel, position))  # bound by each replay
+                else:
+                    kernel.set_arg(position, buffers[index])
             if op.source.checks_indices:  # the device's index error record, the launch's token
                 self.runtime.index_errors.bind(kernel, op.source)
             if op.source.images:
@@ -225,20 +270,64 @@ class ReplayedStep:
         #: Host seconds of the last replay's own work (the caller's checks, batch, seeds, enqueue
         #: loop), before it waits for the loss.
         self.last_host_seconds = 0.0
-        #: Of those: the caller's checks, the batch and seeds, the enqueue loop.
-        self.last_phase_seconds = (0.0, 0.0, 0.0)
+        #: Seconds of the last replay by phase: "guard" (the caller's checks), "batch" (batch and
+        #: seeds in place), "enqueue" (the launch loop), "loss_read" (waits for the device: not host
+        #: work), and "after" (the caller's bookkeeping once the loss is read; set by the caller).
+        self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
+        self.loss_read_at = 0.0
 
     @property
     def kernel_launches(self) -> int:
         return len(self._launches)
 
+    def _staging(self, nbytes: int) -> np.ndarray:
+        """Pinned host memory of ``nbytes``: a host-allocated buffer mapped once. A write from it
+        is a DMA the host does not wait for; one from pageable memory is staged by the driver."""
+        buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+        flags: Any = cl.map_flags.WRITE | cl.map_flags.READ
+        mapped: Any = cl.enqueue_map_buffer(self._queue, buffer, flags, 0,
+                                            (nbytes,), np.dtype(np.uint8), is_blocking=True)
+        self._staging_buffers.append(buffer)
+        array: np.ndarray = mapped[0]
+        if self._staging_maps is None:
+            self._staging_maps = []
+            # Unmapped when the replay goes (a recapture, an evicted geometry), not left to the
+            # order in which the collector frees buffer and mapping.
+            weakref.finalize(self, _unmap_all, self._staging_maps, self._queue)
+        self._staging_maps.append(array.base)
+        return array
+
     def _bind_batch(self, batch: tuple[Any, ...], queue: cl.CommandQueue, keep: list[Any]) -> None:
         record = BUS.active
+        if self.batch_mode is IN_PLACE:
+            bound: list[tuple[cl.Buffer, Any]] = []
+            for binding in self._batch:
+                tensor = batch[binding.position]
+                view = tensor if binding.view is None else tensor.as_strided(*binding.view)
+                # A buffer made over the memory as it is now (what a device caches of host memory
+                # is defined at creation): nothing is copied on a unified-memory device. (This was
+                # once turned off after crashes in long PoCL runs; their cause was the capture
+                # taking a released buffer's reused handle for another identity, since fixed:
+                # tests/test_replay.py's fresh-tensor, dropout and interleaved tests guard it.)
+                buffer = shared_buffer(self.runtime, view)
+                bound.append((buffer, view))
+                for kernel, position in binding.consumers:
+                    kernel.set_arg(position, buffer)
+                if record:
+                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", copied=False)
+            self._bound_batch = bound  # the previous replay's buffers are released here, unused
+            return
         for binding in self._batch:
             tensor = batch[binding.position]
             array = host_array(tensor if binding.view is None else tensor.as_strided(*binding.view))
-            keep.append(array)
-            event = cl.enqueue_copy(queue, binding.buffer, array, is_blocking=False)
+            if binding.staging is not None:
+                # The previous replay's upload has finished (its loss read waited for the queue).
+                np.copyto(binding.staging, array.reshape(-1).view(np.uint8))
+                array = binding.staging
+            else:
+                keep.append(array)
+            assert binding.buffer is not None  # not in place
+            event = _cl._enqueue_write_buffer(queue, binding.buffer, array, 0, None, False)
             if record:
                 BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
 
@@ -247,7 +336,7 @@ class ReplayedStep:
             # As the full path draws them (Executable): torch.manual_seed(n) makes replays repeat too.
             seed = host_array(torch.randint(0, 2**62, (), dtype=torch.int64))
             keep.append(seed)
-            cl.enqueue_copy(queue, buffer, seed, is_blocking=False)
+            _cl._enqueue_write_buffer(queue, buffer, seed, 0, None, False)
             BUS.transfer(REPLAY_GRAPH, "h2d", seed.nbytes, "seed", "input")
 
     def _enqueue_all(self, profiled: bool) -> None:
@@ -281,13 +370,18 @@ class ReplayedStep:
         self._enqueue_all(profiled)
         end = time.perf_counter()
         self.last_host_seconds = end - start
-        self.last_phase_seconds = (bind_start - start, enqueue_start - bind_start, end - enqueue_start)
+        phases = self.last_phases
+        phases["guard"], phases["batch"], phases["enqueue"] = bind_start - start, enqueue_start - bind_start, \
+            end - enqueue_start
         loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
         index_errors = self.runtime.index_errors
         index_errors.launches += self._checking_launches
         index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
         # Blocking, on the queue of the launches: when it returns, the whole step is done.
-        cl.enqueue_copy(queue, loss, self._loss_buffer, is_blocking=True)
+        _cl._enqueue_read_buffer(queue, self._loss_buffer, loss, 0, None, True)
+        #: When the loss was read: the caller counts its own work after it as "after".
+        self.loss_read_at = time.perf_counter()
+        phases["loss_read"] = self.loss_read_at - end
         BUS.transfer(REPLAY_GRAPH, "d2h", loss.nbytes, "loss", "output")
         self._defer_updates()
         if index_check is not None:
