@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torch_adreno import ir
-from torch_adreno.kernels.expressions import GUARDED_ARGS, STORAGE_CTYPE, literal, render_op, value_ctype
+from torch_adreno.kernels.expressions import (
+    GUARDED_ARGS,
+    STORAGE_CTYPE,
+    literal,
+    load_text,
+    render_op,
+    store_text,
+    value_ctype,
+)
 
 
 @dataclass
@@ -134,12 +142,19 @@ class CodeWriter:
         if known is not None:
             return known
         if isinstance(expr, ir.Load) and expr in self.registers:
-            return self.registers[expr]
+            if not expr.dtype.is_half:
+                return self.registers[expr]
+            # A register holds a float32 accumulator; readers of a 16-bit result see it rounded,
+            # as they would had it been stored.
+            return self._temporary(expr, render_op("cast", [self.registers[expr]], [ir.DType.F32], expr.dtype))
         if guarded and self.has_load(expr):
             return self._render(expr, guarded=True)
         text = self._render(expr, guarded=False)
         if isinstance(expr, ir.Call) and expr.op == "cast" and isinstance(expr.args[0], ir.Var):
             return text
+        return self._temporary(expr, text)
+
+    def _temporary(self, expr: ir.Expr, text: str) -> str:
         name = f"{self._prefix}{self._count}"
         self._count += 1
         ctype = value_ctype(expr.dtype)
@@ -151,7 +166,7 @@ class CodeWriter:
         if isinstance(expr, ir.Load):
             param = self.params[expr.buffer]
             offset = self.expr(self.flat_index(expr.buffer, expr.index), guarded)
-            return f"{param.c_name}[{offset}]"
+            return load_text(param.dtype, param.c_name, offset)
         assert isinstance(expr, ir.Call)
         guarded_args = GUARDED_ARGS.get(expr.op, ())
         args = [self.expr(a, guarded or i in guarded_args) for i, a in enumerate(expr.args)]
@@ -159,7 +174,7 @@ class CodeWriter:
 
     def store_statement(self, buffer: str, offset: str, value: str) -> str:
         param = self.params[buffer]
-        return f"{param.c_name}[{offset}] = ({STORAGE_CTYPE[param.dtype]})({value});"
+        return store_text(param.dtype, param.c_name, offset, value)
 
     def store(self, buffer: str, offset: str, value: str) -> None:
         self.emit(self.store_statement(buffer, offset, value))
