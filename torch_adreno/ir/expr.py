@@ -257,7 +257,8 @@ OPS: dict[str, OpInfo] = {
 
 #: Ops whose result is one of their arguments' values or an integer: on 16-bit floats they need
 #: no rounding. Every other op with a 16-bit result is computed in float32 and rounded (a cast).
-EXACT_ON_HALF = frozenset({"neg", "abs", "relu", "maximum", "minimum", "floor", "ceil", "round", "trunc", "sign"})
+EXACT_ON_HALF = frozenset({"neg", "abs", "relu", "maximum", "minimum", "floor", "ceil", "round", "trunc", "sign",
+                           "where"})
 
 
 def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
@@ -306,6 +307,10 @@ def _fold_logical(op: str, args: tuple[Expr, ...]) -> Expr | None:
 def cast(value: Expr, dtype: DType) -> Expr:
     if value.dtype is dtype:
         return value
+    if dtype.is_half:
+        exact = _exactly_half(value, dtype)
+        if exact is not None:
+            return exact
     if isinstance(value, Const):
         if dtype.is_float:
             return Const(round_to(float(value.value), dtype), dtype)
@@ -313,6 +318,27 @@ def cast(value: Expr, dtype: DType) -> Expr:
             return Const(bool(value.value), dtype)
         return Const(int(value.value), dtype)
     return Call("cast", (value,), dtype)
+
+
+def _exactly_half(value: Expr, dtype: DType) -> Expr | None:
+    """``value`` as an expression of the 16-bit ``dtype`` without rounding, where it already holds
+    such a value: a widened 16-bit value, or an exact op (relu, max, ...) of such values."""
+    if isinstance(value, Call) and value.op == "cast" and value.args[0].dtype is dtype:
+        return value.args[0]
+    if isinstance(value, Call) and value.op in EXACT_ON_HALF and value.dtype.is_float:
+        args = []
+        for arg in value.args:
+            if isinstance(arg, Const) and arg.dtype.is_float:
+                if round_to(float(arg.value), dtype) != arg.value and not math.isnan(float(arg.value)):
+                    return None
+                args.append(Const(float(arg.value), dtype))
+                continue
+            narrow = _exactly_half(arg, dtype) if arg.dtype.is_float else arg
+            if narrow is None:
+                return None
+            args.append(narrow)
+        return Call(value.op, tuple(args), dtype)
+    return None
 
 
 def const(value: int | float | bool, dtype: DType) -> Const:

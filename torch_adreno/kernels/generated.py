@@ -96,7 +96,11 @@ def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None
     for store in stores:
         guarded = store.when is not None
         condition = writer.expr(store.when) if store.when is not None else None
-        value = writer.expr(store.value, guarded)
+        stored = store.value
+        if isinstance(stored, ir.Call) and stored.op == "cast" and stored.dtype is writer.params[store.buffer].dtype \
+                and stored.dtype.is_half:
+            stored = stored.args[0]  # the store rounds to nearest even itself
+        value = writer.expr(stored, guarded)
         shape = writer.params[store.buffer].shape
         if linear is not None and shape == ranges and tuple(store.index) == tuple(loop_vars or ()):
             offset = linear

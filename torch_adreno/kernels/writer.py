@@ -149,6 +149,9 @@ class CodeWriter:
             return self._temporary(expr, render_op("cast", [self.registers[expr]], [ir.DType.F32], expr.dtype))
         if guarded and self.has_load(expr):
             return self._render(expr, guarded=True)
+        if isinstance(expr, ir.Call) and expr.op == "cast" and expr.args[0].dtype.is_half and expr.dtype.is_float \
+                and not expr.dtype.is_half:
+            return self.expr(expr.args[0], guarded)  # (a 16-bit value already is a float in registers)
         text = self._render(expr, guarded=False)
         if isinstance(expr, ir.Call) and expr.op == "cast" and isinstance(expr.args[0], ir.Var):
             return text
