@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import capture_graphs
-from test_kernels import compile_stages
 
 import torch_adreno
 from torch_adreno import ir
