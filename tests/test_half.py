@@ -259,3 +259,40 @@ def test_grad_scaler_in_the_compiled_loop_scales_unscales_and_skips_overflowing_
     assert scale == eager_scale < 2.0**20  # more steps skipped, the same ones as eager's
     assert max(abs(a - b) for a, b in zip(losses, eager_losses, strict=True)) < 1e-2
     assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(params, eager_params, strict=True))
+
+
+# -- native half arithmetic (cl_khr_fp16) ------------------------------------------------------
+
+
+def test_native_half_kernels_compute_in_half_registers():
+    a, b = torch.randn(1000, dtype=torch.float16), torch.randn(1000, dtype=torch.float16)
+    gm = capture_graphs(lambda a, b: torch.relu(a * b + a) * 0.5, a, b)[0]
+    graph = lower_graph(gm, Config(), "g", None)
+    fused = fuse(graph, Config())
+    plan = plan_memory(fused, REFERENCE_PROFILE)
+    (native,) = render_program(fused, plan, REFERENCE_PROFILE, native_half=True).kernels
+    (default,) = render_program(fused, plan, REFERENCE_PROFILE).kernels
+    assert "#pragma OPENCL EXTENSION cl_khr_fp16 : enable" in native.source
+    assert "#pragma" not in default.source
+    body = native.source.split("{", 1)[1]
+    # half loads, arithmetic and stores: no float registers, no software rounding, no vload_half
+    assert re.search(r"const half t\d+ = in0\[i0\];", body)
+    assert re.search(r"const half t\d+ = \(t\d+ \* t\d+\);", body)
+    assert "((half)0.5f)" in body and "out0[x] = (half)(" in body
+    assert "float" not in body and "adreno_round_half" not in body and "vload_half" not in body
+    assert native.params == default.params and native.bytes_read == default.bytes_read
+
+
+def test_native_half_is_refused_where_the_device_lacks_cl_khr_fp16():
+    from torch_adreno.errors import OptionError
+    from torch_adreno.runtime import get_runtime
+
+    assert torch_adreno.config.Config.from_options({"native_half": True}).native_half
+    if get_runtime(None).profile.fp16:
+        pytest.skip("this device has cl_khr_fp16")
+    compiled = torch.compile(lambda a: a * 2, backend="adreno", options={"native_half": True})
+    with pytest.raises(Exception, match="cl_khr_fp16") as info:
+        compiled(torch.randn(8, dtype=torch.float16))
+    inner = getattr(info.value, "inner_exception", info.value)
+    assert isinstance(inner, OptionError)
+    assert "native_half" in str(inner)

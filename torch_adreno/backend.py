@@ -123,7 +123,12 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     fused = fuse(graph, config, max_kernel_buffers(runtime.profile.max_parameter_bytes, runtime.profile.address_bits))
     plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donated, resident_outputs=resident_outputs)
-    program = render_program(fused, plan, runtime.profile)
+    if config.native_half and not runtime.profile.fp16:
+        raise OptionError(
+            f"option native_half=True needs the cl_khr_fp16 extension, which {runtime.profile.name} "
+            f"({runtime.profile.platform}) does not report; leave native_half off (float16 tensors are still "
+            "stored in 16 bits and computed in float32 registers)")
+    program = render_program(fused, plan, runtime.profile, native_half=config.native_half)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
     return program

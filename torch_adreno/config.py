@@ -126,6 +126,12 @@ OPTIONS: dict[str, OptionSpec] = {
             "the choice on disk per device, driver, kernel and shape (default False: the heuristic)",
         ),
         OptionSpec(
+            "native_half", _bool, False, "TORCH_ADRENO_NATIVE_HALF",
+            "compute float16 pointwise kernels in half registers (cl_khr_fp16; refused on devices "
+            "without it) instead of float32 registers rounded to float16 where eager rounds (default "
+            "False; unmeasured)",
+        ),
+        OptionSpec(
             "compile_cache", _bool, True, "TORCH_ADRENO_COMPILE_CACHE",
             "keep each compiled graph (AOTAutograd's forward and backward with our kernel programs) in "
             "PyTorch's AOTAutograd disk cache, so a later process compiling the same graph with the same "
@@ -148,6 +154,7 @@ class Config:
     debug_dir: str | None = None
     activation_memory_budget: float = 1.0
     tune: bool = False
+    native_half: bool = False
     compile_cache: bool = True
 
     @classmethod

@@ -98,7 +98,10 @@ def estimate_flops(group: FusionGroup) -> int:
     return 0
 
 
-def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) -> KernelProgram:
+def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile,
+                   native_half: bool = False) -> KernelProgram:
+    """The graph's kernels; ``native_half``: float16 pointwise kernels compute in ``half``
+    registers (the device must have cl_khr_fp16, which the caller checks)."""
     steps: list[Step] = []
     graph = fused.graph
     for index, group in enumerate(fused.groups):
@@ -117,9 +120,9 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
             steps.extend(_gemm_steps(graph, group, spec, name, sum_name, header, params, profile))
             continue
         if isinstance(spec, PointwiseKernel):
-            source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
+            source, global_size, local_size = render_pointwise(name, header, spec, params, profile, native_half)
         elif isinstance(spec, SegmentedKernel):
-            source, global_size, local_size = render_segmented(name, header, spec, params, profile)
+            source, global_size, local_size = render_segmented(name, header, spec, params, profile, native_half)
         else:
             assert isinstance(spec, ReductionKernel)
             source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
