@@ -296,3 +296,43 @@ def test_native_half_is_refused_where_the_device_lacks_cl_khr_fp16():
     inner = getattr(info.value, "inner_exception", info.value)
     assert isinstance(inner, OptionError)
     assert "native_half" in str(inner)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_training_step_with_grad_scaler_matches_the_eager_scaler_loop(zero_copy):
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    x, y = torch.randn(8, 20) * 100, torch.randint(0, 4, (8,))
+
+    def loss_fn(m, x, y):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return F.cross_entropy(m(x), y)
+
+    eager_model = make()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.01, momentum=0.9)
+    eager_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=3)
+    eager_losses = []
+    for _ in range(10):
+        eager_opt.zero_grad()
+        loss = loss_fn(eager_model, x, y)
+        eager_scaler.scale(loss).backward()
+        eager_scaler.step(eager_opt)
+        eager_scaler.update()
+        eager_losses.append(float(loss.detach()))
+
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=3)
+    step = torch_adreno.TrainingStep(model, loss_fn, opt, options={"zero_copy": zero_copy}, grad_scaler=scaler)
+    with torch_adreno.profile() as prof:
+        losses = [float(step(x, y)) for _ in range(10)]
+    step.synchronize()
+    assert step._scaling is not None and step._scaling.skipped_steps >= 2  # the first steps overflowed
+    assert scaler.get_scale() == eager_scaler.get_scale()
+    assert scaler.state_dict()["_growth_tracker"] == eager_scaler.state_dict()["_growth_tracker"]
+    assert max(abs(a - b) for a, b in zip(losses, eager_losses, strict=True)) < 1e-2
+    for a, b in zip(model.parameters(), eager_model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=2e-3), (a - b).abs().max()
+    assert not prof.host_fallback_ops

@@ -326,7 +326,7 @@ def _exactly_half(value: Expr, dtype: DType) -> Expr | None:
     if isinstance(value, Call) and value.op == "cast" and value.args[0].dtype is dtype:
         return value.args[0]
     if isinstance(value, Call) and value.op in EXACT_ON_HALF and value.dtype.is_float:
-        args = []
+        args: list[Expr] = []
         for arg in value.args:
             if isinstance(arg, Const) and arg.dtype.is_float:
                 if round_to(float(arg.value), dtype) != arg.value and not math.isnan(float(arg.value)):
