@@ -7,8 +7,14 @@ autograd — and are compared with eager PyTorch. Dynamo is reset between sample
 limit would otherwise send later samples to eager silently) and every sample must have compiled
 at least one graph through the backend, or it does not count as a pass.
 
+``dtype=torch.float16`` / ``bfloat16`` (``--dtype``) sweeps the claimed entries whose OpInfo
+lists that dtype on the CPU, with their samples of that dtype (backward where OpInfo supports it
+in that dtype), compared with eager in the same dtype: within about one unit in the last place,
+or at most 2x as far as eager from a float64 run of the sample.
+
     python -m torch_adreno opinfo                 # the full sweep: pass/fail counts per op
     python -m torch_adreno opinfo --ops add mm --samples 3
+    python -m torch_adreno opinfo --dtype float16 --failures
 """
 
 from __future__ import annotations
