@@ -336,3 +336,19 @@ def test_training_step_with_grad_scaler_matches_the_eager_scaler_loop(zero_copy)
     for a, b in zip(model.parameters(), eager_model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=2e-3), (a - b).abs().max()
     assert not prof.host_fallback_ops
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_16_bit_batch_norm_updates_its_16_bit_running_statistics(dtype):
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.BatchNorm2d(6).to(dtype)
+
+    x = torch.randn(4, 6, 5, 5).to(dtype)
+    eager, ours = make(), make()
+    expected = eager(x)
+    out = torch.compile(ours, backend="adreno")(x)
+    assert out.dtype == expected.dtype == ours.running_mean.dtype == dtype
+    _as_accurate(out, expected, make().double()(x.double()), "output", TOLERANCE[dtype])
+    for a, b in ((ours.running_mean, eager.running_mean), (ours.running_var, eager.running_var)):
+        assert torch.allclose(a.float(), b.float(), rtol=TOLERANCE[dtype][0], atol=1e-3)
