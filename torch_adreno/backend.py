@@ -124,7 +124,13 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     fused = fuse(graph, config, max_kernel_buffers(runtime.profile.max_parameter_bytes, runtime.profile.address_bits))
     plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donated, resident_outputs=resident_outputs)
-    program = render_program(fused, plan, runtime.profile, images=images_enabled(config.images, runtime.profile))
+    if config.native_half and not runtime.profile.fp16:
+        raise OptionError(
+            f"option native_half=True needs the cl_khr_fp16 extension, which {runtime.profile.name} "
+            f"({runtime.profile.platform}) does not report; leave native_half off (float16 tensors are still "
+            "stored in 16 bits and computed in float32 registers)")
+    program = render_program(fused, plan, runtime.profile, images=images_enabled(config.images, runtime.profile),
+                             native_half=config.native_half)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
     return program
@@ -188,11 +194,32 @@ def _decline_aot_buffer_donation() -> None:
         meta.bw_donated_idxs = []
 
 
+#: Ops that only change a tensor's dtype (autocast's casts).
+_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def _recompute_input_casts(joint: GraphModule) -> None:
+    """Have the backward cast the forward's inputs again instead of saving the casts: autocast's
+    float16 copy of a float32 weight, read by the forward's and the backward's matrix products.
+    A cast fuses into the kernel that reads it (no kernel, no buffer); saved, it would be a forward
+    kernel writing the copy, and saved-activation memory. The partitioner counts the copy as
+    cheaper to save than the weight, which it does not know is resident anyway."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    for node in joint.graph.nodes:
+        if node.op != "call_function" or node.target not in _CASTS:
+            continue
+        source = node.args[0]
+        if isinstance(source, torch.fx.Node) and source.op == "placeholder" and source.name.startswith("primals"):
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+
+
 def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any]], Any]:
 
     def partition(joint: GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[GraphModule, GraphModule]:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+        _recompute_input_casts(joint)
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         # Outputs of the forward beyond these are saved for the backward and stay on the device.
         fw.meta["adreno_num_host_outputs"] = kwargs["num_fwd_outputs"]

@@ -219,7 +219,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_opinfo(args: argparse.Namespace) -> int:
-    from torch_adreno.opinfo import INTERNAL_ERROR, WRONG_RESULT, OpReport, format_reports, sweep
+    from torch_adreno.opinfo import (
+        INTERNAL_ERROR,
+        SWEEP_DTYPES,
+        WRONG_RESULT,
+        OpReport,
+        format_reports,
+        sweep,
+    )
 
     index, _, count = args.shard.partition("/")
     if args.error_inputs:
@@ -241,7 +248,7 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
 
     reports = sweep(args.ops, args.samples, shard=(int(index), int(count or 1)),
                     on_report=write_jsonl if args.jsonl else None, all_samples=args.all_samples,
-                    database=args.database)
+                    database=args.database, dtype=SWEEP_DTYPES[args.dtype])
     print(format_reports(reports))
     if args.failures:
         for r in reports:
@@ -297,6 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     opinfo.add_argument("--all-samples", action="store_true",
                         help="every sample, also of entries whose grid the sweep strides over (max pooling)")
     opinfo.add_argument("--shard", default="0/1", help="i/n: run every n-th op from the i-th (parallel sweeps)")
+    opinfo.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="dtype of the samples (default: %(default)s); float16/bfloat16 take the claimed ops "
+                             "whose OpInfo lists that dtype on the CPU, judged against eager in that dtype")
     opinfo.add_argument("--jsonl", default=None, help="append one JSON line per sample to this file")
     opinfo.add_argument("--database", action="store_true",
                         help="every OpInfo entry, claimed or not: counts pass / clear error / not traceable / "

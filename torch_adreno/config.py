@@ -132,6 +132,12 @@ OPTIONS: dict[str, OptionSpec] = {
             "Adreno GPUs; True requires a device with image support; False always reads buffers)",
         ),
         OptionSpec(
+            "native_half", _bool, False, "TORCH_ADRENO_NATIVE_HALF",
+            "compute float16 pointwise kernels in half registers (cl_khr_fp16; refused on devices "
+            "without it) instead of float32 registers rounded to float16 where eager rounds (default "
+            "False; unmeasured)",
+        ),
+        OptionSpec(
             "compile_cache", _bool, True, "TORCH_ADRENO_COMPILE_CACHE",
             "keep each compiled graph (AOTAutograd's forward and backward with our kernel programs) in "
             "PyTorch's AOTAutograd disk cache, so a later process compiling the same graph with the same "
@@ -155,6 +161,7 @@ class Config:
     activation_memory_budget: float = 1.0
     tune: bool = False
     images: str | bool = "auto"
+    native_half: bool = False
     compile_cache: bool = True
 
     @classmethod

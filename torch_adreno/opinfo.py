@@ -7,8 +7,14 @@ autograd — and are compared with eager PyTorch. Dynamo is reset between sample
 limit would otherwise send later samples to eager silently) and every sample must have compiled
 at least one graph through the backend, or it does not count as a pass.
 
+``dtype=torch.float16`` / ``bfloat16`` (``--dtype``) sweeps the claimed entries whose OpInfo
+lists that dtype on the CPU, with their samples of that dtype (backward where OpInfo supports it
+in that dtype), compared with eager in the same dtype: within about one unit in the last place,
+or at most 2x as far as eager from a float64 run of the sample.
+
     python -m torch_adreno opinfo                 # the full sweep: pass/fail counts per op
     python -m torch_adreno opinfo --ops add mm --samples 3
+    python -m torch_adreno opinfo --dtype float16 --failures
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from torch_adreno.runtime import Executable
 #: float32 comparison used for every sample (OpInfo's per-op overrides target other backends);
 #: our reductions and GEMMs reassociate sums, hence more than assert_close's float32 default.
 RTOL, ATOL = 1e-4, 1e-5
+
+#: Sweep dtypes and the tolerance (rtol, atol) within which ours simply matches eager's: float32's
+#: above, and about one unit in the last place of the 16-bit types (torch.testing's defaults).
+SWEEP_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOLERANCES = {torch.float32: (RTOL, ATOL), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
 
 #: Where ours and eager differ by more than RTOL/ATOL, both are measured against a float64 run of
 #: the same sample: ours passes if its largest error is at most this many times eager float32's
@@ -88,6 +99,20 @@ EXPECTED_FAILURES: dict[tuple[str, int | None], str] = {
     **{("index_put", i): (
         "boolean-mask index with a tensor of values: which value lands where depends on the mask's data "
         "(a prefix count of True entries); not lowered yet, raises UnsupportedOpError naming it") for i in (1, 3)},
+}
+
+#: Known failures of the 16-bit sweeps (``--dtype float16`` / ``bfloat16``), by dtype, with reasons.
+#: None of them is about 16-bit arithmetic: the same samples fail alike in float32.
+_DTYPE_INDEPENDENT: dict[tuple[str, int | None], str] = {
+    **{("index_put", i): "as in float32: boolean-mask index with a tensor of values (data-dependent placement)"
+       for i in (1, 3)},
+    **{("new_empty_strided", i): ("as in float32: an uninitialised tensor with non-contiguous strides, refused "
+                                  "with a LoweringError (only contiguous strides are supported)") for i in (2, 3, 5)},
+    ("empty_strided", None): "as in float32: Dynamo cannot trace the sample (pybind11 constructor), under any backend",
+}
+HALF_EXPECTED_FAILURES: dict[torch.dtype, dict[tuple[str, int | None], str]] = {
+    torch.float16: dict(_DTYPE_INDEPENDENT),
+    torch.bfloat16: dict(_DTYPE_INDEPENDENT),
 }
 
 
@@ -148,8 +173,8 @@ def _opinfo_name(op: Any) -> str:
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
 
 
-def claimed_opinfos() -> list[Any]:
-    """The op_db entries exercising ops the lowering registry claims."""
+def claimed_opinfos(dtype: torch.dtype = torch.float32) -> list[Any]:
+    """The op_db entries exercising ops the lowering registry claims, with ``dtype`` samples on the CPU."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     from torch_adreno.lowering import supported_ops
@@ -158,7 +183,7 @@ def claimed_opinfos() -> list[Any]:
     chosen = []
     for op in op_db:
         target = FUNCTIONAL.get(_opinfo_name(op), FUNCTIONAL.get(op.name, op.aten_name))
-        if target in claimed and op.name not in RANDOM_OPINFOS and torch.float32 in op.supported_dtypes("cpu"):
+        if target in claimed and op.name not in RANDOM_OPINFOS and dtype in op.supported_dtypes("cpu"):
             chosen.append(op)
     return chosen
 
@@ -203,10 +228,12 @@ def _grads(out: Any, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None
     return list(torch.autograd.grad(total, inputs, allow_unused=True))
 
 
-def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None = None) -> Outcome:
-    """One sample, compiled vs eager; the reason says what failed."""
+def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None = None,
+               dtype: torch.dtype = torch.float32) -> Outcome:
+    """One sample (of ``dtype``), compiled vs eager; the reason says what failed."""
     name = _opinfo_name(op)
-    expected = EXPECTED_FAILURES.get((name, index)) or EXPECTED_FAILURES.get((name, None))
+    failures = EXPECTED_FAILURES if dtype == torch.float32 else HALF_EXPECTED_FAILURES.get(dtype, {})
+    expected = failures.get((name, index)) or failures.get((name, None))
     function = UNWRAPPED.get(name, op.op)
     if name in UNWRAPPED and sample.kwargs.get("dropout_p", 0.0):
         return Outcome(name, index, False, "random (dropout_p > 0): see RANDOM_OPINFOS", skipped=True)
@@ -256,7 +283,8 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
     except Exception as err:
         result = _failure(name, index, err)
     else:
-        result = _judge(name, index, compiles[0], call, tensors, grad, (out, grads), (expected_out, expected_grads))
+        result = _judge(name, index, compiles[0], call, tensors, grad, (out, grads), (expected_out, expected_grads),
+                        dtype)
     if expected is not None and not result.passed:
         result.expected, result.reason = True, f"expected failure ({expected}): {result.reason}"
     return result
@@ -303,19 +331,21 @@ def _failure(name: str, index: int, err: BaseException) -> Outcome:
 
 
 def _judge(name: str, index: int, compiles: int, call: Callable[..., Any], tensors: Sequence[torch.Tensor],
-           grad: bool, ours: tuple[Any, list[Any]], eager: tuple[Any, list[Any]]) -> Outcome:
+           grad: bool, ours: tuple[Any, list[Any]], eager: tuple[Any, list[Any]],
+           dtype: torch.dtype = torch.float32) -> Outcome:
     """Compare a compiled run's outputs and gradients with eager's (see :func:`_compare`)."""
     (out, grads), (expected_out, expected_grads) = ours, eager
     if compiles == 0:
         return Outcome(name, index, False, "no graph reached the backend", kind=NO_GRAPH)
-    exact = _Float64Reference(call, tensors, grad)
+    exact = _Float64Reference(call, tensors, grad, dtype)
+    tolerance = TOLERANCES[dtype]
     notes = []
     try:
         ours_leaves, eager_leaves = _leaves(out), _leaves(expected_out)
         assert len(ours_leaves) == len(eager_leaves), f"{len(ours_leaves)} outputs, eager {len(eager_leaves)}"
         for i, (a, b) in enumerate(zip(ours_leaves, eager_leaves, strict=True)):
             if isinstance(b, torch.Tensor):
-                notes.append(_compare(a, b, functools.partial(exact.output, i), f"output {i}"))
+                notes.append(_compare(a, b, functools.partial(exact.output, i), f"output {i}", tolerance))
             elif isinstance(b, float) and math.isnan(b):
                 assert isinstance(a, float) and math.isnan(a), (a, b)
             else:
@@ -324,22 +354,23 @@ def _judge(name: str, index: int, compiles: int, call: Callable[..., Any], tenso
         for i, (a, b) in enumerate(zip(grads, expected_grads, strict=True)):
             if b is not None:
                 assert a is not None, f"gradient {i}: eager has one, ours is None"
-                notes.append(_compare(a, b, functools.partial(exact.grad, i), f"gradient {i}"))
+                notes.append(_compare(a, b, functools.partial(exact.grad, i), f"gradient {i}", tolerance))
     except AssertionError as err:
         return Outcome(name, index, False, "mismatch: " + " ".join(str(err).split())[:200], kind=WRONG_RESULT)
     return Outcome(name, index, True, "; ".join(n for n in notes if n))
 
 
 class _Float64Reference:
-    """The sample run eagerly in float64 (its float32 tensors promoted), computed on first use."""
+    """The sample run eagerly in float64 (its tensors of the sweep's dtype promoted), computed on first use."""
 
-    def __init__(self, call: Callable[..., Any], tensors: Sequence[torch.Tensor], grad: bool) -> None:
-        self._call, self._tensors, self._grad = call, tensors, grad
+    def __init__(self, call: Callable[..., Any], tensors: Sequence[torch.Tensor], grad: bool,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self._call, self._tensors, self._grad, self._dtype = call, tensors, grad, dtype
         self._result: tuple[list[Any], list[Any]] | None = None
 
     def _run(self) -> tuple[list[Any], list[Any]]:
         if self._result is None:
-            inputs = [(t.detach().double() if t.dtype == torch.float32 else t.detach().clone())
+            inputs = [(t.detach().double() if t.dtype in (torch.float32, self._dtype) else t.detach().clone())
                       .requires_grad_(t.requires_grad) for t in self._tensors]
             out = self._call(*inputs)
             diff = [t for t in inputs if t.requires_grad]
@@ -353,11 +384,13 @@ class _Float64Reference:
         return self._run()[1][i]
 
 
-def _compare(ours: torch.Tensor, eager: torch.Tensor, exact: Callable[[], Any], what: str) -> str:
-    """Assert ``ours`` matches ``eager`` (RTOL/ATOL), or is as accurate as eager against float64
-    (see :data:`FLOAT64_ERROR_MULTIPLIER`); returns a note when the second rule decided."""
+def _compare(ours: torch.Tensor, eager: torch.Tensor, exact: Callable[[], Any], what: str,
+             tolerance: tuple[float, float] = (RTOL, ATOL)) -> str:
+    """Assert ``ours`` matches ``eager`` (``tolerance``: rtol, atol), or is as accurate as eager
+    against float64 (see :data:`FLOAT64_ERROR_MULTIPLIER`); returns a note when the second rule decided."""
+    rtol, atol = tolerance
     try:
-        torch.testing.assert_close(ours, eager, rtol=RTOL, atol=ATOL, equal_nan=True)
+        torch.testing.assert_close(ours, eager, rtol=rtol, atol=atol, equal_nan=True)
         return ""
     except AssertionError as mismatch:
         try:
@@ -370,7 +403,7 @@ def _compare(ours: torch.Tensor, eager: torch.Tensor, exact: Callable[[], Any], 
             raise
         ours_error = float((ours.double() - reference.double()).abs().max())
         eager_error = float((eager.double() - reference.double()).abs().max())
-        if ours_error <= FLOAT64_ERROR_MULTIPLIER * eager_error + ATOL / 10:
+        if ours_error <= FLOAT64_ERROR_MULTIPLIER * eager_error + atol / 10:
             return f"{what} as accurate as eager vs float64 (ours {ours_error:.2g}, eager {eager_error:.2g})"
         raise AssertionError(f"{what}: vs float64 ours is {ours_error:.2g} off, eager {eager_error:.2g}; "
                              f"{mismatch}") from None
@@ -381,11 +414,14 @@ def _compare(ours: torch.Tensor, eager: torch.Tensor, exact: Callable[[], Any], 
 SAMPLE_STRIDE = {"nn.functional.max_pool2d": 12, "max_pool2d_with_indices_backward": 12}
 
 
-def samples(op: Any, limit: int | None, all_samples: bool = False) -> Iterator[tuple[int, Any]]:
-    """``(index, sample)`` of ``op``'s float32 samples: the first ``limit`` taken, and of the
+def samples(op: Any, limit: int | None, all_samples: bool = False,
+            dtype: torch.dtype = torch.float32) -> Iterator[tuple[int, Any]]:
+    """``(index, sample)`` of ``op``'s ``dtype`` samples: the first ``limit`` taken, and of the
     entries in :data:`SAMPLE_STRIDE` every n-th unless ``all_samples``."""
     stride = 1 if all_samples else SAMPLE_STRIDE.get(_opinfo_name(op), 1)
-    generated = op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd)
+    # (16-bit backward: an op's OpInfo may support the dtype forward only)
+    backward = op.supports_autograd and (dtype == torch.float32 or dtype in op.supported_backward_dtypes("cpu"))
+    generated = op.sample_inputs("cpu", dtype, requires_grad=backward)
     taken = 0
     for index, sample in enumerate(generated):
         if limit is not None and taken >= limit:
@@ -397,8 +433,8 @@ def samples(op: Any, limit: int | None, all_samples: bool = False) -> Iterator[t
 
 def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True,
           shard: tuple[int, int] = (0, 1), on_report: Callable[[OpReport], None] | None = None,
-          all_samples: bool = False, database: bool = False) -> list[OpReport]:
-    """Run the samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op.
+          all_samples: bool = False, database: bool = False, dtype: torch.dtype = torch.float32) -> list[OpReport]:
+    """Run the ``dtype`` samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op.
 
     ``database`` takes every op_db entry instead of the claimed ones: ops without a lowering must
     then end in a clear error (UnsupportedOpError naming the op), never an internal one.
@@ -408,13 +444,13 @@ def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress
     """
     from tqdm import tqdm
 
-    ops = [op for op in (database_opinfos() if database else claimed_opinfos()) if names is None or op.name in names or _opinfo_name(op) in names]
+    ops = [op for op in (database_opinfos() if database else claimed_opinfos(dtype)) if names is None or op.name in names or _opinfo_name(op) in names]
     ops = ops[shard[0]::shard[1]]
     reports = []
     for op in tqdm(ops, desc="OpInfo sweep", unit="op", disable=not progress):
         report = OpReport(_opinfo_name(op))
-        for index, sample in samples(op, limit, all_samples):
-            report.outcomes.append(run_sample(op, index, sample))
+        for index, sample in samples(op, limit, all_samples, dtype):
+            report.outcomes.append(run_sample(op, index, sample, dtype=dtype))
         reports.append(report)
         if on_report is not None:
             on_report(report)

@@ -60,6 +60,7 @@ from torch_adreno.training_gradients import (
     gradient_clipper,
     mark_gradients_on_device,
 )
+from torch_adreno.training_scaler import DeviceGradScaling
 from torch_adreno.training_state import (
     REMEMBERED_SIGNATURES,
     batch_signature,
@@ -101,12 +102,16 @@ class TrainingStep:
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
                  optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None, *,
-                 max_grad_norm: float | None = None, norm_type: float = 2.0, replay: bool = True) -> None:
+                 max_grad_norm: float | None = None, norm_type: float = 2.0, replay: bool = True,
+                 grad_scaler: torch.amp.GradScaler | None = None) -> None:
         """``max_grad_norm``/``norm_type``: clip the gradients' norm on the device, between backward
         and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
         geometry on, run the step as the launch list recorded from the step before (see
         :mod:`torch_adreno.runtime.replay`), not through Dynamo, AOTAutograd and autograd, while the
-        guards of :mod:`torch_adreno.step_capture` hold."""
+        guards of :mod:`torch_adreno.step_capture` hold. ``grad_scaler``: a
+        ``torch.amp.GradScaler("cpu")`` for float16 autocast; the step scales, unscales, skips
+        overflowing steps and updates the scale itself (:mod:`torch_adreno.training_scaler`); such
+        steps are not replayed yet (the skip is decided on the host after the backward)."""
         config = Config.from_options(options)
         check_norm_type(norm_type)
         if any(group.get("fused") for group in optimizer.param_groups):
@@ -127,6 +132,10 @@ class TrainingStep:
         # specialised to the new value, not a float64 graph input.
         self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}), dynamic=False)
         self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options or {})
+        self._scaling = (DeviceGradScaling(grad_scaler, loss_fn, model, options or {})
+                         if grad_scaler is not None and grad_scaler.is_enabled() else None)
+        if self._scaling is not None:
+            replay = False
         self._gradient_markers: dict[int, GradientOnDevice] = {}
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
         hook = _SyncHook(self)
@@ -261,15 +270,21 @@ class TrainingStep:
                     (recorder if recorder is not None else contextlib.nullcontext()):
                 stage = "loss"
                 try:
-                    loss = self._loss(*batch)
-                    loss.backward()
+                    if self._scaling is None:
+                        loss = self._loss(*batch)
+                        loss.backward()
+                    else:
+                        loss, scaled = self._scaling.forward(batch)
+                        scaled.backward()
                     stage = "optimizer step"
-                    self._clip_gradients()
-                    self._step()
+                    stepped = self._scaling is None or self._unscaled_gradients_finite()
+                    if stepped:
+                        self._clip_gradients()
+                        self._step()
                 except torch._dynamo.exc.FailOnRecompileLimitHit as err:
                     raise RuntimeError(recompile_limit_message(stage, list(self._batch_signatures))) from err
             # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
-            updated = [p for p in self._params if p.grad is not None] if not self._residency.zero_copy else []
+            updated = [p for p in self._params if p.grad is not None] if not self._residency.zero_copy and stepped else []
             if updated and not all(self._residency.is_deferred(p) for p in updated):
                 raise RuntimeError(
                     "the optimizer step did not run on the device (Dynamo ran some of it as host code), so it "
@@ -290,6 +305,13 @@ class TrainingStep:
         mark_gradients_on_device(self._params, self._gradient_markers)
         if self._residency.deferred_tensors:
             host_sync.arm(self._residency)  # the first read of an out-of-date host copy synchronizes
+
+    def _unscaled_gradients_finite(self) -> bool:
+        """GradScaler: gradients unscaled on the device, the scale updated; whether to step."""
+        assert self._scaling is not None
+        found_inf = self._scaling.unscale([p.grad for p in self._params if p.grad is not None])
+        self._scaling.update(found_inf)
+        return not found_inf
 
     def _clip_gradients(self) -> None:
         """``clip_grad_norm_`` over the gradients, on the device (when ``max_grad_norm`` is set)."""

@@ -133,13 +133,15 @@ class GemmKernel:
 
     @property
     def result(self) -> ir.Load:
-        return ir.Load(self.gemm.output, self.gemm.out_index, ir.DType.F32)
+        # The operands carry the output's type (ctx.gemm casts them to it).
+        return ir.Load(self.gemm.output, self.gemm.out_index, self.gemm.lhs.dtype)
 
     @property
     def row_sum_register(self) -> ir.Load | None:
         if self.row_sum is None:
             return None
-        return ir.Load(self.row_sum.buffer, self.row_sum.index, ir.DType.F32)
+        assert isinstance(self.row_sum.value, ir.Load)
+        return self.row_sum.value
 
 
 @dataclass

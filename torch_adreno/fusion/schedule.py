@@ -215,7 +215,8 @@ class Scheduler:
         body = ir.substitute(node.body, {a: b for a, b in mapping.items() if isinstance(a, ir.Var)})
         if ir.cast(body, g.lhs.dtype) != g.lhs:
             return "it does not sum the GEMM's left operand"
-        spec.row_sum = Store(node.output, tuple(row_index), ir.Load(node.output, tuple(row_index), ir.DType.F32))
+        spec.row_sum = Store(node.output, tuple(row_index), ir.Load(node.output, tuple(row_index),
+                                                                           self.graph.buffers[node.output].dtype))
         group.held[node.output] = None
         group.external |= set(ir.node_inputs(node)) - set(group.held)
         self._accept(node, group, "row reduction of the GEMM's left operand, summed in the GEMM kernel from the "

@@ -33,6 +33,7 @@ from torch_adreno.ir.expr import (
     loads,
     loop_var,
     rewrite,
+    round_to,
     substitute,
     walk,
     where,
@@ -62,5 +63,5 @@ __all__ = [
     "HostOp", "IndexCheck", "Load", "Node", "OpInfo", "Origin", "OutputRole", "Pointwise", "Reduction", "Var", "View", "bounds",
     "call", "cast", "const", "contiguous_strides", "format_graph", "index",
     "linear_terms", "loads", "loop_var", "node_inputs",
-    "node_outputs", "placeholder_vars", "rewrite", "substitute", "walk", "where",
+    "node_outputs", "placeholder_vars", "rewrite", "round_to", "substitute", "walk", "where",
 ]

@@ -7,6 +7,8 @@ used; a negative intermediate may only appear under a ``where`` that discards it
 from __future__ import annotations
 
 import enum
+import math
+import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,6 +19,9 @@ class DType(enum.Enum):
     """Element types the IR computes in. ``INDEX`` is the integer type of loop variables."""
 
     F32 = "f32"
+    #: 16-bit floats: stored in 16 bits, computed in float32 registers (see :func:`round_to`).
+    F16 = "f16"
+    BF16 = "bf16"
     I64 = "i64"
     I32 = "i32"
     BOOL = "b8"
@@ -25,15 +30,46 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return {"f32": 4, "i64": 8, "i32": 4, "b8": 1, "u8": 1, "idx": 8}[self.value]
+        return {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "b8": 1, "u8": 1, "idx": 8}[self.value]
 
     @property
     def is_float(self) -> bool:
-        return self is DType.F32
+        return self in (DType.F32, DType.F16, DType.BF16)
+
+    @property
+    def is_half(self) -> bool:
+        """A 16-bit float: its values live in float32 registers and are rounded when formed."""
+        return self in (DType.F16, DType.BF16)
+
+    @property
+    def compute(self) -> DType:
+        """The type arithmetic on values of this type is done in: float32 for 16-bit floats."""
+        return DType.F32 if self.is_half else self
 
     @property
     def is_integer(self) -> bool:
         return self in (DType.I64, DType.I32, DType.U8, DType.INDEX)
+
+
+def round_to(value: float, dtype: DType) -> float:
+    """``value`` rounded to the nearest ``dtype`` value (ties to even), as a Python float.
+
+    Float32 constants are kept as they are (the kernel's C literal rounds them); 16-bit constants
+    are rounded here, so that an expression of a 16-bit type always holds a value of that type.
+    """
+    if not dtype.is_half or math.isnan(value) or math.isinf(value):
+        return value
+    if dtype is DType.F16:
+        try:
+            return float(struct.unpack("<e", struct.pack("<e", value))[0])
+        except OverflowError:
+            return math.copysign(math.inf, value)
+    try:
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,6 +260,11 @@ OPS: dict[str, OpInfo] = {
     "cast": OpInfo(1, "given"),
 }
 
+#: Ops whose result is one of their arguments' values or an integer: on 16-bit floats they need
+#: no rounding. Every other op with a 16-bit result is computed in float32 and rounded (a cast).
+EXACT_ON_HALF = frozenset({"neg", "abs", "relu", "maximum", "minimum", "floor", "ceil", "round", "trunc", "sign",
+                           "where"})
+
 
 def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
     """Build ``op(args)`` with its result type; index arithmetic is simplified on the way."""
@@ -244,6 +285,11 @@ def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
     if info.result == "index":
         return Call(op, args, DType.INDEX)
     result = args[1].dtype if info.result == "where" else args[0].dtype
+    if result.is_half and op not in EXACT_ON_HALF:
+        # Invariant: an expression of a 16-bit type holds a value of that type. Eager rounds each
+        # op's result to it; so does this (computed in float32 registers, then rounded).
+        wide = tuple(cast(a, DType.F32) if a.dtype.is_half else a for a in args)
+        return cast(Call(op, wide, DType.F32), result)
     if all(a.dtype is DType.INDEX for a in args):
         simplified = _simplify_index_call(op, args)
         if simplified is not None:
@@ -258,7 +304,7 @@ def _fold_logical(op: str, args: tuple[Expr, ...]) -> Expr | None:
         return None
     absorbing = op == "logical_or"  # true absorbs ||, false absorbs &&
     for i, arg in enumerate(args):
-        if isinstance(arg, Const) and arg.dtype is not DType.F32:
+        if isinstance(arg, Const) and not arg.dtype.is_float:
             if bool(arg.value) == absorbing:
                 return Const(absorbing, DType.BOOL)
             return cast(args[1 - i], DType.BOOL)
@@ -268,18 +314,43 @@ def _fold_logical(op: str, args: tuple[Expr, ...]) -> Expr | None:
 def cast(value: Expr, dtype: DType) -> Expr:
     if value.dtype is dtype:
         return value
+    if dtype.is_half:
+        exact = _exactly_half(value, dtype)
+        if exact is not None:
+            return exact
     if isinstance(value, Const):
         if dtype.is_float:
-            return Const(float(value.value), dtype)
+            return Const(round_to(float(value.value), dtype), dtype)
         if dtype is DType.BOOL:
             return Const(bool(value.value), dtype)
         return Const(int(value.value), dtype)
     return Call("cast", (value,), dtype)
 
 
+def _exactly_half(value: Expr, dtype: DType) -> Expr | None:
+    """``value`` as an expression of the 16-bit ``dtype`` without rounding, where it already holds
+    such a value: a widened 16-bit value, or an exact op (relu, max, ...) of such values."""
+    if isinstance(value, Call) and value.op == "cast" and value.args[0].dtype is dtype:
+        return value.args[0]
+    if isinstance(value, Call) and value.op in EXACT_ON_HALF and value.dtype.is_float:
+        args: list[Expr] = []
+        for arg in value.args:
+            if isinstance(arg, Const) and arg.dtype.is_float:
+                if round_to(float(arg.value), dtype) != arg.value and not math.isnan(float(arg.value)):
+                    return None
+                args.append(Const(float(arg.value), dtype))
+                continue
+            narrow = _exactly_half(arg, dtype) if arg.dtype.is_float else arg
+            if narrow is None:
+                return None
+            args.append(narrow)
+        return Call(value.op, tuple(args), dtype)
+    return None
+
+
 def const(value: int | float | bool, dtype: DType) -> Const:
     if dtype.is_float:
-        return Const(float(value), dtype)
+        return Const(round_to(float(value), dtype), dtype)
     if dtype is DType.BOOL:
         return Const(bool(value), dtype)
     return Const(int(value), dtype)

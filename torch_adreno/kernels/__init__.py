@@ -100,9 +100,12 @@ def estimate_flops(group: FusionGroup) -> int:
     return 0
 
 
-def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, images: bool = False) -> KernelProgram:
+def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, images: bool = False,
+                   native_half: bool = False) -> KernelProgram:
     """The graph's kernels. ``images``: GEMM and convolution operands are read through 2D images
-    where their buffers allow (:func:`torch_adreno.kernels.gemm.image_operands`)."""
+    where their buffers allow (:func:`torch_adreno.kernels.gemm.image_operands`); ``native_half``:
+    float16 pointwise kernels compute in ``half`` registers (the device must have cl_khr_fp16,
+    which the caller checks)."""
     steps: list[Step] = []
     graph = fused.graph
     for index, group in enumerate(fused.groups):
@@ -115,19 +118,21 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, 
         storage = {name: plan.storage_root(name) for name in [*group.writes, *group.reads]
                    if name in plan.allocations}
         params = make_params(graph, group.writes, group.reads, storage)
-        kernels = _render_group(graph, group, index, name, header, params, profile, images)
+        kernels = _render_group(graph, group, index, name, header, params, profile, images,
+                                native_half)
         if any(INDEX_CHECK_CALL in k.source for k in kernels):
             # Rendered again with the two arguments the index checks read (the text is the same
             # otherwise): only kernels that index by tensor values take them.
             kernels = [dataclasses.replace(k, checks_indices=True) for k in
                        _render_group(graph, group, index, name, header, with_index_check_params(params), profile,
-                                     images)]
+                                     images, native_half)]
         steps.extend(kernels)
     return KernelProgram(graph, plan, steps)
 
 
 def _render_group(graph: ir.Graph, group: FusionGroup, index: int, name: str, header: str,
-                  params: dict[str, Param], profile: DeviceProfile, images: bool) -> list[KernelSource]:
+                  params: dict[str, Param], profile: DeviceProfile, images: bool,
+                  native_half: bool) -> list[KernelSource]:
     """The launches of one fusion group; each ``KernelSource.params`` names its IR buffers only."""
     spec = group.spec
     options: tuple[str, ...] = ()
@@ -135,9 +140,9 @@ def _render_group(graph: ir.Graph, group: FusionGroup, index: int, name: str, he
         sum_name = kernel_name(graph.name, index, group, kind="splitsum")
         return _gemm_steps(graph, group, spec, name, sum_name, header, params, profile, images)
     if isinstance(spec, PointwiseKernel):
-        source, global_size, local_size = render_pointwise(name, header, spec, params, profile)
+        source, global_size, local_size = render_pointwise(name, header, spec, params, profile, native_half)
     elif isinstance(spec, SegmentedKernel):
-        source, global_size, local_size = render_segmented(name, header, spec, params, profile)
+        source, global_size, local_size = render_segmented(name, header, spec, params, profile, native_half)
     else:
         assert isinstance(spec, ReductionKernel)
         source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)

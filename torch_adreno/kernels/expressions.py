@@ -11,10 +11,14 @@ from collections.abc import Callable, Sequence
 
 from torch_adreno.ir import DType
 
-#: C type of values of each dtype inside a kernel (booleans compute as int, are stored as uchar).
-VALUE_CTYPE = {DType.F32: "float", DType.I64: "long", DType.I32: "int", DType.BOOL: "int", DType.U8: "int"}
-#: C type of buffer elements of each dtype.
-STORAGE_CTYPE = {DType.F32: "float", DType.I64: "long", DType.I32: "int", DType.BOOL: "uchar", DType.U8: "uchar"}
+#: C type of values of each dtype inside a kernel (booleans compute as int, are stored as uchar;
+#: 16-bit floats compute as float, see ``half.cl``).
+VALUE_CTYPE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.I64: "long", DType.I32: "int",
+               DType.BOOL: "int", DType.U8: "int"}
+#: C type of buffer elements of each dtype. ``half`` is storage only (read and written through
+#: vload_half/vstore_half_rte: core OpenCL, no cl_khr_fp16 needed); bfloat16 is stored as its bits.
+STORAGE_CTYPE = {DType.F32: "float", DType.F16: "half", DType.BF16: "ushort", DType.I64: "long", DType.I32: "int",
+                 DType.BOOL: "uchar", DType.U8: "uchar"}
 
 Renderer = Callable[[Sequence[str], Sequence[DType], DType], str]
 
@@ -36,7 +40,7 @@ def value_ctype(dtype: DType) -> str:
 
 def literal(value: float | int | bool, dtype: DType) -> str:
     """A C literal of ``value`` as ``dtype``."""
-    if dtype is DType.F32:
+    if dtype.is_float:
         v = float(value)
         if math.isnan(v):
             return "NAN"
@@ -85,7 +89,32 @@ def _int_floordiv(a: Sequence[str], t: Sequence[DType], r: DType) -> str:
 def _cast(a: Sequence[str], t: Sequence[DType], r: DType) -> str:
     if r is DType.BOOL:
         return f"(({a[0]}) != 0)"
+    if r.is_half:
+        return f"{ROUND_FUNCTION[r]}((float)({a[0]}))"
     return f"(({value_ctype(r)})({a[0]}))"
+
+
+#: The function rounding a float to the nearest value of each 16-bit type (ties to even).
+ROUND_FUNCTION = {DType.F16: "adreno_round_half", DType.BF16: "adreno_round_bf16"}
+
+
+def load_text(dtype: DType, pointer: str, offset: str) -> str:
+    """C text reading element ``offset`` of a buffer of ``dtype`` as a kernel value."""
+    if dtype is DType.F16:
+        return f"vload_half({offset}, {pointer})"
+    if dtype is DType.BF16:
+        return f"adreno_bf16_load({pointer}[{offset}])"
+    return f"{pointer}[{offset}]"
+
+
+def store_text(dtype: DType, pointer: str, offset: str, value: str) -> str:
+    """A C statement writing ``value`` into element ``offset`` of a buffer of ``dtype``, rounded to
+    nearest even where the type is narrower than float32."""
+    if dtype is DType.F16:
+        return f"vstore_half_rte({value}, {offset}, {pointer});"
+    if dtype is DType.BF16:
+        return f"{pointer}[{offset}] = adreno_bf16_bits({value});"
+    return f"{pointer}[{offset}] = ({STORAGE_CTYPE[dtype]})({value});"
 
 
 EXPRESSIONS: dict[str, Renderer] = {
@@ -156,7 +185,8 @@ EXPRESSIONS: dict[str, Renderer] = {
 }
 
 #: Helper functions some renderings call, with the ``.cl`` file that defines each.
-HELPER_SOURCES = {"adreno_uniform(": "random.cl", "adreno_checked_index(": "index_check.cl"}
+HELPER_SOURCES = {"adreno_uniform(": "random.cl", "adreno_checked_index(": "index_check.cl", "adreno_round_half(": "half.cl", "adreno_round_bf16(": "half.cl",
+                  "adreno_bf16_load(": "half.cl", "adreno_bf16_bits(": "half.cl"}
 
 #: Arguments of these ops that are only evaluated when the op needs them (C short-circuit and the
 #: conditional operator). The code writer must not hoist loads out of them: the guard is what keeps

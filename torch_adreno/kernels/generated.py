@@ -96,7 +96,11 @@ def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None
     for store in stores:
         guarded = store.when is not None
         condition = writer.expr(store.when) if store.when is not None else None
-        value = writer.expr(store.value, guarded)
+        stored = store.value
+        if isinstance(stored, ir.Call) and stored.op == "cast" and stored.dtype is writer.params[store.buffer].dtype \
+                and stored.dtype.is_half:
+            stored = stored.args[0]  # the store rounds to nearest even itself
+        value = writer.expr(stored, guarded)
         shape = writer.params[store.buffer].shape
         if linear is not None and shape == ranges and tuple(store.index) == tuple(loop_vars or ()):
             offset = linear
@@ -108,16 +112,67 @@ def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None
         writer.emit(statement)
 
 
+#: The line enabling half arithmetic (``native_half``) in a kernel that computes in it.
+FP16_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable"
+
+
+def _as_half(arg: ir.Expr) -> ir.Expr | None:
+    """``arg`` of a float32 op as a half operand: a widened float16 value, a constant, or a
+    non-float argument (a condition); None when it is float32 arithmetic of its own."""
+    if isinstance(arg, ir.Call) and arg.op == "cast" and arg.args[0].dtype is ir.DType.F16:
+        return arg.args[0]
+    if isinstance(arg, ir.Const) and arg.dtype.is_float:
+        return ir.Const(ir.round_to(float(arg.value), ir.DType.F16), ir.DType.F16)
+    return arg if not arg.dtype.is_float else None
+
+
+def narrow_to_half(expr: ir.Expr) -> ir.Expr:
+    """``expr`` with its float16 ops computed in half (``native_half``): ``cast<f16>(op(cast<f32>(a),
+    cast<f32>(b)))`` -- float32 arithmetic rounded to float16, the IR's form -- becomes ``op(a, b)``
+    of type float16, which the writer renders in ``half`` registers."""
+    memo: dict[ir.Expr, ir.Expr] = {}
+
+    def go(e: ir.Expr) -> ir.Expr:
+        if e in memo:
+            return memo[e]
+        out = e
+        if isinstance(e, ir.Call):
+            args = tuple(go(a) for a in e.args)
+            inner = args[0] if e.op == "cast" else None
+            if e.dtype is ir.DType.F16 and isinstance(inner, ir.Call) and inner.op != "cast" \
+                    and inner.dtype is ir.DType.F32:
+                narrowed = [_as_half(a) for a in inner.args]
+                if all(n is not None for n in narrowed):
+                    out = ir.Call(inner.op, tuple(n for n in narrowed if n is not None), ir.DType.F16)
+                else:
+                    out = ir.Call("cast", (inner,), ir.DType.F16)
+            elif any(a is not b for a, b in zip(args, e.args, strict=True)):
+                out = ir.Call(e.op, args, e.dtype)
+        memo[e] = out
+        return out
+
+    return go(expr)
+
+
+def _native_stores(stores: Sequence[Store], params: Mapping[str, Param], native_half: bool) -> tuple[list[Store], bool]:
+    """The stores to render and whether they compute in half (``native_half`` and float16 data)."""
+    if not native_half or not any(p.dtype is ir.DType.F16 for p in params.values()):
+        return list(stores), False
+    return [Store(s.buffer, s.index, narrow_to_half(s.value), s.when) for s in stores], True
+
+
 def render_pointwise(name: str, header: str, spec: PointwiseKernel, params: dict[str, Param],
-                     profile: DeviceProfile) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+                     profile: DeviceProfile, native_half: bool = False) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     numel = math.prod(spec.ranges)
-    writer = CodeWriter(params, var_names(spec.loop_vars))
-    write_stores(writer, spec.stores, "x", spec.ranges, spec.loop_vars)
+    stores, native = _native_stores(spec.stores, params, native_half)
+    writer = CodeWriter(params, var_names(spec.loop_vars), native_half=native)
+    write_stores(writer, stores, "x", spec.ranges, spec.loop_vars)
     index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges)
     body = writer.close_scope()
     local = linear_local_size(numel, profile)
     src = "\n".join([
         header,
+        *([FP16_PRAGMA] if native else []),
         f"#define INDEX_T {index_ctype_for(params, numel)}",
         signature(name, params) + " {",
         "    const INDEX_T x = get_global_id(0);",
@@ -129,10 +184,12 @@ def render_pointwise(name: str, header: str, spec: PointwiseKernel, params: dict
     return src, (round_up(max(numel, 1), local),), (local,)
 
 
-def _segment_lines(index: int, spec: PointwiseKernel, start: int, params: dict[str, Param]) -> list[str]:
+def _segment_lines(index: int, spec: PointwiseKernel, start: int, params: dict[str, Param],
+                   native_half: bool = False) -> list[str]:
     """One segment of a segmented kernel: its element ``x`` from the launch's ``gx``, its stores."""
-    writer = CodeWriter(params, var_names(spec.loop_vars), prefix=f"s{index}_t")
-    write_stores(writer, spec.stores, "x", spec.ranges, spec.loop_vars)
+    stores, native = _native_stores(spec.stores, params, native_half)
+    writer = CodeWriter(params, var_names(spec.loop_vars), prefix=f"s{index}_t", native_half=native)
+    write_stores(writer, stores, "x", spec.ranges, spec.loop_vars)
     index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges)
     body = writer.close_scope()
     first = "const INDEX_T x = gx;" if start == 0 else f"const INDEX_T x = gx - {start};"
@@ -151,15 +208,17 @@ def _segment_tree(segments: list[list[str]], offsets: list[int], lo: int, hi: in
 
 
 def render_segmented(name: str, header: str, spec: SegmentedKernel, params: dict[str, Param],
-                     profile: DeviceProfile) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+                     profile: DeviceProfile, native_half: bool = False) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """Source, global and local size of a segmented kernel: one work-item per element of every
     segment, segment ``k`` taking items ``[offsets[k], offsets[k + 1])``."""
     offsets = spec.offsets
     total = offsets[-1]
-    segments = [_segment_lines(k, seg, offsets[k], params) for k, seg in enumerate(spec.segments)]
+    segments = [_segment_lines(k, seg, offsets[k], params, native_half) for k, seg in enumerate(spec.segments)]
+    native = _native_stores([], params, native_half)[1]
     local = linear_local_size(total, profile)
     src = "\n".join([
         header,
+        *([FP16_PRAGMA] if native else []),
         f"#define INDEX_T {index_ctype_for(params, total)}",
         signature(name, params) + " {",
         "    const INDEX_T gx = get_global_id(0);",

@@ -19,7 +19,9 @@ from torch_adreno.kernels.expressions import (
     INDEX_ERROR_ARG,
     STORAGE_CTYPE,
     literal,
+    load_text,
     render_op,
+    store_text,
     value_ctype,
 )
 
@@ -77,8 +79,10 @@ class CodeWriter:
     """Writes expressions of one kernel into scoped C statements."""
 
     def __init__(self, params: Mapping[str, Param], var_names: Mapping[ir.Var, str] | None = None,
-                 prefix: str = "t", registers: Mapping[ir.Load, str] | None = None) -> None:
+                 prefix: str = "t", registers: Mapping[ir.Load, str] | None = None, native_half: bool = False) -> None:
         self.params = params
+        #: float16 values are ``half`` in registers (cl_khr_fp16), not floats rounded to float16.
+        self.native_half = native_half
         #: Loads served from registers: a kernel's own results read where it produces them.
         self.registers: dict[ir.Load, str] = dict(registers or {})
         self.var_names: dict[ir.Var, str] = dict(var_names or {})
@@ -158,37 +162,59 @@ class CodeWriter:
         if isinstance(expr, ir.Var):
             return self.var_names[expr]
         if isinstance(expr, ir.Const):
+            if self._native(expr.dtype):
+                return f"((half){literal(expr.value, expr.dtype)})"
             return literal(expr.value, expr.dtype) if expr.dtype is not ir.DType.INDEX else str(int(expr.value))
         known = self._temps.get(expr)
         if known is not None:
             return known
         if isinstance(expr, ir.Load) and expr in self.registers:
-            return self.registers[expr]
+            if not expr.dtype.is_half:
+                return self.registers[expr]
+            # A register holds a float32 accumulator; readers of a 16-bit result see it rounded,
+            # as they would had it been stored.
+            return self._temporary(expr, render_op("cast", [self.registers[expr]], [ir.DType.F32], expr.dtype))
         if guarded and self.has_load(expr):
             return self._render(expr, guarded=True)
+        if isinstance(expr, ir.Call) and expr.op == "cast" and expr.args[0].dtype.is_half and expr.dtype.is_float \
+                and not expr.dtype.is_half and not self._native(expr.args[0].dtype):
+            return self.expr(expr.args[0], guarded)  # (a 16-bit value already is a float in registers)
         text = self._render(expr, guarded=False)
         if isinstance(expr, ir.Call) and expr.op == "cast" and isinstance(expr.args[0], ir.Var):
             return text
+        return self._temporary(expr, text)
+
+    def _temporary(self, expr: ir.Expr, text: str) -> str:
         name = f"{self._prefix}{self._count}"
         self._count += 1
-        ctype = value_ctype(expr.dtype)
+        ctype = "half" if self._native(expr.dtype) else value_ctype(expr.dtype)
         self._scope_for(expr).lines.append(f"const {ctype} {name} = {text};")
         self._temps[expr] = name
         return name
+
+    def _native(self, dtype: ir.DType) -> bool:
+        return self.native_half and dtype is ir.DType.F16
 
     def _render(self, expr: ir.Expr, guarded: bool) -> str:
         if isinstance(expr, ir.Load):
             param = self.params[expr.buffer]
             offset = self.expr(self.flat_index(expr.buffer, expr.index), guarded)
-            return f"{param.c_name}[{offset}]"
+            if self._native(param.dtype):
+                return f"{param.c_name}[{offset}]"
+            return load_text(param.dtype, param.c_name, offset)
         assert isinstance(expr, ir.Call)
         guarded_args = GUARDED_ARGS.get(expr.op, ())
         args = [self.expr(a, guarded or i in guarded_args) for i, a in enumerate(expr.args)]
+        if expr.op == "cast" and (self._native(expr.dtype) or self._native(expr.args[0].dtype)):
+            # (conversions to half round to nearest even, OpenCL's default for floating types)
+            return f"(({'half' if self._native(expr.dtype) else value_ctype(expr.dtype)})({args[0]}))"
         return render_op(expr.op, args, [a.dtype for a in expr.args], expr.dtype)
 
     def store_statement(self, buffer: str, offset: str, value: str) -> str:
         param = self.params[buffer]
-        return f"{param.c_name}[{offset}] = ({STORAGE_CTYPE[param.dtype]})({value});"
+        if self._native(param.dtype):
+            return f"{param.c_name}[{offset}] = (half)({value});"
+        return store_text(param.dtype, param.c_name, offset, value)
 
     def store(self, buffer: str, offset: str, value: str) -> None:
         self.emit(self.store_statement(buffer, offset, value))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torch_adreno.errors import LoweringError, UnsupportedOpError
 from torch_adreno.lowering.context import user_source
@@ -145,10 +145,19 @@ def with_eager_checks(op: Any, decomposition: Callable[..., Any]) -> Callable[..
         error = eager_refusal(op, args, kwargs, results)
         if error is not None:
             raise eager_error_type(type(error))(f"{error}\n  ({op}, as eager raises it)") from None
-        out = decomposition(*args, **kwargs)
+        if results and _mixed_half(args, kwargs):
+            out = _in_float32(decomposition, results, args, kwargs)
+        else:
+            out = decomposition(*args, **kwargs)
+            if results and any(isinstance(t, torch.Tensor) and t.dtype in _HALF for t in tree_flatten((args, kwargs))[0]):
+                # (a 16-bit batch norm: eager's kernel gives its running statistics the input's
+                # type, PyTorch's decomposition its float32 computation type)
+                out = _with_eager_float_dtypes(out, results)
         ours = [v.dtype for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
         eager = [v.dtype for v in tree_flatten(results)[0] if isinstance(v, torch.Tensor)]
-        if results and ours != eager:
+        # (eager gives None where an output mask asks for no result, the decompositions a tensor:
+        # results of another count are not compared)
+        if results and len(ours) == len(eager) and ours != eager:
             raise UnsupportedOpError(
                 f"the adreno backend cannot run {op} for these operands: eager returns "
                 f"{', '.join(map(str, eager))} where its decomposition gives {', '.join(map(str, ours))}; "
@@ -156,6 +165,37 @@ def with_eager_checks(op: Any, decomposition: Callable[..., Any]) -> Callable[..
         return out
 
     return checked
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _mixed_half(args: Any, kwargs: Any) -> bool:
+    """Whether the float operands mix a 16-bit type with float32 (autocast's batch norm: a float16
+    input with float32 weights and statistics), where eager computes in float32."""
+    floats = {t.dtype for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    return bool(floats & set(_HALF)) and torch.float32 in floats
+
+
+def _in_float32(decomposition: Callable[..., Any], eager_results: list[Any], args: Any, kwargs: Any) -> Any:
+    """``decomposition`` run on float32 copies of the 16-bit operands, each result converted to the
+    dtype eager's kernel gives it: eager's mixed-precision kernels compute in float32 and round only
+    their 16-bit results (PyTorch's decompositions would round saved statistics to the input's type)."""
+    def widen(v: Any) -> Any:
+        return v.to(torch.float32) if isinstance(v, torch.Tensor) and v.dtype in _HALF else v
+
+    return _with_eager_float_dtypes(decomposition(*tree_map(widen, args), **tree_map(widen, kwargs)), eager_results)
+
+
+def _with_eager_float_dtypes(out: Any, eager_results: list[Any]) -> Any:
+    """``out`` with each floating-point result converted to the floating type eager gives it."""
+    flat, spec = tree_flatten(out)
+    eager = [v for v in tree_flatten(eager_results[0])[0]]
+    if len(eager) != len(flat):
+        return out
+    converted = [v.to(e.dtype) if isinstance(v, torch.Tensor) and isinstance(e, torch.Tensor) and v.dtype != e.dtype
+                 and v.is_floating_point() and e.is_floating_point() else v for v, e in zip(flat, eager, strict=True)]
+    return tree_unflatten(converted, spec)
 
 
 def data_dependent_shape_error(gm: Any, err: Exception) -> UnsupportedOpError:

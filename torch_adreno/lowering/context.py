@@ -29,6 +29,8 @@ LOWERINGS: dict[Any, Lowering] = {}
 
 _TORCH_TO_IR = {
     torch.float32: ir.DType.F32,
+    torch.float16: ir.DType.F16,
+    torch.bfloat16: ir.DType.BF16,
     torch.int64: ir.DType.I64,
     torch.int32: ir.DType.I32,
     torch.bool: ir.DType.BOOL,
@@ -61,7 +63,7 @@ def ir_dtype(dtype: torch.dtype, what: str = "tensor") -> ir.DType:
         names = ", ".join(str(d).removeprefix("torch.") for d in _TORCH_TO_IR)
         raise LoweringError(
             f"{what} has dtype {dtype}, which the adreno backend does not support (it supports {names}); "
-            "cast the model and its inputs to float32 (model.float(), x.float())"
+            "cast the model and its inputs to one of these (model.float(), x.float())"
         ) from None
 
 
@@ -187,7 +189,8 @@ class LoweringContext:
             ir.const(0, dtype), self.origins,
         )
         value = body(node.loop_vars, node.reduction_vars)
-        node.body = value if reduce_op in ("argmax", "argmin") else ir.cast(value, dtype)
+        # A 16-bit result accumulates in float32 and is rounded once, when stored (as eager does).
+        node.body = value if reduce_op in ("argmax", "argmin") else ir.cast(value, dtype.compute)
         self.graph.nodes.append(node)
         return ir.View.of(out)
 
@@ -204,7 +207,7 @@ class LoweringContext:
         out_index: Callable[[ir.Expr, ir.Expr, ir.Expr], Sequence[ir.Expr]],
     ) -> ir.View:
         """Emit a GEMM; ``lhs(b, m, k)``, ``rhs(b, k, n)`` and ``out_index(b, m, n)`` build its parts."""
-        if dtype != ir.DType.F32:
+        if not dtype.is_float:
             # The GEMM templates (matrix products, convolutions) accumulate in float32: integer
             # results past 2**24 would come out rounded where eager's integer kernels are exact.
             raise UnsupportedOpError(
@@ -225,7 +228,12 @@ class LoweringContext:
     # -- helpers for lowerings -----------------------------------------------------------------
 
     def load(self, value: Any, idx: Sequence[ir.Expr], shape: Sequence[int], dtype: ir.DType) -> ir.Expr:
-        """``value`` broadcast to ``shape`` and read at ``idx`` as ``dtype`` (scalars become constants)."""
+        """``value`` broadcast to ``shape`` and read at ``idx`` as ``dtype`` (scalars become constants).
+
+        A 16-bit ``dtype`` is read as float32 (its compute type): a lowering's arithmetic runs in
+        float32 and its node rounds once, to its output's type, as eager's 16-bit kernels do.
+        """
+        dtype = dtype.compute
         if isinstance(value, ir.View):
             return ir.cast(value.expand(shape).load(idx), dtype)
         if isinstance(value, (bool, int, float)):

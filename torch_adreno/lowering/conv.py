@@ -215,12 +215,14 @@ def _convolution(ctx: LoweringContext, node: Node, x: Value, w: Value, bias: Val
                  output_padding: Sequence[int], groups: int) -> Value:
     xv, wv = _check(node, x, w)
     out = ctx.meta()
+    # With a bias, a 16-bit result is rounded once, after the bias is added (as eager does).
+    dtype = out.dtype if bias is None else out.dtype.compute
     if transposed:
         geo = transposed_geometry(node, xv, wv, out.shape, stride, padding, dilation, groups)
-        y = conv_grad_input(ctx, xv, wv, geo, out.dtype)
+        y = conv_grad_input(ctx, xv, wv, geo, dtype)
     else:
         geo = ConvGeometry(xv.shape, wv.shape, stride, padding, dilation, groups)
-        y = conv_forward(ctx, xv, wv, geo, out.dtype)
+        y = conv_forward(ctx, xv, wv, geo, dtype)
     if bias is None:
         return y
     channels = out.shape[1]

@@ -52,17 +52,20 @@ def _bmm(ctx: LoweringContext, node: Node, a: Value, b: Value) -> Value:
 def _addmm(ctx: LoweringContext, node: Node, bias: Value, a: Value, b: Value, *, beta: Any = 1,
            alpha: Any = 1) -> Value:
     out = ctx.meta()
-    product = matmul(ctx, _matrix(a, node, 2), _matrix(b, node, 2), out.dtype)
+    # A 16-bit result is rounded once, after the bias is added to the float32 product (as eager's
+    # kernels do): the product stays float32, in registers once the add is fused into the GEMM.
+    compute = out.dtype.compute
+    product = matmul(ctx, _matrix(a, node, 2), _matrix(b, node, 2), compute)
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         acc: ir.Expr = product.load(i)
         if alpha != 1:
-            acc = ir.call("mul", acc, ir.const(alpha, out.dtype))
+            acc = ir.call("mul", acc, ir.const(alpha, compute))
         if beta == 0:
             return acc
         c = ctx.load(bias, i, out.shape, out.dtype)
         if beta != 1:
-            c = ir.call("mul", c, ir.const(beta, out.dtype))
+            c = ir.call("mul", c, ir.const(beta, compute))
         return ir.call("add", c, acc)
 
     return ctx.pointwise(out.shape, out.dtype, body)

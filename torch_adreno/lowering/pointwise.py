@@ -301,7 +301,27 @@ def _to_copy(ctx: LoweringContext, node: Node, x: Value, **kwargs: Any) -> Value
     if not isinstance(x, ir.View):
         raise LoweringError(f"{node.name}: expected a tensor")
     out = ctx.meta()
+    widened = _widened_reduction(ctx, node, x, out.dtype)
+    if widened is not None:
+        return widened
     return ctx.pointwise(out.shape, out.dtype, lambda idx: ir.cast(x.load(idx), out.dtype))
+
+
+def _widened_reduction(ctx: LoweringContext, node: Node, x: ir.View, dtype: ir.DType) -> ir.View | None:
+    """A 16-bit reduction result that is only widened to float32 (autocast's bias gradient: a
+    float16 sum cast to the float32 parameter's type): the reduction writes its float32 accumulator
+    itself, so that the cast costs no kernel. Eager rounds the sum to 16 bits first; skipping that
+    rounding brings the result closer to a float64 run, never further."""
+    source = node.args[0]
+    if not (dtype is ir.DType.F32 and x.dtype.is_half and x.is_identity() and isinstance(source, Node)
+            and len(source.users) == 1):
+        return None
+    if not any(isinstance(n, ir.Reduction) and n.output == x.buffer and n.reduce_op == "sum" for n in ctx.graph.nodes):
+        return None
+    buffer = ctx.graph.buffers[x.buffer]
+    widened = ir.Buffer(buffer.name, buffer.shape, ir.DType.F32)
+    ctx.graph.buffers[buffer.name] = widened
+    return ir.View.of(widened)
 
 
 @register(torch.ops.prims.fma.default)

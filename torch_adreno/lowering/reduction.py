@@ -80,9 +80,11 @@ def _mean(ctx: LoweringContext, node: Node, x: Value, dims: Any = None, keepdim:
     out = ctx.meta()
     red = normalize_dims(dims, len(v.shape))
     count = math.prod(v.shape[d] for d in red)
-    total = reduce_dims(ctx, v, red, "sum", out.dtype, out.shape, lambda e: ir.cast(e, out.dtype))
+    # A 16-bit mean is rounded once: the sum stays float32 (in registers when the division fuses).
+    compute = out.dtype.compute
+    total = reduce_dims(ctx, v, red, "sum", compute, out.shape, lambda e: ir.cast(e, compute))
     return ctx.pointwise(out.shape, out.dtype,
-                         lambda i: ir.call("div", total.load(i), ir.const(count, out.dtype)))
+                         lambda i: ir.call("div", total.load(i), ir.const(count, compute)))
 
 
 @register(aten.amax.default, aten.amin.default)
@@ -130,6 +132,8 @@ def _variance(ctx: LoweringContext, x: ir.View, dims: list[int], correction: flo
     """Variance and mean over ``dims``, two-pass (mean first, then squared deviations): exact to
     float rounding where the one-pass E[x^2] - E[x]^2 cancels catastrophically."""
     count = math.prod(x.shape[d] for d in dims) if x.shape else 1
+    # 16-bit results: every intermediate is float32, the variance and mean rounded once each.
+    result_dtype, dtype = dtype, dtype.compute
     total = reduce_dims(ctx, x, dims, "sum", dtype, out_shape, lambda e: ir.cast(e, dtype))
     mean = ctx.pointwise(out_shape, dtype, lambda i: ir.call("div", total.load(i), ir.const(count, dtype)))
     kept = [d for d in range(len(x.shape)) if d not in dims]
@@ -143,8 +147,10 @@ def _variance(ctx: LoweringContext, x: ir.View, dims: list[int], correction: flo
     squares = ctx.reduction([x.shape[d] for d in kept], [x.shape[d] for d in dims], "sum", dtype, squared_deviation)
     squares = squares.reshape(out_shape)
     denominator = max(count - correction, 0)
-    var = ctx.pointwise(out_shape, dtype,
+    var = ctx.pointwise(out_shape, result_dtype,
                         lambda i: ir.call("div", squares.load(i), ir.const(denominator, dtype)))
+    if result_dtype is not dtype:
+        mean = ctx.pointwise(out_shape, result_dtype, lambda i: mean.load(i))
     return var, mean
 
 
@@ -159,9 +165,12 @@ def _var(ctx: LoweringContext, node: Node, x: Value, dims: Any = None, *, correc
          keepdim: bool = False) -> Value:
     v = _tensor(x, node)
     out = ctx.meta()
-    var, _ = _variance(ctx, v, normalize_dims(dims, len(v.shape)), _correction(correction), out.shape, out.dtype)
     if node.target is aten.std.correction:
+        # (a 16-bit standard deviation: the square root of the float32 variance, rounded once)
+        var, _ = _variance(ctx, v, normalize_dims(dims, len(v.shape)), _correction(correction), out.shape,
+                           out.dtype.compute)
         return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("sqrt", var.load(i)))
+    var, _ = _variance(ctx, v, normalize_dims(dims, len(v.shape)), _correction(correction), out.shape, out.dtype)
     return var
 
 

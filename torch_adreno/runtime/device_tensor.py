@@ -20,8 +20,10 @@ from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS
 from torch_adreno.runtime.pool import Block
 
+#: NumPy type holding each torch dtype's bytes (NumPy has no bfloat16: its 16 bits as int16).
 _NUMPY_STORAGE = {
-    torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.uint8, torch.uint8: np.uint8,
+    torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.int16, torch.int64: np.int64,
+    torch.int32: np.int32, torch.bool: np.uint8, torch.uint8: np.uint8,
 }
 
 
@@ -41,8 +43,8 @@ def download_owned(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], 
     if array.size and buffer is not None:
         event = cl.enqueue_copy(runtime.queue, array, buffer, is_blocking=wait)
     tensor = torch.from_numpy(array)
-    if dtype == torch.bool:
-        tensor = tensor.view(torch.bool)
+    if dtype in (torch.bool, torch.bfloat16):
+        tensor = tensor.view(dtype)
     return tensor, event, array
 
 

@@ -264,6 +264,7 @@ class ReplayedStep:
         self._loss_buffer: cl.Buffer = slots[self.memory.slot_of[loss_identity]]
         self._loss_shape = tuple(loss.shape)
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
+        self._loss_torch_dtype = loss.dtype
         self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
         self._synchronizations_seen = -1
         self._graph_calls_seen = -1
@@ -387,7 +388,7 @@ class ReplayedStep:
         if index_check is not None:
             index_errors.raise_if_set(queue)
         del keep  # the batch's memory and the seeds were in use until the blocking read above
-        return torch.from_numpy(loss)
+        return torch.from_numpy(loss).view(self._loss_torch_dtype)  # (bfloat16 is read as its bits)
 
     def _defer_updates(self) -> None:
         """The updated tensors' current values are on the device: keep the residency's deferral

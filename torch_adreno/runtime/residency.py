@@ -79,6 +79,8 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     t = tensor.detach()
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
+    elif t.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits
+        t = t.view(torch.int16)
     return t.contiguous().numpy()
 
 
@@ -87,7 +89,9 @@ def poison(tensor: torch.Tensor) -> None:
     that using it by mistake shows in any result computed from it. Written through NumPy, so the
     tensor's version counter does not move."""
     if tensor.numel() and tensor.is_floating_point():
-        host_array(tensor).reshape(-1)[0] = np.nan
+        first = host_array(tensor).reshape(-1)
+        # (bfloat16 is seen through its bits: 0x7FC0 is its quiet NaN)
+        first[0] = 0x7FC0 if tensor.dtype == torch.bfloat16 else np.nan
 
 
 def version_of(tensor: torch.Tensor) -> int | None:
