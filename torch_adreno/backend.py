@@ -39,6 +39,7 @@ from torch_adreno.lowering import lower_graph
 from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_checks
 from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.target_profiles import profile_for
 
 aten = torch.ops.aten
 
@@ -119,11 +120,13 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     """Run one FX graph through the stages lowering -> fusion -> memory -> kernels."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
+    # With a target, every stage plans within both the present device's and the target's limits.
+    profile = profile_for(runtime.profile, config.target)
     graph = lower_graph(gm, config, name, num_host_outputs)
-    fused = fuse(graph, config, max_kernel_buffers(runtime.profile.max_parameter_bytes, runtime.profile.address_bits))
-    plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
+    fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits))
+    plan = plan_memory(fused, profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donated, resident_outputs=resident_outputs)
-    program = render_program(fused, plan, runtime.profile)
+    program = render_program(fused, plan, profile)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
     return program

@@ -40,6 +40,9 @@ class DeviceProfile:
     #: launch list itself (runtime/replay.py), the one loop such a queue would replace.
     recordable_queues: bool = False
     command_buffers: bool = False
+    #: The Adreno target this profile was narrowed to (``torch_adreno.target_profiles``), or "" for
+    #: the present device as its driver reports it.
+    target: str = ""
 
     @property
     def key(self) -> str:

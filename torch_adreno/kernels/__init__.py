@@ -126,7 +126,7 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile) 
         steps.append(KernelSource(name, group.kind, source, options, tuple(params), global_size, local_size,
                                   group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
                                   ("INDEX_T",), estimate_flops(group)))
-    return KernelProgram(graph, plan, steps)
+    return KernelProgram(graph, plan, steps, profile)
 
 
 def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str, sum_name: str, header: str,
