@@ -253,3 +253,39 @@ def test_reference_models_train_like_eager_compiled_for_adreno740(monkeypatch, t
     else:
         test(model_name=values[0])
     assert targets and set(targets) == {"adreno740"}
+
+
+@pytest.mark.device
+def test_tuning_for_a_target_tries_only_launches_within_it(tmp_path, monkeypatch):
+    """A program compiled for a target carries its profile, and the tuner varies launches only
+    inside it (PoCL alone accepts groups up to 4096 and multiples of 8), under a key of its own."""
+    from helpers import capture_graphs
+
+    from torch_adreno.fusion import fuse
+    from torch_adreno.kernels import launch_candidates, render_program
+    from torch_adreno.lowering import lower_graph
+    from torch_adreno.memory import plan_memory
+    from torch_adreno.runtime import Executable, get_residency, get_runtime, tuning
+
+    monkeypatch.setenv("TORCH_ADRENO_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCH_ADRENO_BINARY_CACHE", "0")
+    runtime = get_runtime(None)
+    target = get_target("adreno740")
+    profile = compile_profile(runtime.profile, target)
+    x = torch.randn(64, 64)
+    gm = capture_graphs(lambda t: torch.sigmoid(t) * 3.0 + 1.0, x)[0]
+    fused = fuse(lower_graph(gm, Config(), "pw_0", 1), Config())
+    program = render_program(fused, plan_memory(fused, profile), profile)
+    assert program.profile is profile
+    (kernel,) = program.kernels
+    candidates = launch_candidates(kernel, profile)
+    assert len(candidates) > 1
+    for candidate in candidates:
+        (local,) = candidate.local_size
+        assert local % target.wave_sizes[0] == 0 and local <= target.max_work_group_size, candidate.local_size
+    assert tuning.kernel_key(kernel, target.name) != tuning.kernel_key(kernel)
+    executable = Executable(program, runtime, get_residency(runtime), tune=True)
+    (result,) = executable.tuning.values()
+    assert result.key == tuning.kernel_key(kernel, target.name)
+    assert set(result.timings) <= {tuning.describe(c, kernel) for c in candidates}
+    torch.testing.assert_close(executable([x])[0], torch.sigmoid(x) * 3.0 + 1.0)

@@ -63,6 +63,9 @@ class AdrenoTarget:
     wave_sizes: tuple[int, ...]
     extensions: tuple[str, ...]
     unified_memory: bool
+    #: Whether GEMM and convolution operands should be read through image2d objects (the texture
+    #: cache) where ``options={"images": "auto"}`` decides.
+    prefers_images: bool
     peak_fp32_gflops: float
     peak_fp16_gflops: float
     bandwidth_gbs: float
@@ -99,6 +102,8 @@ _COMMON_SOURCES = {
     "extensions": "clinfo-740 (cl_qcom_reqd_sub_group_size, cl_qcom_subgroup_shuffle, cl_qcom_large_buffer, "
                   "cl_khr_fp16); cl_qcom_recordable_queues: Qualcomm's SDK, used by MNN; "
                   "cl_khr_command_buffer absent (issue-16)",
+    "prefers_images": "issue-16 (MNN picks images by default on Adreno, buffers on Mali; TVM and tinygrad's "
+                      "QCOM backend read weights through image2d); qcom-guide recommends images for read-only data",
     "wave_sizes": "qcom-guide (64 or 128 fibers per wave on A6x/A7x; fp16 reaches full rate at 128)",
     "opencl_version": "clinfo-750 ('OpenCL 3.0 Adreno(TM) 750'); clinfo-6xx (OpenCL 2.0 on 6xx drivers)",
     "compute_units": "estimate: shader processor count from wikipedia (CL_DEVICE_MAX_COMPUTE_UNITS not found "
@@ -118,7 +123,7 @@ def _target(name: str, gpu: str, soc: str, generation: int, *, compute_units: in
         max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 1024), local_mem_bytes=32 * 1024,
         max_alloc_bytes=max_alloc_mib << 20, global_mem_bytes=int(global_gib * 2**30), base_addr_align_bytes=128,
         max_parameter_bytes=1024, image2d_max=(16384, 16384), image_from_buffer_max_pixels=1 << 27,
-        wave_sizes=waves, extensions=extensions, unified_memory=True, peak_fp32_gflops=fp32,
+        wave_sizes=waves, extensions=extensions, unified_memory=True, prefers_images=True, peak_fp32_gflops=fp32,
         peak_fp16_gflops=2 * fp32, bandwidth_gbs=bandwidth,
         sources={**_COMMON_SOURCES, "peak_fp16_gflops": "estimate: twice fp32 (packed half ALUs, qcom-guide)",
                  "gpu": "wikipedia", "soc": "wikipedia", "generation": "wikipedia", **sources},
