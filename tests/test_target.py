@@ -115,6 +115,13 @@ def test_compile_profile_obeys_both_devices_and_takes_the_targets_preferences(de
     assert compile_profile(device, None) is device
 
 
+def test_on_the_target_gpu_itself_the_drivers_compute_units_are_kept():
+    real = dataclasses.replace(REFERENCE_PROFILE, name="QUALCOMM Adreno(TM) 740", compute_units=5,
+                               opencl_version="OpenCL 3.0 Adreno(TM) 740", max_work_group_size=1024)
+    assert compile_profile(real, get_target("adreno740")).compute_units == 5
+    assert compile_profile(real, get_target("adreno640")).compute_units == get_target("adreno640").compute_units
+
+
 @pytest.mark.parametrize("name", REQUIRED)
 def test_gemm_tiles_and_group_sizes_fit_every_target(name):
     profile = compile_profile(DESKTOP, get_target(name))

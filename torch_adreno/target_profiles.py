@@ -217,14 +217,17 @@ def compile_profile(device: DeviceProfile, target: AdrenoTarget | None) -> Devic
     eager, there to be used); preferences are the target's (its wave size as the work-group multiple,
     its compute units for how work is spread, the GPU code paths such as local-memory GEMM tiles).
     Runtime facts that only the present device decides (its name and driver for caches, unified
-    memory for zero-copy) stay the device's. ``target=None`` returns ``device`` unchanged.
+    memory for zero-copy) stay the device's; so does the compute-unit count when ``device`` is the
+    target's GPU itself. ``target=None`` returns ``device`` unchanged.
     """
     if target is None:
         return device
+    # On the target GPU itself the driver's compute-unit count beats the profile's estimate.
+    on_target = match_device(device.name, device.opencl_version) is target
     return dataclasses.replace(
         device,
         is_gpu=True,
-        compute_units=target.compute_units,
+        compute_units=device.compute_units if on_target else target.compute_units,
         max_work_group_size=min(device.max_work_group_size, target.max_work_group_size),
         max_work_item_sizes=tuple(min(a, b) for a, b in zip(device.max_work_item_sizes, target.max_work_item_sizes,
                                                              strict=False)),
