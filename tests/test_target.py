@@ -296,3 +296,32 @@ def test_tuning_for_a_target_tries_only_launches_within_it(tmp_path, monkeypatch
     assert result.key == tuning.kernel_key(kernel, target.name)
     assert set(result.timings) <= {tuning.describe(c, kernel) for c in candidates}
     torch.testing.assert_close(executable([x])[0], torch.sigmoid(x) * 3.0 + 1.0)
+
+
+@pytest.mark.device
+def test_a_graph_compiled_for_one_target_is_not_served_for_another(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    from torch_adreno import compile_cache
+
+    if not compile_cache.AVAILABLE:
+        pytest.skip("this torch has no bundled AOTAutograd cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCH_ADRENO_COMPILE_CACHE", raising=False)
+    monkeypatch.delenv("TORCH_ADRENO_TARGET", raising=False)
+    x = torch.randn(8, 16)
+    weight = torch.randn(16, 8, requires_grad=True)
+
+    def run(target):
+        torch._dynamo.reset()
+        before = dict(counters["aot_autograd"])
+        out = torch.compile(lambda a, w: torch.relu(a @ w), backend="adreno", options={"target": target},
+                            dynamic=False)(x, weight)
+        out.sum().backward()
+        torch.testing.assert_close(out, torch.relu(x @ weight))
+        return counters["aot_autograd"]["autograd_cache_hit"] - before.get("autograd_cache_hit", 0)
+
+    assert run("adreno740") == 0
+    assert run("adreno640") == 0  # another target: another program, a miss
+    assert run(None) == 0
+    assert run("adreno740") == 1  # positive control: the first one again hits
