@@ -40,6 +40,7 @@ from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_
 from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.images import images_enabled
+from torch_adreno.target_profiles import profile_for
 
 aten = torch.ops.aten
 
@@ -120,16 +121,18 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     """Run one FX graph through the stages lowering -> fusion -> memory -> kernels."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
+    # With a target, every stage plans within both the present device's and the target's limits.
+    profile = profile_for(runtime.profile, config.target)
     graph = lower_graph(gm, config, name, num_host_outputs)
-    fused = fuse(graph, config, max_kernel_buffers(runtime.profile.max_parameter_bytes, runtime.profile.address_bits))
-    plan = plan_memory(fused, runtime.profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
+    fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits))
+    plan = plan_memory(fused, profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donated, resident_outputs=resident_outputs)
-    if config.native_half and not runtime.profile.fp16:
+    if config.native_half and not profile.fp16:
         raise OptionError(
             f"option native_half=True needs the cl_khr_fp16 extension, which {runtime.profile.name} "
             f"({runtime.profile.platform}) does not report; leave native_half off (float16 tensors are still "
             "stored in 16 bits and computed in float32 registers)")
-    program = render_program(fused, plan, runtime.profile, images=images_enabled(config.images, runtime.profile),
+    program = render_program(fused, plan, profile, images=images_enabled(config.images, profile),
                              native_half=config.native_half)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)

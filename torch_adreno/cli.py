@@ -79,6 +79,7 @@ def _check_device(spec: str | int | None) -> str | None:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from torch_adreno.runtime.device import ENV_DEVICE, get_runtime, list_devices, select_device
+    from torch_adreno.target_profiles import TARGETS, match_device
 
     entries = list_devices()
     if not entries:
@@ -100,7 +101,47 @@ def cmd_devices(args: argparse.Namespace) -> int:
               f"unified memory {'yes' if p.unified_memory else 'no'}")
         print(f"      recordable queues (cl_qcom_recordable_queues) {'yes' if p.recordable_queues else 'no'}, "
               f"command buffers (cl_khr_command_buffer) {'yes' if p.command_buffers else 'no'}")
+        matched = match_device(p.name, p.opencl_version)
+        print(f"      Adreno profile: {matched.name + ' (' + matched.gpu + ', ' + matched.soc + ')' if matched else 'none'}")
     print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
+    print("Adreno targets (compile for one on any device: options={'target': ...} or TORCH_ADRENO_TARGET; "
+          "`python -m torch_adreno project` projects step times):")
+    for t in TARGETS.values():
+        print(f"  {t.name}: {t.gpu} ({t.soc}), work-group <= {t.max_work_group_size}, waves {t.wave_sizes}, "
+              f"local {t.local_mem_bytes // 1024} KiB, largest allocation {t.max_alloc_bytes >> 20} MiB, "
+              f"{t.peak_fp32_gflops / 1e3:.1f} TFLOP/s fp32, {t.bandwidth_gbs:.0f} GB/s")
+    return 0
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
+    from torch_adreno.projection import SEED_MLP, format_table, kernel_table, project_model, summary_row
+    from torch_adreno.target_profiles import get_target
+
+    problem = _check_device(args.device)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    targets = [get_target(name) for name in args.target]
+    models = args.model or ["mlp", "lenet", "resnet_mini", "transformer", SEED_MLP]
+    rows = []
+    for model in models:
+        for projected in project_model(model, targets, args.launch_us, args.device):
+            rows.append(summary_row(projected))
+            if args.kernels:
+                print(f"== {model} on {projected.projection.target}: kernels by projected time")
+                print(kernel_table(projected))
+    print(format_table(rows))
+    low, high = SEED_GEMM_GFLOPS
+    print(f"Assumed: each launch costs {args.launch_us:g} us; kernels reach the target's roofline (bytes / "
+          f"bandwidth, FLOPs / fp32 peak); a copy reads and writes DRAM. Seed's figures: GPU GEMM {low:.0f}-"
+          f"{high:.0f} GFLOP/s on Snapdragon 8-series; data movement {SEED_DATA_MOVEMENT_SHARE:.0%} of an MNN "
+          "training step. Nothing here was measured on an Adreno.")
+    if args.jsonl:
+        args.jsonl.parent.mkdir(parents=True, exist_ok=True)
+        with args.jsonl.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
     return 0
 
 
@@ -297,6 +338,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--out", type=output_dir, default=Path("benchmarks/results"),
                        help="directory for suite.jsonl (appended to) and suite.png (default: %(default)s)")
     bench.set_defaults(fn=cmd_bench)
+    from torch_adreno.projection import SEED_MLP, workloads
+    from torch_adreno.target_profiles import target_names
+
+    project = sub.add_parser("project", help="project training-step times onto Adreno targets' rooflines")
+    project.add_argument("--target", nargs="+", choices=target_names(), default=["adreno740"], metavar="TARGET",
+                         help=f"Adreno profiles, of: {', '.join(target_names())} (default: %(default)s)")
+    project.add_argument("--model", nargs="+", choices=sorted(workloads()), default=None, metavar="MODEL",
+                         help=f"models, of: {', '.join(sorted(workloads()))} (default: mlp lenet resnet_mini "
+                              f"transformer {SEED_MLP}; {SEED_MLP} is the seed's MLP 784-256-128-16, batch 32)")
+    project.add_argument("--launch-us", type=_bounded(float, "a number", 0.0), default=10.0,
+                         help="assumed cost of one kernel launch on the target, microseconds (default: %(default)s)")
+    project.add_argument("--kernels", action="store_true", help="also print each model's kernels by projected time")
+    project.add_argument("--device", type=device_spec, default=None, help=device_help)
+    project.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and target")
+    project.set_defaults(fn=cmd_project)
     opinfo = sub.add_parser("opinfo", help="PyTorch's OpInfo samples for every claimed op: pass/fail per op")
     opinfo.add_argument("--ops", nargs="+", default=None, help="OpInfo names (default: every claimed op)")
     opinfo.add_argument("--samples", type=int, default=None, help="samples per op (default: all)")

@@ -38,6 +38,7 @@ from torch_adreno.kernels import HostStep, KernelProgram, gemm
 from torch_adreno.runtime import Executable, get_residency, get_runtime
 from torch_adreno.runtime.binary_cache import device_identity
 from torch_adreno.target import DeviceProfile
+from torch_adreno.target_profiles import profile_for
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +86,10 @@ def cache_salt(config: Config) -> str:
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     options = {k: v for k, v in config.as_dict().items() if k not in _OPTIONS_OUTSIDE_KEY}
+    profile = profile_for(runtime.profile, config.target)  # the target's limits decide the code
     return json.dumps({
         "options": options, "zero_copy": residency.zero_copy, "device": device_identity(runtime.device),
-        "profile": repr(runtime.profile), "code_choices": code_choices(runtime.profile), "source": source_hash(),
+        "profile": repr(profile), "code_choices": code_choices(profile), "source": source_hash(),
     }, sort_keys=True, default=str)
 
 

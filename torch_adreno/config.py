@@ -60,6 +60,18 @@ def _fraction(value: Any) -> float:
     return number
 
 
+def _target(value: Any) -> str | None:
+    """An Adreno profile name of :mod:`torch_adreno.target_profiles`, or None (the device itself)."""
+    from torch_adreno.target_profiles import get_target
+
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    name = value.strip().lower() if isinstance(value, str) else value
+    return get_target(name).name
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -144,6 +156,13 @@ OPTIONS: dict[str, OptionSpec] = {
             "options, device and torch_adreno source skips tracing, partitioning and our stages "
             "(default True; off while debug_dir is set, so that every compile writes its files)",
         ),
+        OptionSpec(
+            "target", _target, None, "TORCH_ADRENO_TARGET",
+            "compile for an Adreno GPU's limits and preferences while running on the present device: "
+            "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them); work-group "
+            "sizes, local memory, GEMM tiles and the largest allocation obey both devices (default None: "
+            "the present device only)",
+        ),
     )
 }
 
@@ -163,6 +182,7 @@ class Config:
     images: str | bool = "auto"
     native_half: bool = False
     compile_cache: bool = True
+    target: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None,

@@ -209,6 +209,22 @@ def _place(items: list[tuple[str, int, int, int]], donors: list[tuple[str, int, 
     return placed, [size for size, _ in slots]
 
 
+def check_allocation(graph: ir.Graph, name: str, kind: StorageKind, profile: DeviceProfile) -> None:
+    """Refuse a buffer above the largest single allocation (``CL_DEVICE_MAX_MEM_ALLOC_SIZE``) of the
+    device, or of the target it is compiled for. Inputs are checked only for a target: on the
+    present device their host memory is the driver's to place, on the target it is one buffer."""
+    buffer = graph.buffers[name]
+    if buffer.nbytes <= profile.max_alloc_bytes or (kind is StorageKind.INPUT and not profile.target):
+        return
+    whose = f"target {profile.target}" if profile.target else "the device"
+    raise DeviceMemoryError(
+        f"{'input ' if kind is StorageKind.INPUT else ''}buffer {name} of {graph.name} (shape "
+        f"{list(buffer.shape)}, {buffer.dtype.name}) needs {buffer.nbytes} bytes, more than the largest single "
+        f"allocation of {whose} ({profile.max_alloc_bytes} bytes, {profile.max_alloc_bytes / 2**20:.0f} MiB); "
+        "use a smaller batch or split the tensor"
+    )
+
+
 def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
                 shared_outputs: bool | None = None, donated: frozenset[str] = frozenset(),
                 resident_outputs: bool = False) -> MemoryPlan:
@@ -241,12 +257,7 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
             kinds[name] = StorageKind.PER_CALL
         else:
             kinds[name] = StorageKind.ARENA
-        nbytes = graph.buffers[name].nbytes
-        if kinds[name] is not StorageKind.INPUT and nbytes > profile.max_alloc_bytes:
-            raise DeviceMemoryError(
-                f"buffer {name} of {graph.name} needs {nbytes} bytes, more than the device's largest single "
-                f"allocation ({profile.max_alloc_bytes} bytes); use a smaller batch"
-            )
+        check_allocation(graph, name, kinds[name], profile)
     written_by = {w: i for i, g in enumerate(fused.groups) for w in g.writes}
     mutated_in_place: dict[str, str] = {}
     for target, value in graph.mutations.items():

@@ -54,6 +54,9 @@ class DeviceProfile:
     #: the ``images`` option is "auto": Adreno GPUs (MNN, TVM and tinygrad's QCOM backend all read
     #: weights through image2d objects there).
     prefers_images: bool = False
+    #: The Adreno target this profile was narrowed to (``torch_adreno.target_profiles``), or "" for
+    #: the present device as its driver reports it.
+    target: str = ""
 
     @property
     def key(self) -> str:

@@ -127,7 +127,7 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, 
                        _render_group(graph, group, index, name, header, with_index_check_params(params), profile,
                                      images, native_half)]
         steps.extend(kernels)
-    return KernelProgram(graph, plan, steps)
+    return KernelProgram(graph, plan, steps, profile)
 
 
 def _render_group(graph: ir.Graph, group: FusionGroup, index: int, name: str, header: str,

@@ -9,6 +9,7 @@ from importlib import resources
 from torch_adreno import ir
 from torch_adreno.kernels.expressions import HELPER_SOURCES
 from torch_adreno.memory import MemoryPlan
+from torch_adreno.target import DeviceProfile
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class KernelProgram:
     graph: ir.Graph
     plan: MemoryPlan
     steps: list[Step]
+    #: The profile the kernels were planned for (the device's, narrowed to a target's limits
+    #: where one was given): a tuner varies launches only within it. None: the device's own.
+    profile: DeviceProfile | None = None
 
     @property
     def kernels(self) -> list[KernelSource]:

@@ -1,11 +1,14 @@
 """Device peaks for the roofline: global-memory bandwidth and arithmetic throughput, measured once
-per device and driver by two micro-benchmarks, cached on disk."""
+per device and driver by two micro-benchmarks, cached on disk; and the projection of a profiled
+step's launches onto an Adreno target's roofline (its published peaks, not measured here)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -94,3 +97,118 @@ def device_peaks(runtime: DeviceRuntime) -> DevicePeaks:
     except OSError:
         pass  # a read-only home: measured again next time
     return peaks
+
+
+# -- projection onto a target's roofline ----------------------------------------------------------
+
+#: Assumed cost of one kernel launch on an Adreno (driver enqueue and GPU dispatch), microseconds.
+#: Not measured (no Adreno here): an assumption in the range public Adreno OpenCL traces suggest
+#: (a few to tens of microseconds per dispatch); ``--launch-us`` changes it.
+ASSUMED_LAUNCH_US = 10.0
+#: The seed's reported figures the projection is set against (issue 16).
+SEED_GEMM_GFLOPS = (40.0, 70.0)  # GPU GEMM on Snapdragon 8-series, GFLOP/s
+SEED_DATA_MOVEMENT_SHARE = 0.91  # data movement's share of a training step in MNN's OpenCL backend
+
+
+@dataclass(frozen=True)
+class KernelProjection:
+    """One launch placed on a target's roofline: ``memory_us`` = bytes / bandwidth, ``compute_us``
+    = FLOPs / fp32 peak; the launch takes the larger of the two plus the per-launch cost."""
+
+    name: str
+    kind: str
+    bytes: int
+    flops: int
+    memory_us: float
+    compute_us: float
+    launch_us: float
+
+    @property
+    def memory_bound(self) -> bool:
+        return self.memory_us >= self.compute_us
+
+    @property
+    def roofline_us(self) -> float:
+        return max(self.memory_us, self.compute_us)
+
+    @property
+    def total_us(self) -> float:
+        return self.roofline_us + self.launch_us
+
+
+@dataclass(frozen=True)
+class StepProjection:
+    """A training step's launches and host<->device copies projected onto one target.
+
+    *Data movement* is the time the step spends moving bytes rather than computing: every
+    memory-bound kernel's roofline time (its bytes decide it) plus the copies (on a phone's unified
+    memory a copy reads and writes DRAM: 2 x bytes / bandwidth). Launch costs are counted apart."""
+
+    target: str
+    kernels: tuple[KernelProjection, ...]
+    copied_bytes: int
+    bandwidth_gbs: float
+    launch_us: float
+
+    @property
+    def copy_us(self) -> float:
+        return 2 * self.copied_bytes / (self.bandwidth_gbs * 1e3)
+
+    @property
+    def kernel_us(self) -> float:
+        return sum(k.roofline_us for k in self.kernels)
+
+    @property
+    def launches_us(self) -> float:
+        return sum(k.launch_us for k in self.kernels)
+
+    @property
+    def total_us(self) -> float:
+        return self.kernel_us + self.launches_us + self.copy_us
+
+    @property
+    def data_movement_us(self) -> float:
+        return sum(k.roofline_us for k in self.kernels if k.memory_bound) + self.copy_us
+
+    @property
+    def compute_us(self) -> float:
+        return sum(k.roofline_us for k in self.kernels if not k.memory_bound)
+
+    def total_us_with_gemm_rate(self, gflops: float) -> float:
+        """The step with every GEMM kernel at most ``gflops`` fast (the seed's measured GEMM rate
+        instead of the roofline): how far below the roofline real kernels may land."""
+        gemm_us = sum(max(k.roofline_us, k.flops / (gflops * 1e3)) - k.roofline_us
+                      for k in self.kernels if k.kind == "gemm")
+        return self.total_us + gemm_us
+
+    def share(self, part_us: float) -> float:
+        return part_us / self.total_us if self.total_us else 0.0
+
+    @property
+    def gemm_gflops(self) -> float:
+        """The projected rate of the step's GEMM kernels (FLOPs over their time with launches), the
+        figure the seed's 40-70 GFLOP/s is comparable to."""
+        gemms = [k for k in self.kernels if k.kind == "gemm"]
+        seconds_us = sum(k.total_us for k in gemms)
+        return sum(k.flops for k in gemms) / (seconds_us * 1e3) if seconds_us else 0.0
+
+
+def project_kernel(name: str, kind: str, nbytes: int, flops: int, bandwidth_gbs: float, peak_gflops: float,
+                   launch_us: float = ASSUMED_LAUNCH_US) -> KernelProjection:
+    if bandwidth_gbs <= 0 or peak_gflops <= 0:
+        raise ValueError(f"a roofline needs positive peaks, got {bandwidth_gbs} GB/s and {peak_gflops} GFLOP/s")
+    return KernelProjection(name, kind, nbytes, flops, nbytes / (bandwidth_gbs * 1e3), flops / (peak_gflops * 1e3),
+                            launch_us)
+
+
+def project_step(kernels: Sequence[Any], target: Any, copied_bytes: int = 0,
+                 launch_us: float = ASSUMED_LAUNCH_US) -> StepProjection:
+    """``kernels``: launch records with ``name``, ``kind``, ``bytes`` and ``flops`` (the profiler's
+    :class:`~torch_adreno.profiler.KernelRecord`); ``target``: an
+    :class:`~torch_adreno.target_profiles.AdrenoTarget`; ``copied_bytes``: host<->device bytes the
+    step copies (on a phone, the batch in and the loss out)."""
+    if launch_us < 0:
+        raise ValueError(f"the per-launch cost must be >= 0 microseconds, got {launch_us}")
+    projected = tuple(project_kernel(k.name, k.kind, k.bytes, k.flops, target.bandwidth_gbs, target.peak_fp32_gflops,
+                                     launch_us) for k in kernels)
+    return StepProjection(target.name, projected, copied_bytes, target.bandwidth_gbs, launch_us)

@@ -56,6 +56,7 @@ from torch_adreno.kernels import KernelSource, launch_candidates
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.images import image_views
+from torch_adreno.target import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +125,13 @@ def describe(candidate: KernelSource, default: KernelSource) -> str:
     return " ".join([f"global={list(candidate.global_size)}", f"local={list(candidate.local_size)}", *changed])
 
 
-def kernel_key(kernel: KernelSource) -> str:
-    """Identity of a kernel for the cache, the same for the same code and shapes in any graph."""
+def kernel_key(kernel: KernelSource, target: str = "") -> str:
+    """Identity of a kernel for the cache, the same for the same code and shapes in any graph.
+    ``target``: the Adreno target the launches were limited to (its candidates differ)."""
     lines = [ln for ln in kernel.source.splitlines() if not ln.lstrip().startswith("//")]
     source = re.sub(rf"\b{re.escape(kernel.name)}", "KERNEL", "\n".join(lines))
     payload = json.dumps([TUNING_VERSION, kernel.kind, source, kernel.build_options, kernel.global_size,
-                          kernel.local_size])
+                          kernel.local_size] + ([target] if target else []))
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -393,18 +395,20 @@ def _verify(runtime: DeviceRuntime, label: str, candidate: KernelSource, obj: cl
 
 
 def tune_kernels(runtime: DeviceRuntime, graph: ir.Graph, kernels: Sequence[KernelSource],
-                 progress: bool = True) -> dict[str, TuningResult]:
+                 progress: bool = True, profile: DeviceProfile | None = None) -> dict[str, TuningResult]:
     """Tuning results of ``kernels`` (of ``graph``, whose buffers give the arguments' shapes and
     types), from the cache or measured now behind a progress bar; kernels that launch nothing are
-    left out."""
+    left out. ``profile``: the limits the kernels were compiled within (a target's, narrower than
+    the device's); candidates stay inside them. Default: the device's own."""
+    profile = profile or runtime.profile
     results: dict[str, TuningResult] = {}
     todo: dict[str, list[KernelSource]] = {}
     keys: dict[str, str] = {}
     for kernel in kernels:
         if 0 in kernel.global_size:
             continue
-        candidates = launch_candidates(kernel, runtime.profile)
-        keys[kernel.name] = key = kernel_key(kernel)
+        candidates = launch_candidates(kernel, profile)
+        keys[kernel.name] = key = kernel_key(kernel, profile.target)
         cached = _load(runtime, key, candidates)
         if cached is not None:
             results[kernel.name] = cached
