@@ -38,6 +38,7 @@ from torch_adreno.runtime.capture import (
     RecordedCopy,
     RecordedLaunch,
     StepRecorder,
+    recording_of,
 )
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.residency import Residency, host_array
@@ -136,6 +137,8 @@ class ReplayedStep:
         self.residency = residency
         self.graphs = tuple(recorder.graphs)
         self.memory = plan_step_memory(recorder, {loss_identity})
+        #: The recorded step without its internal buffers (what an export translates).
+        self.recording = recording_of(recorder, loss_identity)
         context = self.runtime.context
         slots = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in self.memory.slot_bytes]
         buffers: dict[int, cl.Buffer | None] = {}
