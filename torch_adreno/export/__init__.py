@@ -100,6 +100,16 @@ class _StepGraph:
         self.nodes: list[onnx.NodeProto] = []
         self.functions: dict[str, onnx.FunctionProto] = {}
         self.body = Body("v")  # value names of the main graph
+        self._node_names: set[str] = set()
+
+    def node_name(self, wanted: str) -> str:
+        """``wanted``, or with a number when another node has it (ONNX node names are unique)."""
+        name, number = wanted, 1
+        while name in self._node_names:
+            number += 1
+            name = f"{wanted}#{number}"
+        self._node_names.add(name)
+        return name
 
 
 def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Sequence[int],
@@ -254,7 +264,7 @@ def _copy(g: _StepGraph, op: RecordedCopy, values: dict[int, _Value]) -> None:
             fmt.DOMAIN, fmt.COPY_OP, ["source"], ["destination"], [helper.make_node("Identity", ["source"], ["destination"])],
             [helper.make_opsetid("", fmt.OPSET)], attributes=list(fmt.COPY_ATTRIBUTES))
     out = g.body.fresh("copied")
-    g.nodes.append(helper.make_node(fmt.COPY_OP, [value], [out], domain=fmt.DOMAIN, name=f"{op.graph}.copy",
+    g.nodes.append(helper.make_node(fmt.COPY_OP, [value], [out], domain=fmt.DOMAIN, name=g.node_name(f"{op.graph}.copy"),
                                     destination=op.destination, source=op.source, nbytes=op.nbytes))
     values[op.destination] = _Value(out, source.dtype, op.nbytes // itemsize)
 
@@ -315,7 +325,7 @@ def _launch(g: _StepGraph, graph_name: str, source: KernelSource, args: Sequence
     kernel_text, _ = assemble([source])
     _, program_options = assemble(program.kernels)
     g.nodes.append(helper.make_node(
-        function_name, node_inputs, node_outputs, domain=fmt.DOMAIN, name=source.name,
+        function_name, node_inputs, node_outputs, domain=fmt.DOMAIN, name=g.node_name(source.name),
         kernel_name=source.name, opencl_source=kernel_text, build_options=list(program_options) or [""],
         global_size=list(source.global_size), local_size=list(source.local_size), buffers=list(args),
         parameters=list(source.params), fx_nodes=list(source.fx_nodes) or [""], graph=graph_name))
@@ -325,13 +335,15 @@ def _kernel_function(name: str, graph: ir.Graph, source: KernelSource, reads: li
                      split: SplitK | None) -> onnx.FunctionProto:
     body = Body("t")
     values = {p: f"in_{p}" for p in reads}
-    if split is not None and source.kind == "gemm":
+    slices = split is not None and source.kind == "gemm"
+    # The slice launch of a split GEMM computes the operands (and any prologue fused into them).
+    targets = ir.node_inputs(split.gemm) if slices and split is not None else writes
+    for node in kernel_nodes(graph, targets, set(reads), name):
+        values[ir.node_outputs(node)[0]] = translate_node(
+            body, node, values, graph.buffers, name,
+            split if split is not None and isinstance(node, ir.Gemm) and node is split.gemm else None)
+    if slices and split is not None:
         values[split.partials] = split_slices(body, split, values, graph.buffers, name)
-    else:
-        for node in kernel_nodes(graph, writes, set(reads), name):
-            values[ir.node_outputs(node)[0]] = translate_node(
-                body, node, values, graph.buffers, name,
-                split if split is not None and isinstance(node, ir.Gemm) and node is split.gemm else None)
     for p in writes:
         body.nodes.append(helper.make_node("Identity", [values[p]], [f"out_{p}"]))
     return helper.make_function(fmt.DOMAIN, name, [f"in_{p}" for p in reads], [f"out_{p}" for p in writes],
