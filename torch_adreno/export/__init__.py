@@ -403,3 +403,44 @@ def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim
             target.copy_(torch.from_numpy(np.ascontiguousarray(array)))
     return sorted(arrays)
 
+
+
+def reset_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, initial: dict[str, torch.Tensor]) -> None:
+    """Put the model's state back to ``initial`` (a ``state_dict`` copy) and zero the optimizer's
+    state tensors: the state before a first step, for optimizers whose first step from zeroed state
+    is their first step (SGD with momentum, Adam)."""
+    with torch.no_grad():
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            tensor.copy_(initial[name])
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+
+
+def export_reference_model(name: str, path: str | Path, batch: tuple[torch.Tensor, ...], make: Any,
+                           lr: float, optimizer: str = "sgd", options: dict[str, Any] | None = None) -> onnx.ModelProto:
+    """Export the training step of ``make()`` (cross-entropy loss, a tensor learning rate ``lr``,
+    SGD with momentum 0.9 or Adam) captured on ``batch``, with the model's initial state."""
+    import torch.nn.functional as F
+
+    from torch_adreno.training_step import TrainingStep
+
+    model = make()
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rate = torch.tensor(lr)
+    opt: torch.optim.Optimizer = (torch.optim.Adam(model.parameters(), lr=rate) if optimizer == "adam"
+                                  else torch.optim.SGD(model.parameters(), lr=rate, momentum=0.9))
+
+    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(m(x), y)
+
+    with TrainingStep(model, loss_fn, opt, options) as step:
+        step(*batch)
+        step(*batch)  # captured
+        if step.replay is None:
+            raise ExportError(f"the training step of {name} was not captured: "
+                              + "; ".join(sorted(set(step._unreplayable.values()))))
+        step.synchronize()
+        reset_state(model, opt, initial)
+        return export_step(step, path)
