@@ -373,8 +373,9 @@ def kernel_nodes(graph: ir.Graph, writes: Sequence[str], reads: set[str], kernel
 
 def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim.Optimizer | None = None) -> list[str]:
     """Load the state a run of :mod:`torch_adreno.runner` wrote (``.npz`` or ``.onnx``) into
-    ``module`` (and ``optimizer``: its state tensors by the names the export gave them). Returns
-    the names loaded; a name of the file that neither has is an error, as is a missing parameter."""
+    ``module``, and into ``optimizer`` its state (``optimizer.*``, ``lr``: by the names the export
+    gave them; without ``optimizer`` those are not loaded). Returns the names loaded; a name of the
+    file that neither has is an error, as is a parameter of the module the file lacks."""
     path = Path(path)
     if path.suffix == ".npz":
         with np.load(path) as archive:
@@ -382,12 +383,22 @@ def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim
     else:
         model = onnx.load(str(path))
         arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    arrays = {k: v for k, v in arrays.items() if not k.startswith("captured.")}
+    if optimizer is None:
+        arrays = {k: v for k, v in arrays.items() if not (k == "lr" or k.startswith(("optimizer.", "lr.")))}
     targets: dict[str, torch.Tensor] = dict(module.state_dict(keep_vars=True))
     if optimizer is not None:
         ids = state_names(module, optimizer)
         tensors = {id(v): v for group in optimizer.param_groups for v in group.values() if isinstance(v, torch.Tensor)}
         tensors.update({id(v): v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)})
         targets.update({ids[i]: t for i, t in tensors.items() if i in ids})
+        # State an optimizer makes at its first step (momentum, Adam's moments) is made here.
+        params = dict(module.named_parameters())
+        for name, array in arrays.items():
+            owner, _, key = name.removeprefix("optimizer.").rpartition(".")
+            if name.startswith("optimizer.") and name not in targets and owner in params:
+                tensor = torch.zeros(array.shape, dtype=torch.from_numpy(array[:0].copy()).dtype)
+                optimizer.state[params[owner]][key] = targets[name] = tensor
     unknown = sorted(set(arrays) - set(targets))
     if unknown:
         raise KeyError(f"{path} holds state this model/optimizer has not: {', '.join(unknown[:5])}"
@@ -400,9 +411,8 @@ def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim
             target = targets[name]
             if tuple(target.shape) != array.shape:
                 raise ValueError(f"{name}: {path} holds shape {list(array.shape)}, the model {list(target.shape)}")
-            target.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+            target.copy_(torch.from_numpy(np.array(array)))  # (ascontiguousarray makes 0-d arrays 1-d)
     return sorted(arrays)
-
 
 
 def reset_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, initial: dict[str, torch.Tensor]) -> None:

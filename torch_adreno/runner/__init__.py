@@ -188,7 +188,7 @@ class StepRunner:
                 name = entry["input"]
                 if name not in initial:
                     raise UnsupportedStepFile(f"{origin} has no initial value for state input {name}")
-                array = np.ascontiguousarray(initial[name])
+                array = np.array(initial[name], order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
                 self._buffers[index] = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR,
                                                  hostbuf=array) if array.nbytes else cl.Buffer(self.context, flags.READ_WRITE, 1)
                 self.state_layout[name] = (index, tuple(array.shape), array.dtype)
