@@ -286,8 +286,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     kernels = sum(1 for n in model.graph.node if n.domain == "torch_adreno" and n.op_type != "copy")
-    print(f"{args.output}: the training step of {args.model} as {kernels} kernel launches, "
-          f"{len(model.functions)} functions, inputs {', '.join(i.name for i in model.graph.input[:3])}, ...")
+    plan = json.loads({p.key: p.value for p in model.metadata_props}["torch_adreno.step"])
+    predict = plan["predict"]["operations"]
+    print(f"{args.output}: the training step of {args.model}: {kernels - predict} kernel launches (and {predict} "
+          f"of the eval-mode forward, output logits), {len(model.graph.input)} inputs, {len(model.graph.output)} outputs")
     if args.data is not None:
         print(f"{args.data}: the digits (x, y for training; x_test, y_test held out)")
     return 0

@@ -50,20 +50,66 @@ TORCH_TO_IR = {torch.float32: ir.DType.F32, torch.int64: ir.DType.I64, torch.int
 _DECLARATION = re.compile(r"__global\s+(const\s+)?\w+\s*\*\s*(?:restrict\s+)?(\w+)")
 
 
-def export_step(step: Any, path: str | Path) -> onnx.ModelProto:
+def export_step(step: Any, path: str | Path, predict: torch.Tensor | None = None) -> onnx.ModelProto:
     """Write ``step`` (a :class:`~torch_adreno.TrainingStep` whose step was captured for replay) to
-    ``path`` as ONNX and return the model. The state's values are the current ones."""
+    ``path`` as ONNX and return the model. The state's values are the current ones.
+
+    ``predict``: an example of the model's input (the geometry of batch argument 0): the file then
+    also holds the model's forward in eval mode on batch argument 0 (output ``logits``, from the
+    state before the step), which the runner uses to measure accuracy."""
     replay = step.replay
     if replay is None:
         reasons = "; ".join(sorted(set(step._unreplayable.values())))
         raise ExportError("export needs a captured step: call the TrainingStep at least twice with batches of one "
                           "geometry first (the second call captures it)" + (f"; not captured: {reasons}" if reasons else ""))
+    recording = replay.recording
+    memory = replay.memory
     step.synchronize()
+    prediction = None if predict is None else record_prediction(step, predict)
     names = state_names(step.model, step.optimizer)
-    model = step_model(replay.recording, replay.memory.slot_of, replay.memory.slot_bytes, names,
-                       replay._loss_shape)
+    model = step_model(recording, memory.slot_of, memory.slot_bytes, names, replay._loss_shape, prediction)
     onnx.save(model, str(path))
     return model
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's forward, recorded as a launch list (see :func:`record_prediction`)."""
+
+    recording: StepRecording
+    slot_of: dict[int, int]
+    slot_bytes: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+def record_prediction(step: Any, example: torch.Tensor) -> Prediction:
+    """Record the forward of ``step.model`` on ``example`` in eval mode without gradients (compiled
+    for the step's device); the model's train/eval mode is restored after."""
+    from torch_adreno.runtime.capture import StepRecorder, recording_of
+    from torch_adreno.runtime.replay import plan_step_memory
+
+    model = step.model
+    runtime = step._residency.runtime
+    compiled = torch.compile(model, backend="adreno", dynamic=False, fullgraph=True)
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            compiled(example)  # compiles
+            recorder = StepRecorder(runtime, (example,))
+            with recorder:
+                logits = compiled(example)
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    output = recorder.output_identity(logits) if isinstance(logits, torch.Tensor) else None
+    if recorder.unsupported is not None or output is None:
+        raise ExportError("the model's forward cannot be exported as the prediction: "
+                          + (recorder.unsupported or "its output is not a tensor a kernel wrote"))
+    if recorder.updated:
+        raise ExportError("the model's forward in eval mode updates state: no prediction exported")
+    memory = plan_step_memory(recorder, {output})
+    return Prediction(recording_of(recorder, output), memory.slot_of, memory.slot_bytes, tuple(logits.shape))
 
 
 def state_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
@@ -113,7 +159,8 @@ class _StepGraph:
 
 
 def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Sequence[int],
-               names: dict[int, str], loss_shape: tuple[int, ...]) -> onnx.ModelProto:
+               names: dict[int, str], loss_shape: tuple[int, ...],
+               prediction: Prediction | None = None) -> onnx.ModelProto:
     """The ONNX model of ``recording`` (see the module docstring); ``slot_of``/``slot_bytes``: the
     replay's memory plan; ``names``: names of persistent tensors by ``id``."""
     if recording.seeds:
@@ -178,11 +225,15 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
             entry["slot"] = slot_of.get(identity.index)
         plan["identities"].append(entry)
 
+    at_input = dict(values)
     for op in recording.operations:
         if isinstance(op, RecordedCopy):
             _copy(g, op, values)
         else:
             _launch(g, op.graph, op.source, op.args, recording.programs[op.graph], values)
+    if prediction is not None:
+        persistent = {id(i.tensor): i.index for i in recording.identities if i.kind is PERSISTENT}
+        _add_prediction(g, prediction, at_input, persistent, plan, batch_flat, outputs)
 
     for identity in recording.identities:
         if identity.kind is PERSISTENT and identity.index in updated:
@@ -211,6 +262,58 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
                         "outputs the loss and the updated state. Each node is one OpenCL kernel of the step.")
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
     return model
+
+
+def _add_prediction(g: _StepGraph, prediction: Prediction, at_input: dict[int, _Value], persistent: dict[int, int],
+                    plan: dict[str, Any], batch_flat: dict[int, tuple[str, ir.DType, tuple[int, ...], int]],
+                    outputs: list[onnx.ValueInfoProto]) -> None:
+    """The prediction's launches after the step's: memory identities numbered after the step's, the
+    state read as it is at the step's input (shared with the step: the same buffers in a runner),
+    the input from batch argument 0; its output ``logits``. The plan's ``predict`` entry counts its
+    operations (the last ones of the file) and names its output."""
+    recording = prediction.recording
+    first_identity, first_slot = len(plan["identities"]), len(plan["slots"])
+    plan["slots"].extend(prediction.slot_bytes)
+    mapping: dict[int, int] = {}
+    values: dict[int, _Value] = {}
+    for identity in recording.identities:
+        index = first_identity + identity.index
+        if identity.kind is PERSISTENT:
+            shared = persistent.get(id(identity.tensor))
+            if shared is None:
+                raise ExportError(f"the prediction reads {identity.label}, a tensor the training step does not read")
+            mapping[identity.index] = shared
+            values[shared] = at_input[shared]
+            continue
+        mapping[identity.index] = index
+        entry: dict[str, Any] = {"index": index, "kind": identity.kind, "nbytes": identity.nbytes,
+                                 "label": identity.label, "program": "predict"}
+        if identity.kind is BATCH:
+            geometry = recording.batch[0]
+            if 0 not in batch_flat or geometry is None or identity.batch_position != 0 \
+                    or identity.view != (geometry[0], geometry[1], geometry[2]) or geometry[0] != batch_flat[0][2]:
+                raise ExportError("the prediction's input must have the geometry of the step's batch argument 0")
+            flat_name, dtype, shape, _ = batch_flat[0]
+            values[index] = _Value(flat_name, dtype, math.prod(shape))
+            entry.update(position=0, view=None)
+        elif identity.kind is INTERNAL:
+            slot = prediction.slot_of.get(identity.index)
+            entry["slot"] = None if slot is None else first_slot + slot
+        plan["identities"].append(entry)
+    operations = 0
+    for op in recording.operations:
+        operations += 1
+        if isinstance(op, RecordedCopy):
+            _copy(g, RecordedCopy(op.graph, mapping[op.destination], mapping[op.source], op.nbytes), values)
+        else:
+            _launch(g, op.graph, op.source, [mapping[a] for a in op.args], recording.programs[op.graph], values)
+    output = mapping[recording.loss]
+    value = values[output]
+    flat_logits = _read(g, values, output, value.dtype, math.prod(prediction.shape), "logits")
+    g.nodes.append(helper.make_node("Reshape", [flat_logits, g.body.ints(list(prediction.shape))], ["logits"]))
+    outputs.append(helper.make_tensor_value_info("logits", ONNX_TYPE[value.dtype], list(prediction.shape)))
+    plan["predict"] = {"operations": operations, "output": {"identity": output, "dtype": np.dtype(_numpy(value.dtype)).name,
+                                                             "shape": list(prediction.shape)}}
 
 
 def _version() -> str:
@@ -453,4 +556,4 @@ def export_reference_model(name: str, path: str | Path, batch: tuple[torch.Tenso
                               + "; ".join(sorted(set(step._unreplayable.values()))))
         step.synchronize()
         reset_state(model, opt, initial)
-        return export_step(step, path)
+        return export_step(step, path, predict=batch[0])

@@ -179,6 +179,7 @@ class StepRunner:
         #: name -> (identity, shape, dtype) of every state tensor (an input with an initial value).
         self.state_layout: dict[str, tuple[int, tuple[int, ...], np.dtype]] = {}
         self._batch: list[dict[str, Any]] = []
+        self._predict_batch: list[dict[str, Any]] = []
         for entry in self.plan["identities"]:
             index, kind = int(entry["index"]), entry["kind"]
             if kind == "internal":
@@ -194,23 +195,31 @@ class StepRunner:
                 self.state_layout[name] = (index, tuple(array.shape), array.dtype)
             elif kind == "batch":
                 self._buffers[index] = cl.Buffer(self.context, flags.READ_WRITE, max(int(entry["nbytes"]), 1))
-                self._batch.append(entry)
+                (self._predict_batch if entry.get("program") == "predict" else self._batch).append(entry)
             else:
                 raise UnsupportedStepFile(f"{origin} has memory of kind {kind!r}, which this runner cannot provide")
         self.batch_inputs = self.plan["batch"]
         self._programs: dict[tuple[str, tuple[str, ...]], cl.Program] = {}
-        self._enqueue: list[Any] = []
+        enqueue: list[Any] = []
         for op in self.operations:
             if isinstance(op, Copy):
-                self._enqueue.append((cl.enqueue_copy, (self._buffer(op.destination), self._buffer(op.source)),
+                enqueue.append((cl.enqueue_copy, (self._buffer(op.destination), self._buffer(op.source)),
                                       {"byte_count": op.nbytes}))
                 continue
             kernel = cl.Kernel(self._program(op), op.name)
             for position, identity in enumerate(op.buffers):
                 kernel.set_arg(position, self._buffer(identity))
-            self._enqueue.append((cl.enqueue_nd_range_kernel, (kernel, op.global_size, op.local_size), {}))
+            enqueue.append((cl.enqueue_nd_range_kernel, (kernel, op.global_size, op.local_size), {}))
+        # The prediction (the model's eval-mode forward), when the file holds one: its last operations.
+        predict = self.plan.get("predict")
+        count = int(predict["operations"]) if predict else 0
+        self._enqueue, self._predict = enqueue[:len(enqueue) - count], enqueue[len(enqueue) - count:]
         loss = self.plan["loss"]
-        self._loss = (self._buffer(int(loss["identity"])), tuple(loss["shape"]), np.dtype(loss["dtype"]))
+        self._loss = self._output(loss)
+        self._logits = self._output(predict["output"]) if predict else None
+
+    def _output(self, spec: dict[str, Any]) -> tuple[cl.Buffer, tuple[int, ...], np.dtype]:
+        return self._buffer(int(spec["identity"])), tuple(spec["shape"]), np.dtype(spec["dtype"])
 
     @classmethod
     def load(cls, path: str | Path, device: cl.Device | None = None) -> StepRunner:
@@ -240,15 +249,29 @@ class StepRunner:
         """One training step on ``batch`` (arrays in the order of the step's batch inputs); returns the loss."""
         if len(batch) != len(self.batch_inputs):
             raise ValueError(f"the step takes {len(self.batch_inputs)} batch arrays, got {len(batch)}")
+        return float(self._run(batch, self._batch, self._enqueue, self._loss))
+
+    @property
+    def can_predict(self) -> bool:
+        return self._logits is not None
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The model's output in eval mode on ``x`` (batch input 0's geometry), with the current state."""
+        if self._logits is None:
+            raise UnsupportedStepFile("this file holds no prediction: export it with predict= (the CLI always does)")
+        return self._run((x,), self._predict_batch, self._predict, self._logits)
+
+    def _run(self, batch: Sequence[np.ndarray], uploads: list[dict[str, Any]], enqueue: list[Any],
+             output: tuple[cl.Buffer, tuple[int, ...], np.dtype]) -> np.ndarray:
         arrays = {}
-        for spec, array in zip(self.batch_inputs, batch, strict=True):
+        for spec, array in zip(self.batch_inputs, batch, strict=False):
             array = np.asarray(array)
             if list(array.shape) != spec["shape"] or array.dtype != np.dtype(spec["dtype"]):
                 raise ValueError(f"{spec['input']}: the step was exported for {spec['dtype']}{spec['shape']}, "
                                  f"got {array.dtype}{list(array.shape)}")
             arrays[int(spec["position"])] = np.ascontiguousarray(array)
         keep = []
-        for entry in self._batch:
+        for entry in uploads:
             array = arrays[int(entry["position"])]
             if entry.get("view") is not None:
                 shape, stride, offset = entry["view"]
@@ -258,13 +281,13 @@ class StepRunner:
                 array = np.ascontiguousarray(flat[index])
             keep.append(array)
             cl.enqueue_copy(self.queue, self._buffers[int(entry["index"])], array, is_blocking=False)
-        for function, args, kwargs in self._enqueue:
+        for function, args, kwargs in enqueue:
             function(self.queue, *args, **kwargs)
-        buffer, shape, dtype = self._loss
-        loss = np.empty(shape, dtype=dtype)
-        cl.enqueue_copy(self.queue, loss, buffer, is_blocking=True)
-        del keep
-        return float(loss)
+        buffer, shape, dtype = output
+        result = np.empty(shape, dtype=dtype)
+        cl.enqueue_copy(self.queue, result, buffer, is_blocking=True)
+        del keep  # in use until the blocking read above
+        return result
 
     def state(self) -> dict[str, np.ndarray]:
         """The current value of every state tensor, by its input name."""

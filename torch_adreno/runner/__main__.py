@@ -38,6 +38,18 @@ def batches(arrays: Sequence[np.ndarray], batch_size: int, steps: int, seed: int
             done += 1
 
 
+def accuracy(runner: StepRunner, x: np.ndarray, y: np.ndarray) -> float:
+    """The fraction of ``x`` whose highest output is its label ``y`` (the last partial batch padded)."""
+    size = runner.batch_inputs[0]["shape"][0]
+    correct = 0
+    for start in range(0, len(x), size):
+        part = x[start:start + size]
+        padded = np.concatenate([part, np.zeros((size - len(part), *part.shape[1:]), part.dtype)]) if len(part) < size else part
+        logits = runner.predict(padded)[:len(part)]
+        correct += int((logits.argmax(axis=1) == y[start:start + size]).sum())
+    return correct / max(len(x), 1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_adreno.runner", description=__doc__)
     parser.add_argument("model", type=Path, help="a training step exported by torch_adreno (.onnx)")
@@ -79,6 +91,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         losses.append(runner.step(*batch))
         if number % args.print_every == 0 or number == args.steps:
             print(f"step {number} loss {losses[-1]!r}")
+    if runner.can_predict:
+        test = [k for k in ("x_test", "y_test") if k in np.load(args.data).files]
+        with np.load(args.data) as archive:
+            x, y = (archive["x_test"], archive["y_test"]) if len(test) == 2 else (arrays[0], arrays[1])
+        which = "held-out" if len(test) == 2 else "training"
+        print(f"accuracy on the {len(y)} {which} examples: {accuracy(runner, x.astype(specs[0]['dtype']), y):.4f}")
+    else:
+        print("accuracy: not measured (the file holds no prediction; export it with predict=)")
     out = args.out or args.model.with_suffix(".trained.npz")
     runner.save_state(out)
     print(f"trained state written to {out}")
