@@ -10,7 +10,14 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from torch_adreno import ir
-from torch_adreno.export.kernel_bodies import ONNX_TYPE, Body, ExportError, SplitK, split_slices, translate_node
+from torch_adreno.export.kernel_bodies import (
+    ONNX_TYPE,
+    Body,
+    ExportError,
+    SplitK,
+    split_slices,
+    translate_node,
+)
 from torch_adreno.ir import DType
 
 F32 = DType.F32

@@ -177,17 +177,17 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
     for position, arg in enumerate(recording.batch):
         if arg is None:
             continue
-        shape, stride, offset, dtype = arg
-        if dtype not in TORCH_TO_IR:
-            raise ExportError(f"batch argument {position} is {dtype}; exportable: {sorted(map(str, TORCH_TO_IR))}")
+        shape, stride, offset, torch_dtype = arg
+        if torch_dtype not in TORCH_TO_IR:
+            raise ExportError(f"batch argument {position} is {torch_dtype}; exportable: {sorted(map(str, TORCH_TO_IR))}")
         if stride != _contiguous(shape):
             raise ExportError(f"batch argument {position} is not contiguous: pass contiguous batches to the captured step")
         name = f"batch_{position}"
-        inputs.append(helper.make_tensor_value_info(name, ONNX_TYPE[TORCH_TO_IR[dtype]], list(shape)))
-        batch_flat[position] = (body.op("Reshape", [name, body.ints([-1])], f"{name}_flat"), TORCH_TO_IR[dtype],
+        inputs.append(helper.make_tensor_value_info(name, ONNX_TYPE[TORCH_TO_IR[torch_dtype]], list(shape)))
+        batch_flat[position] = (body.op("Reshape", [name, body.ints([-1])], f"{name}_flat"), TORCH_TO_IR[torch_dtype],
                                 shape, offset)
         plan["batch"].append({"input": name, "position": position, "shape": list(shape),
-                              "dtype": str(dtype).removeprefix("torch.")})
+                              "dtype": str(torch_dtype).removeprefix("torch.")})
 
     updated = set(recording.updated)
     for identity in recording.identities:

@@ -64,7 +64,7 @@ class Body:
         return out
 
     def constant(self, value: Any, dtype: DType) -> str:
-        array = np.asarray(value, dtype=NUMPY_TYPE[dtype])
+        array: np.ndarray = np.asarray(value, dtype=NUMPY_TYPE[dtype])
         key = (dtype, array.shape, array.tobytes())
         if key not in self._constants:
             out = self.fresh("const")

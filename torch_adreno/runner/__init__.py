@@ -305,7 +305,7 @@ class StepRunner:
         path = Path(path)
         state = self.state()
         if path.suffix == ".npz":
-            np.savez(path, **{k: v for k, v in state.items() if not k.startswith("captured.")})
+            np.savez(path, **{k: v for k, v in state.items() if not k.startswith("captured.")})  # type: ignore[arg-type]
             return
         if path.suffix != ".onnx":
             raise ValueError(f"{path}: the state is written as .npz or .onnx")

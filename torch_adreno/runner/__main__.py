@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def batches(arrays: Sequence[np.ndarray], batch_size: int, steps: int, seed: int):  # type: ignore[no-untyped-def]
+def batches(arrays: Sequence[np.ndarray], batch_size: int, steps: int, seed: int) -> Iterator[tuple[np.ndarray, ...]]:
     """``steps`` batches of ``batch_size`` rows, epoch after epoch in a fresh shuffled order (full batches only)."""
     rows = len(arrays[0])
     rng = np.random.default_rng(seed)
