@@ -18,6 +18,7 @@ work-group sizes, memory or extensions the kernels need.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,8 +119,11 @@ def read_step(model: onnx.ModelProto, origin: str = "the model") -> tuple[dict[s
 
 
 def choose_device(spec: str | int | None = None) -> cl.Device:
-    """An OpenCL device: by index into all devices, by a substring of its name, or the first GPU
-    (else the first device) when ``spec`` is None."""
+    """An OpenCL device: by index into all devices, by a substring of its name (or its platform's),
+    or, when ``spec`` is None, as ``TORCH_ADRENO_DEVICE`` says, else the first GPU, else the first
+    device (the rule torch_adreno's backend follows)."""
+    if spec is None:
+        spec = os.environ.get("TORCH_ADRENO_DEVICE", "").strip() or None
     devices = [d for p in cl.get_platforms() for d in p.get_devices()]
     if not devices:
         raise UnsupportedStepFile("no OpenCL device found (install a driver, or PoCL for the CPU)")
@@ -131,7 +135,7 @@ def choose_device(spec: str | int | None = None) -> cl.Device:
         if index >= len(devices):
             raise UnsupportedStepFile(f"device index {index}: there are {len(devices)} OpenCL devices")
         return devices[index]
-    named = [d for d in devices if str(spec).lower() in d.name.lower()]
+    named = [d for d in devices if str(spec).lower() in f"{d.platform.name} {d.name}".lower()]
     if not named:
         raise UnsupportedStepFile(f"no OpenCL device named like {spec!r}; devices: {', '.join(d.name for d in devices)}")
     return named[0]
