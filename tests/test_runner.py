@@ -43,7 +43,8 @@ def without_torch(tmp_path: Path, *args: str, timeout: int = 600) -> subprocess.
     blocker = tmp_path / "blocker"
     blocker.mkdir(exist_ok=True)
     (blocker / "sitecustomize.py").write_text(BLOCKER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in [str(blocker), str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 
