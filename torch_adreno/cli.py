@@ -1,5 +1,5 @@
 """The command line, ``python -m torch_adreno <command>``: devices, ops, train (the digits demo),
-bench (the fusion-gain suite) and opinfo (PyTorch's OpInfo samples through the backend).
+bench (the fusion-gain suite), export (a training step as ONNX) and opinfo (PyTorch's OpInfo samples through the backend).
 
 Every argument is checked when it is parsed (argparse types below), and a device named on the
 command line is looked up before any work starts, so bad input ends in one line saying what was
@@ -303,6 +303,46 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
     return 1 if any(r.unexpected for r in reports) else 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a reference model's (or the digits demo's) training step as ONNX."""
+    import numpy as np
+
+    from torch_adreno.export import ExportError, export_reference_model
+    from torch_adreno.models import MODELS, LeNet
+
+    problem = _check_device(args.device)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    torch.manual_seed(args.seed)
+    if args.model == "digits":
+        x_train, y_train, x_test, y_test = _digits_split(args.seed)
+        batch: tuple[torch.Tensor, ...] = (x_train[:args.batch_size].contiguous(), y_train[:args.batch_size].contiguous())
+        make: Callable[[], torch.nn.Module] = LeNet
+        if args.data is not None:
+            np.savez(args.data, x=x_train.numpy(), y=y_train.numpy(), x_test=x_test.numpy(), y_test=y_test.numpy())
+    else:
+        spec = MODELS[args.model]
+        batch, make = spec.batch(torch.Generator().manual_seed(args.seed)), spec.make
+        if args.data is not None:
+            print("error: --data writes the digits data set; it goes with --model digits", file=sys.stderr)
+            return 2
+    options = {"device": args.device} if args.device is not None else {}
+    try:
+        model = export_reference_model(args.model, args.output, batch, make, args.lr, args.optimizer, options)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    kernels = sum(1 for n in model.graph.node if n.domain == "torch_adreno" and n.op_type != "copy")
+    plan = json.loads({p.key: p.value for p in model.metadata_props}["torch_adreno.step"])
+    predict = plan["predict"]["operations"]
+    print(f"{args.output}: the training step of {args.model}: {kernels - predict} kernel launches (and {predict} "
+          f"of the eval-mode forward, output logits), {len(model.graph.input)} inputs, {len(model.graph.output)} outputs")
+    if args.data is not None:
+        print(f"{args.data}: the digits (x, y for training; x_test, y_test held out)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from torch_adreno.benchmark import SUITE_VARIANTS
     from torch_adreno.models import MODELS
@@ -353,6 +393,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     project.add_argument("--device", type=device_spec, default=None, help=device_help)
     project.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and target")
     project.set_defaults(fn=cmd_project)
+
+    export = sub.add_parser("export", help="export a model's compiled training step as one ONNX file "
+                            "(run it with onnxruntime, view it in Netron, train it with `python -m torch_adreno.runner`)")
+    export.add_argument("output", type=Path, help="the .onnx file to write")
+    export.add_argument("--model", choices=[*sorted(MODELS), "digits"], default="digits",
+                        help="a reference model, or digits: the `train` demo's LeNet on the bundled digits (default: %(default)s)")
+    export.add_argument("--batch-size", type=positive_int, default=64, help="digits per step (--model digits; default: %(default)s)")
+    export.add_argument("--lr", type=positive_float, default=0.01, help="initial learning rate, an input of the step (default: %(default)s)")
+    export.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="SGD with momentum 0.9, or Adam (default: %(default)s)")
+    export.add_argument("--seed", type=seed_int, default=0, help="seeds the initial weights and the batch (default: %(default)s)")
+    export.add_argument("--data", type=Path, default=None,
+                        help="also write the digits as .npz (x, y, x_test, y_test) for the runner's --data")
+    export.add_argument("--device", type=device_spec, default=None, help=device_help)
+    export.set_defaults(fn=cmd_export)
     opinfo = sub.add_parser("opinfo", help="PyTorch's OpInfo samples for every claimed op: pass/fail per op")
     opinfo.add_argument("--ops", nargs="+", default=None, help="OpInfo names (default: every claimed op)")
     opinfo.add_argument("--samples", type=int, default=None, help="samples per op (default: all)")

@@ -320,6 +320,15 @@ class TrainingStep:
             if grads:
                 self._clip(grads)
 
+    def export(self, path: str, predict: torch.Tensor | None = None) -> Any:
+        """Write the captured step (call the step twice with one batch geometry first) to ``path`` as
+        one ONNX model: batch and state in, loss and updated state out; with ``predict`` (an input of
+        the model), also the model's eval-mode output on batch argument 0 (see :mod:`torch_adreno.export`).
+        Returns the ``onnx.ModelProto``."""
+        from torch_adreno.export import export_step
+
+        return export_step(self, path, predict)
+
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
         try:

@@ -96,6 +96,9 @@ class StepRecorder:
     #: Why this recording cannot be replayed (None: it can).
     unsupported: str | None = None
     graphs: list[str] = field(default_factory=list)
+    #: The kernel program (IR graph, memory plan, kernels) of each graph that ran, by graph name:
+    #: what an export (:mod:`torch_adreno.export`) translates the launches from.
+    programs: dict[str, Any] = field(default_factory=dict)
     _by_buffer: dict[int, int] = field(default_factory=dict)
     _by_host_memory: dict[int, int] = field(default_factory=dict)
     #: The identity holding each output a graph returned, by the host address of the tensor.
@@ -190,6 +193,7 @@ class StepRecorder:
         graph = executable.graph
         plan = executable.program.plan
         self.graphs.append(graph.name)
+        self.programs[graph.name] = executable.program
         first_seed = len(args) - len(graph.random_seeds)
         identity: dict[str, int] = {}
         for pos, name in enumerate(graph.inputs):
@@ -232,10 +236,38 @@ class StepRecorder:
         return self._outputs.get(tensor.data_ptr()) if tensor.numel() else None
 
 
+@dataclass(frozen=True)
+class StepRecording:
+    """What a finished recording says about the step, without the buffers of its internal memory
+    (a replay keeps this; an export translates it). Identities keep their buffer only when
+    persistent (the replay holds those anyway)."""
+
+    identities: tuple[MemoryIdentity, ...]
+    operations: tuple[RecordedLaunch | RecordedCopy, ...]
+    updated: tuple[int, ...]
+    seeds: tuple[int, ...]
+    programs: dict[str, Any]
+    loss: int
+    #: Shape, strides, storage offset and dtype of each batch argument (None: not a tensor).
+    batch: tuple[tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype] | None, ...]
+
+
+def recording_of(recorder: StepRecorder, loss: int) -> StepRecording:
+    """``recorder``'s step as a :class:`StepRecording`, ``loss`` its loss identity."""
+    identities = tuple(
+        i if i.kind is PERSISTENT else MemoryIdentity(i.index, i.kind, i.nbytes, None, i.label,  # type: ignore[arg-type]
+                                                     None, i.batch_position, i.view, i.arena)
+        for i in recorder.identities)
+    batch = tuple((tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype)
+                  if isinstance(t, torch.Tensor) else None for t in recorder.batch)
+    return StepRecording(identities, tuple(recorder.operations), tuple(i for _, i in recorder.updated),
+                         tuple(recorder.seeds), dict(recorder.programs), loss, batch)
+
+
 def active_recorder() -> StepRecorder | None:
     return ACTIVE_RECORDER.get()
 
 
 __all__ = ["ACTIVE_RECORDER", "BATCH", "INTERNAL", "PERSISTENT", "SEED", "MemoryIdentity", "RecordedCopy",
-           "RecordedLaunch", "StepRecorder", "active_recorder"]
+           "RecordedLaunch", "StepRecorder", "StepRecording", "active_recorder", "recording_of"]
 

@@ -43,6 +43,7 @@ from torch_adreno.runtime.capture import (
     RecordedCopy,
     RecordedLaunch,
     StepRecorder,
+    recording_of,
 )
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.images import image_views
@@ -163,6 +164,8 @@ class ReplayedStep:
         self.residency = residency
         self.graphs = tuple(recorder.graphs)
         self.memory = plan_step_memory(recorder, {loss_identity})
+        #: The recorded step without its internal buffers (what an export translates).
+        self.recording = recording_of(recorder, loss_identity)
         context = self.runtime.context
         slots = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in self.memory.slot_bytes]
         # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue

@@ -1,0 +1,47 @@
+"""What ``import torch_adreno`` provides where PyTorch is installed (re-exported by the package)."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_adreno.backend import adreno_backend
+from torch_adreno.config import OPTIONS, Config
+from torch_adreno.errors import (
+    AdrenoError,
+    DeviceNotFoundError,
+    LoweringError,
+    OptionError,
+    ShapeLimitError,
+    UnsupportedOpError,
+)
+from torch_adreno.profiler import profile
+from torch_adreno.runtime import DeviceTensor, list_devices
+from torch_adreno.training_step import TrainingStep
+
+__all__ = [
+    "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "LoweringError", "OptionError",
+    "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
+]
+from torch_adreno import BACKEND_NAME
+
+
+def _register() -> None:
+    """Register ``backend="adreno"`` with Dynamo unless the installed entry point already does.
+
+    When the package is installed, Dynamo finds the backend through the ``torch_dynamo_backends``
+    entry point and registers it itself on first lookup; registering here as well would make
+    that lookup fail as a duplicate. Without an install (a source checkout on PYTHONPATH), this
+    registration is what makes the name work.
+    """
+    from torch._dynamo.backends import registry
+
+    registry._lazy_import()  # discovers entry points, filling registry._BACKENDS
+    if BACKEND_NAME not in registry._BACKENDS:
+        registry.register_backend(adreno_backend, name=BACKEND_NAME)
+
+
+_register()
+
+# Dynamo skips frames holding nn.LSTM / nn.GRU unless RNN tracing is enabled: such a model would
+# run eagerly on the host without a word. A user of this backend wants it on the device.
+torch._dynamo.config.allow_rnn = True

@@ -1,0 +1,363 @@
+"""The standard ONNX ops one of our kernels computes: the body of its model-local function.
+
+A kernel computes IR nodes (pointwise, reduction, GEMM) of one graph. Each node becomes ops over a
+grid of its loop variables: a loop variable is a ``Range`` along its own axis, index arithmetic is
+int64 arithmetic, a load is a ``Gather`` from the flat input at the flat index (clamped into the
+buffer where the IR cannot bound it: an index only a ``where`` discards may point anywhere), a
+reduction reduces the grid's reduction axes, a GEMM is a ``MatMul`` of its operand grids. Every
+value that crosses a function boundary is a flat (1-D) tensor of its buffer's element type.
+
+Invariant: the body computes, for every buffer the kernel writes, the values the kernel writes (in
+exact arithmetic; float results may differ in rounding, as the order of a reduction differs); an
+op it cannot express raises :class:`ExportError` naming the op and the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper, numpy_helper
+
+from torch_adreno import ir
+from torch_adreno.ir import DType
+
+ONNX_TYPE = {DType.F32: TensorProto.FLOAT, DType.I64: TensorProto.INT64, DType.I32: TensorProto.INT32,
+             DType.BOOL: TensorProto.BOOL, DType.U8: TensorProto.UINT8, DType.INDEX: TensorProto.INT64}
+NUMPY_TYPE = {DType.F32: np.float32, DType.I64: np.int64, DType.I32: np.int32, DType.BOOL: np.bool_,
+              DType.U8: np.uint8, DType.INDEX: np.int64}
+
+
+class ExportError(ValueError):
+    """A step that cannot be written as ONNX; the message names what and where."""
+
+
+_UNARY = {"neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh",
+          "sigmoid": "Sigmoid", "sin": "Sin", "cos": "Cos", "erf": "Erf", "reciprocal": "Reciprocal"}
+_FLOAT_ONLY_ROUNDING = {"floor": "Floor", "ceil": "Ceil", "round": "Round"}
+_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "minimum": "Min"}
+_COMPARE = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
+_LOGICAL = {"logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}
+_BITWISE = {"bitwise_and": ("And", "BitwiseAnd"), "bitwise_or": ("Or", "BitwiseOr"),
+            "bitwise_xor": ("Xor", "BitwiseXor")}
+
+
+@dataclass
+class Body:
+    """Nodes of one function body under construction, with fresh value names."""
+
+    prefix: str
+    nodes: list[NodeProto] = field(default_factory=list)
+    _count: int = 0
+    _constants: dict[tuple[Any, ...], str] = field(default_factory=dict)
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{self.prefix}{hint}_{self._count}"
+
+    def op(self, op_type: str, inputs: Sequence[str], hint: str = "", **attrs: Any) -> str:
+        out = self.fresh(hint or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def constant(self, value: Any, dtype: DType) -> str:
+        array: np.ndarray = np.asarray(value, dtype=NUMPY_TYPE[dtype])
+        key = (dtype, array.shape, array.tobytes())
+        if key not in self._constants:
+            out = self.fresh("const")
+            self.nodes.append(helper.make_node("Constant", [], [out], value=numpy_helper.from_array(array, out)))
+            self._constants[key] = out
+        return self._constants[key]
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.constant(np.asarray(list(values), dtype=np.int64), DType.INDEX)
+
+    def cast(self, value: str, dtype: DType) -> str:
+        return self.op("Cast", [value], "cast", to=ONNX_TYPE[dtype])
+
+
+class Grid:
+    """Expressions evaluated over loop variables laid along the axes of one grid."""
+
+    def __init__(self, body: Body, axes: dict[str, int], rank: int, values: dict[str, str],
+                 shapes: dict[str, ir.Buffer], kernel: str) -> None:
+        self.body = body
+        self.axes = axes
+        self.rank = rank
+        self.values = values
+        self.shapes = shapes
+        self.kernel = kernel
+        self._memo: dict[ir.Expr, str] = {}
+
+    def emit(self, expr: ir.Expr) -> str:
+        cached = self._memo.get(expr)
+        if cached is None:
+            cached = self._memo[expr] = self._emit(expr)
+        return cached
+
+    def _var(self, var: ir.Var) -> str:
+        axis = self.axes.get(var.name)
+        if axis is None:
+            raise ExportError(f"kernel {self.kernel}: loop variable {var.name} is not one of this node's")
+        b = self.body
+        line = b.op("Range", [b.constant(0, DType.INDEX), b.constant(var.size, DType.INDEX), b.constant(1, DType.INDEX)],
+                    var.name)
+        shape = [1] * self.rank
+        shape[axis] = var.size
+        return b.op("Reshape", [line, b.ints(shape)], var.name)
+
+    def flat_index(self, buffer: ir.Buffer, index: Sequence[ir.Expr]) -> ir.Expr:
+        flat: ir.Expr = ir.index(0)
+        stride = 1
+        for size, part in reversed(list(zip(buffer.shape, index, strict=True))):
+            flat = ir.call("add", flat, ir.call("mul", part, ir.index(stride)))
+            stride *= size
+        return flat
+
+    def _load(self, load: ir.Load) -> str:
+        b = self.body
+        buffer = self.shapes[load.buffer]
+        source = self.values.get(load.buffer)
+        if source is None:
+            raise ExportError(f"kernel {self.kernel}: reads buffer {load.buffer}, which is neither an argument "
+                              "of the kernel nor computed in it")
+        flat = self.flat_index(buffer, load.index)
+        index = self.emit(flat)
+        bounds = ir.bounds(flat)
+        if bounds is None or bounds[0] < 0 or bounds[1] >= max(buffer.numel, 1):
+            index = b.op("Clip", [index, b.constant(0, DType.INDEX), b.constant(max(buffer.numel - 1, 0), DType.INDEX)],
+                         "clamped")
+        value = b.op("Gather", [source, index], load.buffer, axis=0)
+        return value
+
+    def _emit(self, expr: ir.Expr) -> str:
+        b = self.body
+        if isinstance(expr, ir.Var):
+            return self._var(expr)
+        if isinstance(expr, ir.Const):
+            return b.constant(expr.value, expr.dtype)
+        if isinstance(expr, ir.Load):
+            return self._load(expr)
+        assert isinstance(expr, ir.Call), expr
+        return self._call(expr)
+
+    def _args(self, expr: ir.Call, dtype: DType | None = None) -> list[str]:
+        """The arguments, cast to ``dtype``'s ONNX type where theirs differs."""
+        out = []
+        for arg in expr.args:
+            value = self.emit(arg)
+            if dtype is not None and ONNX_TYPE[arg.dtype] != ONNX_TYPE[dtype]:
+                value = self.body.cast(value, dtype)
+            out.append(value)
+        return out
+
+    def _call(self, expr: ir.Call) -> str:
+        b, op, result = self.body, expr.op, expr.dtype
+        first = expr.args[0].dtype
+        if op in _UNARY:
+            return b.op(_UNARY[op], self._args(expr, result), op)
+        if op == "cast":
+            (value,) = self._args(expr)
+            return b.cast(value, result) if ONNX_TYPE[first] != ONNX_TYPE[result] else value
+        if op == "relu":
+            (x,) = self._args(expr, result)
+            return b.op("Where", [b.op("Less", [x, b.constant(0, result)]), b.constant(0, result), x], "relu")
+        if op in _FLOAT_ONLY_ROUNDING or op == "trunc":
+            (x,) = self._args(expr, result)
+            if not result.is_float:
+                return x
+            if op == "trunc":
+                return b.op("Where", [b.op("Less", [x, b.constant(0, result)]), b.op("Ceil", [x]), b.op("Floor", [x])],
+                            "trunc")
+            return b.op(_FLOAT_ONLY_ROUNDING[op], [x], op)
+        if op == "sign":
+            (x,) = self._args(expr, result)
+            return b.op("Sign", [x], "sign")
+        if op == "rsqrt":
+            (x,) = self._args(expr, result)
+            return b.op("Reciprocal", [b.op("Sqrt", [x])], "rsqrt")
+        if op in ("log1p", "expm1", "log2", "exp2"):
+            (x,) = self._args(expr, result)
+            one = b.constant(1.0, result)
+            if op == "log1p":
+                return b.op("Log", [b.op("Add", [x, one])], op)
+            if op == "expm1":
+                return b.op("Sub", [b.op("Exp", [x]), one], op)
+            if op == "log2":
+                return b.op("Div", [b.op("Log", [x]), b.constant(math.log(2.0), result)], op)
+            return b.op("Pow", [b.constant(2.0, result), x], op)
+        if op in _BINARY:
+            return b.op(_BINARY[op], self._args(expr, result), op)
+        if op == "floordiv":
+            x, y = self._args(expr, result)
+            if result is DType.INDEX:  # non-negative (the IR's invariant): truncation is floor
+                return b.op("Div", [x, y], "floordiv")
+            if result.is_float:
+                return b.op("Floor", [b.op("Div", [x, y])], "floordiv")
+            return b.op("Div", [b.op("Sub", [x, b.op("Mod", [x, y], fmod=0)]), y], "floordiv")
+        if op in ("mod", "remainder"):
+            x, y = self._args(expr, result)
+            if result.is_float:  # x - floor(x / y) * y, as the kernels compute it
+                return b.op("Sub", [x, b.op("Mul", [b.op("Floor", [b.op("Div", [x, y])]), y])], op)
+            return b.op("Mod", [x, y], op, fmod=0)  # the sign follows the divisor
+        if op == "fmod":
+            return b.op("Mod", self._args(expr, result), "fmod", fmod=1)
+        if op == "pow":
+            if result.is_float:
+                return b.op("Pow", self._args(expr, result), "pow")
+            x, y = self._args(expr, DType.F32)
+            return b.cast(b.op("Pow", [x, y]), result)
+        if op in _COMPARE or op == "ne":
+            common = DType.F32 if first.is_float or expr.args[1].dtype.is_float else DType.I64
+            x, y = self._args(expr, common)
+            if op == "ne":
+                return b.op("Not", [b.op("Equal", [x, y])], "ne")
+            return b.op(_COMPARE[op], [x, y], op)
+        if op in _LOGICAL:
+            return b.op(_LOGICAL[op], self._args(expr, DType.BOOL), op)
+        if op == "logical_not":
+            return b.op("Not", self._args(expr, DType.BOOL), op)
+        if op in _BITWISE:
+            logical, bitwise = _BITWISE[op]
+            return b.op(logical if result is DType.BOOL else bitwise, self._args(expr, result), op)
+        if op == "bitwise_not":
+            return b.op("Not" if result is DType.BOOL else "BitwiseNot", self._args(expr, result), op)
+        if op == "isnan":
+            if not first.is_float:
+                return b.constant(False, DType.BOOL)
+            return b.op("IsNaN", self._args(expr), op)
+        if op == "where":
+            cond = self.emit(expr.args[0])
+            if ONNX_TYPE[expr.args[0].dtype] != TensorProto.BOOL:
+                cond = b.cast(cond, DType.BOOL)
+            x = self.emit(expr.args[1])
+            y = self.emit(expr.args[2])
+            if ONNX_TYPE[expr.args[2].dtype] != ONNX_TYPE[expr.args[1].dtype]:
+                y = b.cast(y, expr.args[1].dtype)
+            return b.op("Where", [cond, x, y], "where")
+        raise ExportError(f"kernel {self.kernel}: IR op {op!r} has no translation to standard ONNX ops "
+                          "(random numbers and atan2 are not exportable yet)")
+
+
+def full(body: Body, value: str, shape: Sequence[int]) -> str:
+    """``value`` broadcast to ``shape``."""
+    return body.op("Expand", [value, body.ints(shape)], "full")
+
+
+def flat(body: Body, value: str) -> str:
+    return body.op("Reshape", [value, body.ints([-1])], "flat")
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """A split-K GEMM's two launches: the first writes ``partials`` (slice sums), the second adds
+    them up through the epilogue (see :mod:`torch_adreno.kernels.gemm`)."""
+
+    gemm: ir.Gemm
+    partials: str
+    split: int
+    slice_k: int
+    row_sums: bool
+
+
+def _output_of(body: Body, buffer: ir.Buffer, value: str, value_dtype: DType) -> str:
+    if ONNX_TYPE[value_dtype] != ONNX_TYPE[buffer.dtype]:
+        value = body.cast(value, buffer.dtype)
+    return flat(body, value)
+
+
+def translate_node(body: Body, node: ir.Node, values: dict[str, str], shapes: dict[str, ir.Buffer], kernel: str,
+                   split: SplitK | None = None) -> str:
+    """The flat value of ``node``'s output; ``values`` holds the flat value of every buffer it may read."""
+    if isinstance(node, ir.HostOp):
+        raise ExportError(f"kernel {kernel}: {node.target} runs on the host (fallback='host'); not exportable")
+    out = shapes[node.output]
+    if isinstance(node, ir.Pointwise):
+        grid = Grid(body, {n: a for a, n in enumerate(_var_names(node.ranges, "i"))}, len(node.ranges), values, shapes,
+                    kernel)
+        value = full(body, grid.emit(node.body), node.ranges)
+        return _output_of(body, out, value, node.body.dtype)
+    if isinstance(node, ir.Reduction):
+        outer, inner = len(node.ranges), len(node.reduction_ranges)
+        axes = {n: a for a, n in enumerate(_var_names(node.ranges, "i"))}
+        axes.update({n: outer + a for a, n in enumerate(_var_names(node.reduction_ranges, "r"))})
+        grid = Grid(body, axes, outer + inner, values, shapes, kernel)
+        value = full(body, grid.emit(node.body), (*node.ranges, *node.reduction_ranges))
+        reduced = _reduce(body, node, value, outer, inner, kernel)
+        dtype = DType.I64 if node.reduce_op in ("argmax", "argmin") else node.body.dtype
+        return _output_of(body, out, reduced, dtype)
+    assert isinstance(node, ir.Gemm)
+    g = node
+    if split is not None:  # the second launch of a split-K GEMM: the slice sums, added up
+        sums = body.op("Slice", [values[split.partials], body.ints([0]), body.ints([split.split * g.batch * g.m * g.n])],
+                       "slices")
+        shaped = body.op("Reshape", [sums, body.ints([g.batch, split.split, g.m, g.n])])
+        product = body.op("ReduceSum", [shaped, body.ints([1])], "gemm", keepdims=0)
+    else:
+        product = body.op("MatMul", [gemm_operand(body, g, "lhs", values, shapes, kernel),
+                                     gemm_operand(body, g, "rhs", values, shapes, kernel)], "gemm")
+    grid = Grid(body, {"b": 0, "m": 1, "n": 2}, 3, values, shapes, kernel)
+    target = grid.flat_index(out, g.out_index)
+    expected = {v: s for v, s in ((g.vars()["b"], g.m * g.n), (g.vars()["m"], g.n), (g.vars()["n"], 1))
+                if isinstance(v, ir.Var)}
+    constant, terms = ir.linear_terms(target)
+    if constant == 0 and terms == expected and out.numel == g.batch * g.m * g.n:
+        return _output_of(body, out, product, DType.F32)
+    # Another layout (a transposed store): scatter every product element to its place.
+    positions = flat(body, full(body, grid.emit(target), (g.batch, g.m, g.n)))
+    zeros = body.constant(np.zeros(out.numel, dtype=np.float32), DType.F32)
+    placed = body.op("ScatterElements", [zeros, positions, flat(body, product)], "placed", axis=0)
+    return _output_of(body, out, placed, DType.F32)
+
+
+def gemm_operand(body: Body, g: ir.Gemm, which: str, values: dict[str, str], shapes: dict[str, ir.Buffer],
+                 kernel: str) -> str:
+    """The operand as a [batch, m, k] (lhs) or [batch, k, n] (rhs) tensor."""
+    if which == "lhs":
+        grid = Grid(body, {"b": 0, "m": 1, "k": 2}, 3, values, shapes, kernel)
+        return full(body, grid.emit(g.lhs), (g.batch, g.m, g.k))
+    grid = Grid(body, {"b": 0, "k": 1, "n": 2}, 3, values, shapes, kernel)
+    return full(body, grid.emit(g.rhs), (g.batch, g.k, g.n))
+
+
+def split_slices(body: Body, split: SplitK, values: dict[str, str], shapes: dict[str, ir.Buffer], kernel: str) -> str:
+    """The first launch of a split-K GEMM: the product of every k slice ([b][slice][m][n]), then,
+    when the kernel sums the left operand's rows too, those per slice ([b][slice][m])."""
+    g, s, length = split.gemm, split.split, split.slice_k
+    pad = s * length - g.k
+    lhs = gemm_operand(body, g, "lhs", values, shapes, kernel)
+    rhs = gemm_operand(body, g, "rhs", values, shapes, kernel)
+    if pad:
+        lhs = body.op("Pad", [lhs, body.ints([0, 0, 0, 0, 0, pad])], "padded")
+        rhs = body.op("Pad", [rhs, body.ints([0, 0, 0, 0, pad, 0])], "padded")
+    lhs = body.op("Transpose", [body.op("Reshape", [lhs, body.ints([g.batch, g.m, s, length])])], "lhs", perm=[0, 2, 1, 3])
+    rhs = body.op("Reshape", [rhs, body.ints([g.batch, s, length, g.n])], "rhs")
+    parts = [flat(body, body.op("MatMul", [lhs, rhs], "slices"))]
+    if split.row_sums:
+        parts.append(flat(body, body.op("ReduceSum", [lhs, body.ints([3])], "row_slices", keepdims=0)))
+    return parts[0] if len(parts) == 1 else body.op("Concat", parts, "partials", axis=0)
+
+
+def _var_names(ranges: tuple[int, ...], prefix: str) -> list[str]:
+    return [f"{prefix}{d}" for d in range(len(ranges))]
+
+
+def _reduce(body: Body, node: ir.Reduction, value: str, outer: int, inner: int, kernel: str) -> str:
+    axes = body.ints(list(range(outer, outer + inner)))
+    op = node.reduce_op
+    if op in ("sum", "prod", "max", "min"):
+        onnx_op = {"sum": "ReduceSum", "prod": "ReduceProd", "max": "ReduceMax", "min": "ReduceMin"}[op]
+        if ONNX_TYPE[node.body.dtype] == TensorProto.BOOL:
+            value = body.cast(value, DType.I64)
+        return body.op(onnx_op, [value, axes], op, keepdims=0)
+    if op in ("any", "all"):
+        ints = body.cast(value, DType.I32) if ONNX_TYPE[node.body.dtype] == TensorProto.BOOL else \
+            body.cast(body.cast(value, DType.BOOL), DType.I32)
+        reduced = body.op("ReduceMax" if op == "any" else "ReduceMin", [ints, axes], op, keepdims=0)
+        return body.cast(reduced, DType.BOOL)
+    # argmax/argmin: the row-major linear index over the reduction ranges, the first on ties.
+    rows = body.op("Reshape", [value, body.ints([*node.ranges, math.prod(node.reduction_ranges)])])
+    return body.op("ArgMax" if op == "argmax" else "ArgMin", [rows], op, axis=-1, keepdims=0, select_last_index=0)
