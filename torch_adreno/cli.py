@@ -309,8 +309,12 @@ def cmd_federated(args: argparse.Namespace) -> int:
     except ImportError:
         print("error: the federated command needs Flower: pip install 'torch-adreno[federated]'", file=sys.stderr)
         return 2
+    import logging
+
     from tqdm import tqdm
 
+    # Flower logs every step of every round at INFO; the rounds' summaries below say what matters.
+    logging.getLogger("flwr").setLevel(logging.WARNING)
     from torch_adreno.federated import FederationSettings, free_port, run_client, run_federation
 
     problem = None if args.role == "server" else _check_device(args.device)

@@ -86,6 +86,7 @@ class FederationResult:
     client_exits: list[ClientExit]  # clients that exited with a non-zero status, in order
     timed_out: bool
     initial_weights: list[np.ndarray]
+    client_pids: list[int]  # of the client processes started here (all ended by now)
 
     @property
     def final_accuracy(self) -> float | None:
@@ -140,6 +141,7 @@ def run_federation(settings: FederationSettings, address: str, *, spawn_clients:
     deadline = time.monotonic() + settings.timeout
     processes: dict[int, subprocess.Popen[bytes]] = {}
     logs: dict[int, Path] = {}
+    pids: list[int] = []
     exits: list[ClientExit] = []
     stop_watching = threading.Event()
     timed_out = threading.Event()
@@ -179,8 +181,10 @@ def run_federation(settings: FederationSettings, address: str, *, spawn_clients:
                          "--exit-with-parent"],
                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                         start_new_session=True)  # a Ctrl-C here must not reach them: we stop them
+                pids.append(processes[index].pid)
         watcher.start()
-        say(f"server on {address}: waiting for {settings.clients} clients")
+        started = f" (client processes {', '.join(map(str, pids))})" if pids else ""
+        say(f"server on {address}: waiting for {settings.clients} clients{started}")
         if not server.wait_for_clients(settings.clients, deadline - time.monotonic()):
             if not processes and spawn_clients:
                 say("no client is left to wait for")
@@ -197,7 +201,7 @@ def run_federation(settings: FederationSettings, address: str, *, spawn_clients:
         finally:
             _stop(processes, grace=10.0)
             log_dir.cleanup()
-    return FederationResult(rounds, exits, timed_out.is_set(), initial)
+    return FederationResult(rounds, exits, timed_out.is_set(), initial, pids)
 
 
 def _tail(path: Path, lines: int = 8) -> str:

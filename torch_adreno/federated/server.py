@@ -87,6 +87,8 @@ class RecordingFedAvg(FedAvg):
             initial_parameters=ndarrays_to_parameters(initial_weights), accept_failures=True,
             on_fit_config_fn=lambda r: {"server_round": r, "local_epochs": local_epochs},
             on_evaluate_config_fn=lambda r: {"server_round": r}, inplace=False,
+            fit_metrics_aggregation_fn=_weighted_loss_and_accuracy,
+            evaluate_metrics_aggregation_fn=_weighted_loss_and_accuracy,
         )
         self._evaluate_global = evaluate_global
         self._on_round = on_round
@@ -152,6 +154,13 @@ class RecordingFedAvg(FedAvg):
         outcome = super().aggregate_evaluate(server_round, results, failures)
         self.finish_round(server_round)
         return outcome
+
+
+def _weighted_loss_and_accuracy(results: list[tuple[int, dict[str, Scalar]]]) -> dict[str, Scalar]:
+    """The clients' ``loss`` and ``accuracy`` metrics averaged, weighted by their examples."""
+    total = sum(n for n, _ in results)
+    return {key: sum(n * float(m[key]) for n, m in results) / total
+            for key in ("loss", "accuracy") if total and all(key in m for _, m in results)}
 
 
 def _aborted(client_manager: Any) -> bool:
