@@ -12,6 +12,7 @@ no connected client waits ``client_wait`` and is skipped, and the caller can ``a
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +66,18 @@ class BoundedClientManager(SimpleClientManager):
         self.aborted = threading.Event()
 
     def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
-        if self.aborted.is_set():
-            return False
-        return super().wait_for(num_clients, timeout=min(timeout, self.client_wait))  # type: ignore[arg-type]
+        return self.wait_until(num_clients, min(timeout, self.client_wait))
+
+    def wait_until(self, num_clients: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``num_clients``, ending early once aborted."""
+        ends = time.monotonic() + timeout
+        while not self.aborted.is_set():
+            left = ends - time.monotonic()
+            if left <= 0:
+                return False
+            if super().wait_for(num_clients, timeout=min(left, 0.5)):  # type: ignore[arg-type]
+                return True
+        return False
 
 
 def _payload_bytes(parameters: Parameters) -> int:
@@ -192,7 +202,8 @@ class FederationServer:
         self._grpc = start_grpc_server(client_manager=self.client_manager, server_address=self.address)
 
     def wait_for_clients(self, count: int, timeout: float) -> bool:
-        return self.client_manager.wait_for(count, timeout=int(max(1, timeout)))
+        """Block until ``count`` clients connected (True), ``timeout`` passed or ``abort()`` (False)."""
+        return self.client_manager.wait_until(count, timeout)
 
     def run(self, rounds: int) -> list[RoundReport]:
         self.server.fit(num_rounds=rounds, timeout=self.round_timeout)
