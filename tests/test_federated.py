@@ -18,8 +18,8 @@ import torch
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 pytest.importorskip("flwr", reason="the federated extra (pip install '.[federated]') is not installed")
 
-import torch_adreno  # noqa: E402
-from torch_adreno.federated import (  # noqa: E402
+import torch_adreno
+from torch_adreno.federated import (
     AdrenoClient,
     FederationSettings,
     digits_partitions,
@@ -28,7 +28,7 @@ from torch_adreno.federated import (  # noqa: E402
     split_indices,
     weights_digest,
 )
-from torch_adreno.models import LeNet  # noqa: E402
+from torch_adreno.models import LeNet
 
 # -- the split (no device) -------------------------------------------------------------------------
 
