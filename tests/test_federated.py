@@ -196,3 +196,15 @@ def test_ctrl_c_stops_the_server_and_every_client():
     assert process.returncode == 130, seen + rest
     assert "interrupted: the server and every client process were stopped" in rest
     assert all(_gone(pid) for pid in pids)
+
+
+@pytest.mark.device
+@pytest.mark.slow
+def test_federation_stops_everything_at_its_time_limit():
+    settings = FederationSettings(clients=2, rounds=50, epochs=1, batch_size=64, timeout=25, round_timeout=200)
+    started = time.monotonic()
+    result = run_federation(settings, f"127.0.0.1:{free_port()}", spawn_clients=True)
+    assert result.timed_out
+    assert time.monotonic() - started < 25 + 45  # the limit, then stopping the clients and the server
+    assert len(result.rounds) < 50 and not result.client_exits  # stopped, not crashed
+    assert all(_gone(pid) for pid in result.client_pids)

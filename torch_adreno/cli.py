@@ -359,6 +359,12 @@ def cmd_federated(args: argparse.Namespace) -> int:
         bar.write(_format_round(report, args.clients))
         bar.update(1)
 
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # a kill stops the clients and the server as a Ctrl-C does
+
+    import signal
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         result = run_federation(settings, listen, spawn_clients=args.role == "local", on_round=on_round,
                                 on_event=bar.write)

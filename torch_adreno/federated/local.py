@@ -135,8 +135,14 @@ def run_federation(settings: FederationSettings, address: str, *, spawn_clients:
     _, x_test, y_test = digits_partitions(settings.clients, settings.skew, settings.seed)
     torch.manual_seed(settings.seed)
     initial = [t.detach().numpy().copy() for t in _model().state_dict().values()]
+    stopping = threading.Event()  # cut short: rounds that end meanwhile are not reported
+
+    def report(round_: RoundReport) -> None:
+        if on_round is not None and not stopping.is_set():
+            on_round(round_)
+
     strategy = RecordingFedAvg(initial_weights=initial, local_epochs=settings.epochs,
-                               evaluate_global=_host_evaluator(x_test, y_test), on_round=on_round)
+                               evaluate_global=_host_evaluator(x_test, y_test), on_round=report)
     server = FederationServer(address, strategy, round_timeout=settings.round_timeout)
     deadline = time.monotonic() + settings.timeout
     processes: dict[int, subprocess.Popen[bytes]] = {}
@@ -167,8 +173,11 @@ def run_federation(settings: FederationSettings, address: str, *, spawn_clients:
                 say(f"the federation ran past its time limit ({settings.timeout:g} s): stopping it")
                 server.abort()
                 _stop(processes)
+                processes.clear()  # stopped here: not crashes to report
+                return
 
     watcher = threading.Thread(target=watch, name="federation-watch", daemon=True)
+    runner: threading.Thread | None = None
     try:
         server.start()
         if spawn_clients:
@@ -191,17 +200,46 @@ def run_federation(settings: FederationSettings, address: str, *, spawn_clients:
             else:
                 say(f"only {server.client_manager.num_available()} of {settings.clients} clients connected "
                     "in time; training with those")
-        rounds = server.run(settings.rounds)
+        # Flower waits for a round's fits in a thread pool that a KeyboardInterrupt cannot cut short
+        # (its shutdown waits for every fit): the rounds run in a thread of their own, and this
+        # one, which gets the interrupt, stops the clients and the server, which ends them at once.
+        outcome: list[BaseException | None] = []
+
+        def serve() -> None:
+            try:
+                server.run(settings.rounds)
+                outcome.append(None)
+            except BaseException as err:  # handed to the caller below
+                outcome.append(err)
+
+        runner = threading.Thread(target=serve, name="federation-rounds", daemon=True)
+        runner.start()
+        while runner.is_alive():
+            runner.join(0.2)
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
     finally:
         stop_watching.set()
         if watcher.is_alive():
             watcher.join()
+        server.abort()
+        # Done: the server tells the clients to leave, then what has not left is stopped. Cut short
+        # (Ctrl-C, an error): the clients are stopped first, which ends the fits the rounds wait for.
+        cut_short = runner is None or runner.is_alive()
+        if cut_short:
+            stopping.set()
         try:
-            server.stop()
+            if cut_short:
+                _stop(processes)
         finally:
-            _stop(processes, grace=10.0)
-            log_dir.cleanup()
-    return FederationResult(rounds, exits, timed_out.is_set(), initial, pids)
+            try:
+                server.stop()
+            finally:
+                _stop(processes, grace=10.0)
+                if runner is not None:
+                    runner.join(timeout=30.0)
+                log_dir.cleanup()
+    return FederationResult(strategy.rounds, exits, timed_out.is_set(), initial, pids)
 
 
 def _tail(path: Path, lines: int = 8) -> str:

@@ -11,6 +11,7 @@ no connected client waits ``client_wait`` and is skipped, and the caller can ``a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -184,6 +185,17 @@ def _describe_failure(failure: Any) -> str:
     return f"client returned status {res.status.code.name}: {res.status.message}"
 
 
+class FederationAborted(Exception):
+    """Raised inside Flower's round loop once the federation was aborted: the rounds left are not run."""
+
+
+class _AbortableServer(Server):
+    def fit_round(self, server_round: int, timeout: float | None) -> Any:
+        if _aborted(self.client_manager()):
+            raise FederationAborted(f"aborted before round {server_round}")
+        return super().fit_round(server_round, timeout)
+
+
 class FederationServer:
     """A Flower gRPC server on ``address`` (``host:port``) running ``strategy`` for ``rounds``.
     ``start()`` listens, ``wait_for_clients`` blocks until ``n`` connected (bounded), ``run()``
@@ -195,7 +207,7 @@ class FederationServer:
         self.strategy = strategy
         self.round_timeout = round_timeout
         self.client_manager = BoundedClientManager(client_wait)
-        self.server = Server(client_manager=self.client_manager, strategy=strategy)
+        self.server = _AbortableServer(client_manager=self.client_manager, strategy=strategy)
         self._grpc: Any = None
 
     def start(self) -> None:
@@ -206,17 +218,22 @@ class FederationServer:
         return self.client_manager.wait_until(count, timeout)
 
     def run(self, rounds: int) -> list[RoundReport]:
-        self.server.fit(num_rounds=rounds, timeout=self.round_timeout)
-        self.strategy.finish_round(rounds)
+        """Run the rounds (fewer once aborted); the reports of those that ran."""
+        with contextlib.suppress(FederationAborted):
+            self.server.fit(num_rounds=rounds, timeout=self.round_timeout)
+        self.strategy.finish_round(len(self.strategy.rounds))
         return self.strategy.rounds
 
     def abort(self) -> None:
         self.client_manager.aborted.set()
 
     def stop(self) -> None:
+        """Tell the connected clients to leave, then close the port."""
         if self._grpc is not None:
             try:
                 self.server.disconnect_all_clients(timeout=5)
             finally:
-                self._grpc.stop(grace=1)
+                # Until gRPC's own threads are done: a process exiting meanwhile aborts in C++
+                # ("terminate called without an active exception").
+                self._grpc.stop(grace=1).wait(10)
                 self._grpc = None
