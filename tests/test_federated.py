@@ -176,7 +176,8 @@ def test_federation_goes_on_without_a_client_that_crashed_mid_round():
 @pytest.mark.slow
 def test_ctrl_c_stops_the_server_and_every_client():
     process = subprocess.Popen(
-        [sys.executable, "-m", "torch_adreno", "federated", "--clients", "2", "--rounds", "50", "--timeout", "400"],
+        [sys.executable, "-m", "torch_adreno", "federated", "--clients", "2", "--rounds", "50", "--epochs", "1",
+         "--batch-size", "64", "--timeout", "400"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert process.stdout is not None
     seen = ""
