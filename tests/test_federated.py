@@ -53,19 +53,23 @@ def test_split_refuses_bad_settings(clients, skew, message):
         split_indices(torch.arange(10), clients, skew, 0)
 
 
-def test_command_refuses_bad_arguments():
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "torch_adreno", "federated", *args], capture_output=True,
-                              text=True, timeout=120, check=False)
+def test_command_refuses_bad_arguments(capsys):
+    from torch_adreno.cli import main
 
-    result = run("--fail-client", "5:1", "--clients", "2")
-    assert result.returncode == 2 and "--fail-client expects CLIENT:ROUND with CLIENT < 2" in result.stderr
-    result = run("--role", "client", "--server", "127.0.0.1:1", "--client-index", "3", "--clients", "3")
-    assert result.returncode == 2 and "--client-index 3 is not below --clients 3" in result.stderr
-    result = run("--address", "localhost")
-    assert result.returncode == 2 and "expected HOST:PORT" in result.stderr
-    result = run("--skew", "2")
-    assert result.returncode == 2 and "expected a number in [0, 1]" in result.stderr
+    def refused(*args: str) -> str:
+        try:
+            status = main(["federated", *args])
+        except SystemExit as exit_:  # argparse's own refusals
+            status = exit_.code
+        assert status == 2
+        return capsys.readouterr().err
+
+    assert "--fail-client expects CLIENT:ROUND with CLIENT < 2" in refused("--fail-client", "5:1", "--clients", "2")
+    assert "--client-index 3 is not below --clients 3" in refused(
+        "--role", "client", "--server", "127.0.0.1:1", "--client-index", "3", "--clients", "3")
+    assert "--role client needs --server HOST:PORT and --client-index" in refused("--role", "client")
+    assert "expected HOST:PORT" in refused("--address", "localhost")
+    assert "expected a number in [0, 1]" in refused("--skew", "2")
 
 
 # -- the client on the device ----------------------------------------------------------------------
