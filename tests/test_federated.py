@@ -167,7 +167,9 @@ def test_federation_goes_on_without_a_client_that_crashed_mid_round():
         capture_output=True, text=True, timeout=500, check=False)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    assert re.search(r"client 1 exited with status 3 during round 1", out), out
+    # Where it crashed: round 1's report lists the failure (the process exit itself is polled, so it
+    # may be noticed in round 1 or 2).
+    assert re.search(r"client 1 exited with status 3 \(noticed in round [12]\b", out), out
     assert re.search(r"round 1: global test accuracy [\d.]+%.*; 1 of 2 clients trained", out), out
     assert re.search(r"round 1:.*\n  client 0: .*\n  failed: ", out), out
     assert re.search(r"round 2: global test accuracy [\d.]+%.*; 1 of 2 clients trained", out), out

@@ -115,3 +115,17 @@ def test_an_op_without_a_translation_is_named() -> None:
     node = ir.Pointwise("p", "out", (4,), ir.call("atan2", x, x), ())
     with pytest.raises(ExportError, match="kernel k: IR op 'atan2'"):
         _node(node, buffers, {"x": np.ones(4, np.float32)})
+
+
+@pytest.mark.parametrize("wraps", [0, 1])
+def test_checked_indices_wrap_where_eager_wraps_and_read_zero_when_out_of_range(wraps: int) -> None:
+    # out[i] = x[checked(idx[i])]: as the kernel computes it (the kernel also records the bad value).
+    x = np.array([10.0, 11.0, 12.0, 13.0], dtype=np.float32)
+    idx = np.array([0, 3, -1, -4, 4, -5, 2], dtype=np.int64)
+    buffers = {"x": ir.Buffer("x", (4,), F32), "idx": ir.Buffer("idx", (7,), DType.I64),
+               "out": ir.Buffer("out", (7,), F32)}
+    i0 = ir.Var("i0", 7)
+    checked = ir.call("checked_index", ir.Load("idx", (i0,), DType.I64), ir.index(4), ir.index(0), ir.index(wraps))
+    out = _node(ir.Pointwise("p", "out", (7,), ir.Load("x", (checked,), F32), ()), buffers, {"x": x, "idx": idx})
+    wrapped = [10.0, 13.0, 13.0, 10.0, 10.0, 10.0, 12.0] if wraps else [10.0, 13.0, 10.0, 10.0, 10.0, 10.0, 12.0]
+    np.testing.assert_array_equal(out, np.array(wrapped, np.float32))

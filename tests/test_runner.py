@@ -133,7 +133,7 @@ SOURCE = "__kernel void k0(__global float* restrict out0) { out0[get_global_id(0
 def _minimal_step(**overrides) -> onnx.ModelProto:
     """A torch_adreno step file of one kernel writing a constant (built by hand, no device)."""
     attributes = dict(kernel_name="k0", opencl_source=SOURCE, build_options=[""], global_size=[4], local_size=[4],
-                      buffers=[0], parameters=["buf0"], fx_nodes=["full"], graph="forward_0")
+                      buffers=[0], parameters=["buf0"], fx_nodes=["full"], graph="forward_0", index_checks=0)
     attributes.update(overrides)
     attributes = {k: v for k, v in attributes.items() if v is not None}
     function = helper.make_function(fmt.DOMAIN, "k0", [], ["out_buf0"], [helper.make_node(
@@ -164,7 +164,7 @@ def test_a_file_of_another_producer_is_refused_naming_it() -> None:
 def test_another_format_version_is_refused() -> None:
     model = _minimal_step()
     helper.set_model_props(model, {fmt.FORMAT_KEY: "99", fmt.PLAN_KEY: "{}"})
-    with pytest.raises(UnsupportedStepFile, match="step format 99; this runner reads format 1"):
+    with pytest.raises(UnsupportedStepFile, match=f"step format 99; this runner reads format {fmt.FORMAT_VERSION}"):
         read_step(model)
 
 

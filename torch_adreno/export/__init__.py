@@ -431,7 +431,8 @@ def _launch(g: _StepGraph, graph_name: str, source: KernelSource, args: Sequence
         function_name, node_inputs, node_outputs, domain=fmt.DOMAIN, name=g.node_name(source.name),
         kernel_name=source.name, opencl_source=kernel_text, build_options=list(program_options) or [""],
         global_size=list(source.global_size), local_size=list(source.local_size), buffers=list(args),
-        parameters=list(source.params), fx_nodes=list(source.fx_nodes) or [""], graph=graph_name))
+        parameters=list(source.params), fx_nodes=list(source.fx_nodes) or [""], graph=graph_name,
+        index_checks=int(source.checks_indices)))
 
 
 def _kernel_function(name: str, graph: ir.Graph, source: KernelSource, reads: list[str], writes: list[str],

@@ -154,6 +154,10 @@ class Grid:
             out.append(value)
         return out
 
+    def _index(self, arg: ir.Expr) -> str:
+        value = self.emit(arg)
+        return value if ONNX_TYPE[arg.dtype] == ONNX_TYPE[DType.INDEX] else self.body.cast(value, DType.INDEX)
+
     def _call(self, expr: ir.Call) -> str:
         b, op, result = self.body, expr.op, expr.dtype
         first = expr.args[0].dtype
@@ -238,6 +242,16 @@ class Grid:
             if ONNX_TYPE[expr.args[2].dtype] != ONNX_TYPE[expr.args[1].dtype]:
                 y = b.cast(y, expr.args[1].dtype)
             return b.op("Where", [cond, x, y], "where")
+        if op == "checked_index":
+            # As the kernel computes it: negatives count from the end where ``wraps``; a value out of
+            # range becomes 0 (the kernel also records it for the host, which ONNX cannot express).
+            value, size = (self._index(arg) for arg in expr.args[:2])
+            wraps = expr.args[3]
+            zero = b.constant(0, DType.INDEX)
+            if not (isinstance(wraps, ir.Const) and not wraps.value):
+                value = b.op("Where", [b.op("Less", [value, zero]), b.op("Add", [value, size]), value], "wrap")
+            inside = b.op("And", [b.op("GreaterOrEqual", [value, zero]), b.op("Less", [value, size])])
+            return b.op("Where", [inside, value, zero], "checked_index")
         raise ExportError(f"kernel {self.kernel}: IR op {op!r} has no translation to standard ONNX ops "
                           "(random numbers and atan2 are not exportable yet)")
 

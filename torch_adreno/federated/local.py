@@ -76,6 +76,7 @@ class FederationSettings:
 class ClientExit:
     index: int
     status: int
+    #: The round in progress when the exit was noticed (polled: may be one after the crash's).
     during_round: int
     log_tail: str
 
@@ -164,7 +165,8 @@ def run_federation(settings: FederationSettings, address: str, *, spawn_clients:
                 if status != 0:
                     exit_ = ClientExit(index, status, len(strategy.rounds), _tail(logs[index]))
                     exits.append(exit_)
-                    say(f"client {index} exited with status {status} during round {exit_.during_round}; "
+                    say(f"client {index} exited with status {status} (noticed in round {exit_.during_round}: the exit is "
+                        "polled, so a crash late in a round may be noticed in the next); "
                         f"the federation goes on with the others. Its log ends:\n{exit_.log_tail}")
             if spawn_clients and not processes:
                 server.abort()

@@ -51,6 +51,8 @@ class Launch:
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
     buffers: tuple[int, ...]
+    #: Takes the index error record and a token after ``buffers`` (format.KERNEL_ATTRIBUTES).
+    index_checks: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def read_step(model: onnx.ModelProto, origin: str = "the model") -> tuple[dict[s
             operations.append(Launch(attributes["kernel_name"], attributes["opencl_source"],
                                      tuple(o for o in attributes["build_options"] if o),
                                      tuple(attributes["global_size"]), tuple(attributes["local_size"]),
-                                     tuple(attributes["buffers"])))
+                                     tuple(attributes["buffers"]), bool(attributes["index_checks"])))
     return plan, operations
 
 
@@ -205,6 +207,11 @@ class StepRunner:
         self.batch_inputs = self.plan["batch"]
         self._programs: dict[tuple[str, tuple[str, ...]], cl.Program] = {}
         enqueue: list[Any] = []
+        # Kernels indexing by tensor values check each index on the device: the first bad one is
+        # recorded here (token, site, value) and read with the step's result.
+        self._index_record = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR,
+                                       hostbuf=np.zeros(4, np.int32))
+        self._checking_launches: list[str] = []
         for op in self.operations:
             if isinstance(op, Copy):
                 enqueue.append((cl.enqueue_copy, (self._buffer(op.destination), self._buffer(op.source)),
@@ -213,6 +220,10 @@ class StepRunner:
             kernel = cl.Kernel(self._program(op), op.name)
             for position, identity in enumerate(op.buffers):
                 kernel.set_arg(position, self._buffer(identity))
+            if op.index_checks:  # the record and this launch's token (1-based: 0 means "no error")
+                self._checking_launches.append(op.name)
+                kernel.set_arg(len(op.buffers), self._index_record)
+                kernel.set_arg(len(op.buffers) + 1, np.int32(len(self._checking_launches)))
             enqueue.append((cl.enqueue_nd_range_kernel, (kernel, op.global_size, op.local_size), {}))
         # The prediction (the model's eval-mode forward), when the file holds one: its last operations.
         predict = self.plan.get("predict")
@@ -291,7 +302,21 @@ class StepRunner:
         result = np.empty(shape, dtype=dtype)
         cl.enqueue_copy(self.queue, result, buffer, is_blocking=True)
         del keep  # in use until the blocking read above
+        if self._checking_launches:
+            self._raise_on_index_error()
         return result
+
+    def _raise_on_index_error(self) -> None:
+        record = np.empty(4, np.int32)
+        cl.enqueue_copy(self.queue, record, self._index_record, is_blocking=True)
+        if record[0] == 0:
+            return
+        cl.enqueue_copy(self.queue, self._index_record, np.zeros(4, np.int32), is_blocking=True)
+        value = int(record[2].astype(np.int64) & 0xFFFFFFFF) | (int(record[3]) << 32)
+        kernel = self._checking_launches[int(record[0]) - 1] if 0 < record[0] <= len(self._checking_launches) else "?"
+        raise IndexError(f"kernel {kernel} read index {value} out of range (check site {int(record[1])}): a batch "
+                         "value indexes past a dimension (e.g. a token id >= the vocabulary); that step's results "
+                         "are invalid (its update was applied with the index replaced by 0)")
 
     def state(self) -> dict[str, np.ndarray]:
         """The current value of every state tensor, by its input name."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 PRODUCER = "torch_adreno"
 DOMAIN = "torch_adreno"
 #: Version of this layout; a runner refuses other versions.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 OPSET = 18
 PLAN_KEY = "torch_adreno.step"
 FORMAT_KEY = "torch_adreno.format"
@@ -39,6 +39,9 @@ KERNEL_ATTRIBUTES = (
     "parameters",      # the IR buffer name of each argument (documentation: Netron shows it)
     "fx_nodes",        # the FX nodes the kernel computes
     "graph",           # the compiled graph the kernel belongs to
+    "index_checks",    # 1: after ``buffers`` the kernel takes an index error record (4 x int32, zeroed)
+                       # and an int32 token >= 1 naming the launch; a value indexing out of range is
+                       # replaced by 0 and recorded there (torch_adreno/kernels/index_check.cl)
 )
 COPY_ATTRIBUTES = ("destination", "source", "nbytes")
 
