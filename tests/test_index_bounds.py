@@ -57,6 +57,12 @@ CASES = [
      [(_ix(3), 3), (_ix(-4), -4)], IndexError, "aten.index_put", 3),
     ("index_put_accumulate", lambda i: X.index_put((i,), torch.ones(2, 4), accumulate=True), _ix(-1, 0),
      [(_ix(1, 3), 3), (_ix(-4, 1), -4)], IndexError, "aten.index_put", 3),
+    # Decomposed into index_put, but eager refuses negative indices here (and index_add raises
+    # RuntimeError): the rule follows the op the node came from.
+    ("index_add", lambda i: torch.zeros(3, 4).index_add(0, i, torch.ones(2, 4)), _ix(2, 0),
+     [(_ix(3, 0), 3), (_ix(-1, 0), -1)], RuntimeError, "aten.index_put", 3),
+    ("index_copy", lambda i: torch.zeros(3, 4).index_copy(0, i, torch.ones(2, 4)), _ix(2, 0),
+     [(_ix(3, 0), 3), (_ix(0, -1), -1)], IndexError, "aten.index_put", 3),
 ]
 
 

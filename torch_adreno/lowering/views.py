@@ -412,6 +412,22 @@ def _broadcast_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
     return out
 
 
+#: Ops that decompose into index / index_put but whose eager kernels refuse negative indices, with
+#: the exception type eager raises for an index out of range.
+_NON_WRAPPING_INDEX_OPS = {"index_add": "RuntimeError", "index_copy": "IndexError"}
+
+
+def _index_rule(node: Node) -> tuple[bool, str]:
+    """(negative indices count from the end, eager's exception type) for an index / index_put node,
+    by the op it was decomposed from (``original_aten``): advanced indexing wraps, index_add and
+    index_copy do not."""
+    original = node.meta.get("original_aten")
+    name = getattr(original, "__name__", "").split(".")[0].rstrip("_")
+    if name in _NON_WRAPPING_INDEX_OPS:
+        return False, _NON_WRAPPING_INDEX_OPS[name]
+    return True, "IndexError"
+
+
 class _Advanced:
     """Positions of an advanced index (``x[i, :, j]``): which dims are indexed, the broadcast shape
     ``B`` of the index tensors, and how result dims map to (B, remaining dims)."""
@@ -427,6 +443,7 @@ class _Advanced:
         self.batch = _broadcast_shape([ix.shape for ix in self.tensors.values()])  # type: ignore[union-attr]
         self.rest = [d for d in range(len(x.shape)) if d not in self.tensors]
         self.adjacent = self.positions == list(range(self.positions[0], self.positions[-1] + 1))
+        self.wraps, self.error = _index_rule(node)
 
     def result_shape(self) -> list[int]:
         if self.adjacent:
@@ -458,7 +475,7 @@ class _Advanced:
         """Where along dim ``d`` batch index ``b`` points (negative values count from the end)."""
         ix = self.tensors[d]
         assert isinstance(ix, ir.View)
-        return _as_index(ctx, ix.expand(self.batch).load(b), self.x.shape[d], d, wraps=True, error="IndexError")
+        return _as_index(ctx, ix.expand(self.batch).load(b), self.x.shape[d], d, wraps=self.wraps, error=self.error)
 
     def source(self, ctx: LoweringContext, b: Sequence[ir.Expr], rest: dict[int, ir.Expr]) -> list[ir.Expr]:
         """The element of ``x`` that batch index ``b`` and remaining dims ``rest`` select."""
@@ -522,7 +539,7 @@ def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Val
 
         def onehot(b: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
             # (An inf among the values would meet the zeros of the one-hot and give NaN.)
-            row = _as_index(ctx, flat_ids.load([k]), rows, 0, wraps=True, error="IndexError")
+            row = _as_index(ctx, flat_ids.load([k]), rows, 0, wraps=adv.wraps, error=adv.error)
             return ir.where(ir.call("eq", row, m), ir.const(1.0, out.dtype),
                             ir.const(0.0, out.dtype))
 
