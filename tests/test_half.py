@@ -298,7 +298,7 @@ def test_native_half_is_refused_where_the_device_lacks_cl_khr_fp16():
     assert "native_half" in str(inner)
 
 
-@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("zero_copy", [pytest.param(True, marks=pytest.mark.unified_memory), False])
 def test_training_step_with_grad_scaler_matches_the_eager_scaler_loop(zero_copy):
     def make():
         torch.manual_seed(0)
