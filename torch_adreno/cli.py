@@ -365,27 +365,6 @@ def share(text: str) -> float:
     return value
 
 
-def _format_round(report: object, clients: int) -> str:
-    from torch_adreno.federated import RoundReport
-
-    assert isinstance(report, RoundReport)
-    accuracy = "n/a" if report.global_accuracy is None else f"{report.global_accuracy:.2%}"
-    on_device = "" if report.device_accuracy is None else f", on the clients' devices {report.device_accuracy:.2%}"
-    lines = [f"round {report.number}: global test accuracy {accuracy}{on_device}; "
-             f"{len(report.clients)} of {clients} clients trained; weights sent {report.bytes_sent:,} B, "
-             f"received {sum(c.bytes_received for c in report.clients):,} B"]
-    for c in report.clients:
-        m = c.metrics
-        lines.append(
-            f"  client {c.client_index}: {c.num_examples} examples, loss {float(m['loss']):.3f}, local accuracy "
-            f"{float(m['accuracy']):.2%}, step {float(m['step_time_ms']):.1f} ms ({int(m['replayed_steps'])} of "
-            f"{int(m['steps'])} steps replayed), device bytes h2d {int(m['bytes_host_to_device']):,} "
-            f"d2h {int(m['bytes_device_to_host']):,} shared {int(m['bytes_shared']):,}, "
-            f"weights up {c.bytes_received:,} B")
-    lines += [f"  failed: {f}" for f in report.failures]
-    return "\n".join(lines)
-
-
 def cmd_federated(args: argparse.Namespace) -> int:
     import os
 
@@ -403,7 +382,14 @@ def cmd_federated(args: argparse.Namespace) -> int:
 
     # Flower logs every step of every round at INFO; the rounds' summaries below say what matters.
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    from torch_adreno.federated import FederationSettings, free_port, run_client, run_federation
+    from torch_adreno.federated import (
+        FederationSettings,
+        RoundReport,
+        format_round,
+        free_port,
+        run_client,
+        run_federation,
+    )
 
     problem = None if args.role == "server" else _check_device(args.device)
     if problem is not None:
@@ -443,8 +429,8 @@ def cmd_federated(args: argparse.Namespace) -> int:
     listen = args.address or f"127.0.0.1:{free_port()}"
     bar = tqdm(total=args.rounds, desc="federated rounds", unit="round")
 
-    def on_round(report: object) -> None:
-        bar.write(_format_round(report, args.clients))
+    def on_round(report: RoundReport) -> None:
+        bar.write(format_round(report, args.clients))
         bar.update(1)
 
     def terminate(signum: int, frame: object) -> None:

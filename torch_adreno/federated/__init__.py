@@ -12,6 +12,7 @@ from torch_adreno.federated.data import Partition, digits_partitions, split_indi
 from torch_adreno.federated.local import (
     FederationResult,
     FederationSettings,
+    format_round,
     free_port,
     run_client,
     run_federation,
@@ -20,6 +21,6 @@ from torch_adreno.federated.server import FederationServer, RecordingFedAvg, Rou
 
 __all__ = [
     "OPTIMIZER_STATE_MODES", "AdrenoClient", "FederationResult", "FederationServer", "FederationSettings",
-    "Partition", "RecordingFedAvg", "RoundReport", "digits_partitions", "free_port", "run_client",
+    "Partition", "RecordingFedAvg", "RoundReport", "digits_partitions", "format_round", "free_port", "run_client",
     "run_federation", "split_indices", "weights_digest",
 ]

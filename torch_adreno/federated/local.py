@@ -288,3 +288,22 @@ def run_client(settings: FederationSettings, index: int, server: str, *, connect
                           fail_at_round=settings.fail_at.get(index))
     start_client(server_address=server, client=client.to_client(), insecure=True,
                  max_wait_time=connect_timeout)
+
+
+def format_round(report: RoundReport, clients: int) -> str:
+    """What the federated command prints for a round: the global accuracy, each client's metrics."""
+    accuracy = "n/a" if report.global_accuracy is None else f"{report.global_accuracy:.2%}"
+    on_device = "" if report.device_accuracy is None else f", on the clients' devices {report.device_accuracy:.2%}"
+    lines = [f"round {report.number}: global test accuracy {accuracy}{on_device}; "
+             f"{len(report.clients)} of {clients} clients trained; weights sent {report.bytes_sent:,} B, "
+             f"received {sum(c.bytes_received for c in report.clients):,} B"]
+    for c in report.clients:
+        m = c.metrics
+        lines.append(
+            f"  client {c.client_index}: {c.num_examples} examples, loss {float(m['loss']):.3f}, local accuracy "
+            f"{float(m['accuracy']):.2%}, step {float(m['step_time_ms']):.1f} ms ({int(m['replayed_steps'])} of "
+            f"{int(m['steps'])} steps replayed), device bytes h2d {int(m['bytes_host_to_device']):,} "
+            f"d2h {int(m['bytes_device_to_host']):,} shared {int(m['bytes_shared']):,}, "
+            f"weights up {c.bytes_received:,} B")
+    lines += [f"  failed: {f}" for f in report.failures]
+    return "\n".join(lines)

@@ -12,6 +12,13 @@ from torch.fx import Node
 from torch_adreno import ir
 from torch_adreno.errors import LoweringError, UnsupportedOpError
 from torch_adreno.lowering.context import LoweringContext, Value, register
+from torch_adreno.lowering.index_checks import (
+    OUT_OF_RANGE_IN_SELF,
+    as_index,
+    index_rule,
+    load_checked,
+    load_scalar_checked,
+)
 
 aten = torch.ops.aten
 
@@ -104,41 +111,6 @@ def _as_strided(ctx: LoweringContext, node: Node, x: Value, size: Sequence[int],
     return ir.View(flat_view.buffer, flat_view.buffer_shape, flat_view.dtype, tuple(shape), flat_view.at([flat]))
 
 
-#: Eager's wording where its message does not name the value (index_select, embedding).
-_OUT_OF_RANGE_IN_SELF = "index out of range in self"
-
-
-def _as_index(ctx: LoweringContext, value: ir.Expr, size: int, dim: int, *, wraps: bool, error: str,
-              eager_message: str | None = None) -> ir.Expr:
-    """A loaded tensor value as an index into dimension ``dim`` (of ``size``), checked on the device
-    as eager checks it: a value outside ``[0, size)`` (``[-size, size)`` where ``wraps``: negative
-    values count from the end) is reported to the host at its next wait, as eager's ``error`` type
-    naming this FX node, and replaced by 0 so that no kernel reads or writes out of bounds."""
-    check = ir.IndexCheck(ctx.origins[0], dim, size, wraps, error, eager_message)
-    checks = ctx.graph.index_checks
-    if check not in checks:
-        checks.append(check)
-    site = checks.index(check)
-    return ir.call("checked_index", value, ir.index(size), ir.index(site), ir.index(int(wraps)))
-
-
-def _load_scalar_checked(src: ir.View, check: ir.Expr) -> ir.Expr:
-    """The one element of a 0-dim ``src`` once index ``check`` (into a dimension of 1) is checked:
-    written so that the check is evaluated even where ``src`` is a constant."""
-    # (A checked index is never negative: the cast adds 0; a conditional would be folded away.)
-    return ir.call("add", src.load([]), ir.cast(ir.call("lt", check, ir.index(0)), src.dtype))
-
-
-def _load_checked(src: ir.View, pos: Sequence[ir.Expr]) -> ir.Expr:
-    """``src[pos]``, where ``pos`` holds checked indices. From a tensor without elements (where
-    every index is out of range) nothing is read: a 0 that still evaluates a check, which fails."""
-    if src.numel:
-        return src.load(pos)
-    checks = [e for p in pos for e in ir.walk(p) if isinstance(e, ir.Call) and e.op == "checked_index"]
-    # (A checked index is never negative: this is 0, and nothing folds it away before the check.)
-    return ir.cast(ir.call("lt", checks[0], ir.index(0)), src.dtype) if checks else ir.const(0, src.dtype)
-
-
 @register(aten.gather.default)
 def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *, sparse_grad: bool = False) -> Value:
     src, index_view = _view(x, node.name), _view(idx, node.name)
@@ -147,10 +119,10 @@ def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *,
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         if not src.shape:  # a 0-dim input is gathered as a 1-element one: every index must be 0
-            return _load_scalar_checked(src, _as_index(ctx, index_view.load(i), 1, 0, wraps=False, error="RuntimeError"))
+            return load_scalar_checked(src, as_index(ctx, index_view.load(i), 1, 0, wraps=False, error="RuntimeError"))
         pos = list(i)
-        pos[dim] = _as_index(ctx, index_view.load(i), src.shape[dim], dim, wraps=False, error="RuntimeError")
-        return _load_checked(src, pos)
+        pos[dim] = as_index(ctx, index_view.load(i), src.shape[dim], dim, wraps=False, error="RuntimeError")
+        return load_checked(src, pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -165,14 +137,14 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
         # (A 0-dim input gives a 0-dim result from its one index element.)
         sel = index_view.load(([i[dim]] if i else [ir.index(0)]) if index_view.shape else [])
         if not src.shape:  # a 0-dim input is selected from as a 1-element one: every index must be 0
-            return _load_scalar_checked(src, _as_index(ctx, sel, 1, 0, wraps=False, error="IndexError",
-                                                       eager_message=_OUT_OF_RANGE_IN_SELF))
+            return load_scalar_checked(src, as_index(ctx, sel, 1, 0, wraps=False, error="IndexError",
+                                                       eager_message=OUT_OF_RANGE_IN_SELF))
         pos = list(i)
         # (Eager's CPU kernel has a path of its own for dim 1, with another error type.)
         error, message = (("RuntimeError", "INDICES element is out of DATA bounds") if dim == 1
-                          else ("IndexError", _OUT_OF_RANGE_IN_SELF))
-        pos[dim] = _as_index(ctx, sel, src.shape[dim], dim, wraps=False, error=error, eager_message=message)
-        return _load_checked(src, pos)
+                          else ("IndexError", OUT_OF_RANGE_IN_SELF))
+        pos[dim] = as_index(ctx, sel, src.shape[dim], dim, wraps=False, error=error, eager_message=message)
+        return load_checked(src, pos)
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -187,7 +159,7 @@ def _index_dim_hits(ctx: LoweringContext, index_view: ir.View, out_shape: tuple[
     """Whether index element ``i`` with ``dim`` replaced by ``j`` targets output element ``i``."""
     pos = list(i)
     pos[dim] = j
-    target = _as_index(ctx, index_view.load(pos), out_shape[dim], dim, wraps=False, error="RuntimeError")
+    target = as_index(ctx, index_view.load(pos), out_shape[dim], dim, wraps=False, error="RuntimeError")
     cond: ir.Expr = ir.call("eq", target, i[dim])
     for d, (e, size) in enumerate(zip(i, index_view.shape, strict=True)):
         if d != dim and size < out_shape[d]:
@@ -206,7 +178,7 @@ def _scatter_add(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Valu
         # Into a 0-dim tensor: every index element is 0 (or -1); each adds its source element.
         def scalar_contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
             pos = list(r) if index_view.shape else []
-            target = _as_index(ctx, index_view.load(pos), 1, 0, wraps=False, error="RuntimeError")
+            target = as_index(ctx, index_view.load(pos), 1, 0, wraps=False, error="RuntimeError")
             hit = ir.call("eq", target, ir.index(0))
             value = values.load(pos if values.shape else [])
             return ir.where(hit, ir.cast(value, out.dtype), ir.const(0, out.dtype))
@@ -243,7 +215,7 @@ def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, s
             else:
                 assert isinstance(src, (int, float, bool)), "scatter's value is a tensor or a number"
                 value = ir.const(src, out.dtype)
-            target = _as_index(ctx, index_view.load([]), 1, 0, wraps=False, error="RuntimeError")
+            target = as_index(ctx, index_view.load([]), 1, 0, wraps=False, error="RuntimeError")
             return ir.where(ir.call("eq", target, ir.index(0)), value, base.load([]))
 
         return ctx.pointwise((), out.dtype, scalar)
@@ -330,10 +302,10 @@ def _embedding(ctx: LoweringContext, node: Node, weight: Value, indices: Value, 
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         # (An empty table is refused by eager's shape check, a RuntimeError, whatever the index.)
-        error, message = (("IndexError", _OUT_OF_RANGE_IN_SELF) if rows else
+        error, message = (("IndexError", OUT_OF_RANGE_IN_SELF) if rows else
                           ("RuntimeError", "index_select(): self indexing axis dim should be positive"))
-        row = _as_index(ctx, ids.load(i[:-1]), rows, 0, wraps=False, error=error, eager_message=message)
-        return _load_checked(table, [row, i[-1]])
+        row = as_index(ctx, ids.load(i[:-1]), rows, 0, wraps=False, error=error, eager_message=message)
+        return load_checked(table, [row, i[-1]])
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -412,22 +384,6 @@ def _broadcast_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
     return out
 
 
-#: Ops that decompose into index / index_put but whose eager kernels refuse negative indices, with
-#: the exception type eager raises for an index out of range.
-_NON_WRAPPING_INDEX_OPS = {"index_add": "RuntimeError", "index_copy": "IndexError"}
-
-
-def _index_rule(node: Node) -> tuple[bool, str]:
-    """(negative indices count from the end, eager's exception type) for an index / index_put node,
-    by the op it was decomposed from (``original_aten``): advanced indexing wraps, index_add and
-    index_copy do not."""
-    original = node.meta.get("original_aten")
-    name = getattr(original, "__name__", "").split(".")[0].rstrip("_")
-    if name in _NON_WRAPPING_INDEX_OPS:
-        return False, _NON_WRAPPING_INDEX_OPS[name]
-    return True, "IndexError"
-
-
 class _Advanced:
     """Positions of an advanced index (``x[i, :, j]``): which dims are indexed, the broadcast shape
     ``B`` of the index tensors, and how result dims map to (B, remaining dims)."""
@@ -443,7 +399,7 @@ class _Advanced:
         self.batch = _broadcast_shape([ix.shape for ix in self.tensors.values()])  # type: ignore[union-attr]
         self.rest = [d for d in range(len(x.shape)) if d not in self.tensors]
         self.adjacent = self.positions == list(range(self.positions[0], self.positions[-1] + 1))
-        self.wraps, self.error = _index_rule(node)
+        self.wraps, self.error = index_rule(node)
 
     def result_shape(self) -> list[int]:
         if self.adjacent:
@@ -475,7 +431,7 @@ class _Advanced:
         """Where along dim ``d`` batch index ``b`` points (negative values count from the end)."""
         ix = self.tensors[d]
         assert isinstance(ix, ir.View)
-        return _as_index(ctx, ix.expand(self.batch).load(b), self.x.shape[d], d, wraps=self.wraps, error=self.error)
+        return as_index(ctx, ix.expand(self.batch).load(b), self.x.shape[d], d, wraps=self.wraps, error=self.error)
 
     def source(self, ctx: LoweringContext, b: Sequence[ir.Expr], rest: dict[int, ir.Expr]) -> list[ir.Expr]:
         """The element of ``x`` that batch index ``b`` and remaining dims ``rest`` select."""
@@ -499,7 +455,7 @@ def _index(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Value])
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         b, rest = adv.split(i)
-        return _load_checked(src, adv.source(ctx, b, rest))
+        return load_checked(src, adv.source(ctx, b, rest))
 
     return ctx.pointwise(out.shape, out.dtype, body)
 
@@ -539,7 +495,7 @@ def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Val
 
         def onehot(b: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
             # (An inf among the values would meet the zeros of the one-hot and give NaN.)
-            row = _as_index(ctx, flat_ids.load([k]), rows, 0, wraps=adv.wraps, error=adv.error)
+            row = as_index(ctx, flat_ids.load([k]), rows, 0, wraps=adv.wraps, error=adv.error)
             return ir.where(ir.call("eq", row, m), ir.const(1.0, out.dtype),
                             ir.const(0.0, out.dtype))
 
