@@ -28,15 +28,8 @@ def _fresh_dynamo():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked unified_memory are skipped, with the reason, on a discrete device; tests marked
-    extended under CI (the bounded subset of slow cases CI runs)."""
+    """Tests marked unified_memory are skipped, with the reason, on a discrete device."""
     from torch_adreno.runtime import get_runtime
-
-    if os.environ.get("CI") == "true":
-        leave_out = pytest.mark.skip(reason="extended: CI runs the smaller models of this test (run without CI=true)")
-        for item in items:
-            if item.get_closest_marker("extended"):
-                item.add_marker(leave_out)
 
     marked = [i for i in items if i.get_closest_marker("unified_memory")]
     if not marked:

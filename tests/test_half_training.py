@@ -13,7 +13,7 @@ from half_training import distance, train
 
 #: (model, steps): CI's bound per test.
 CASES = [("mlp", 50), ("lenet", 50), pytest.param("resnet_mini", 12, marks=pytest.mark.slow),
-         pytest.param("transformer", 20, marks=(pytest.mark.slow, pytest.mark.extended))]
+         pytest.param("transformer", 20, marks=pytest.mark.slow)]
 
 
 def _check(model: str, precision: str, steps: int) -> None:

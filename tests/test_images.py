@@ -225,8 +225,7 @@ def _train_reference_model(name: str, steps: int, images: bool):
 
 @pytest.mark.device
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "lenet", *(pytest.param(m, marks=pytest.mark.extended)
-                                                    for m in ("resnet_mini", "transformer", "mobilenet_mini"))])
+@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer", "mobilenet_mini"])
 def test_reference_models_train_with_images_as_without(name: str) -> None:
     """Image reads return the buffer's very floats and the kernels multiply them in the same
     order: training with images on is bit-identical to training with them off (which the

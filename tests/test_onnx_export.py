@@ -157,7 +157,7 @@ def test_export_before_a_capture_says_what_to_do(tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lenet", *(pytest.param(m, marks=pytest.mark.extended) for m in ("resnet_mini", "transformer"))])
+@pytest.mark.parametrize("name", ["lenet", "resnet_mini", "transformer"])
 def test_reference_models_export_and_onnxruntime_follows_20_steps(name, tmp_path) -> None:
     step, batches = captured_step(name)
     model = step.export(tmp_path / "step.onnx")

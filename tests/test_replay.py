@@ -97,8 +97,7 @@ def test_reference_models_replay_bit_identically(name) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("options", MODES)
-@pytest.mark.parametrize("name", ["mlp", "lenet", *(pytest.param(m, marks=pytest.mark.extended)
-                                                    for m in ("resnet_mini", "transformer"))])
+@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])
 def test_reference_models_replay_bit_identically_over_50_steps(name, options) -> None:
     steps = 50 if name in ("mlp", "lenet") else 12
     full = _reference_model_losses(name, steps, replay=False, options=options)

@@ -232,9 +232,9 @@ def test_the_target_changes_the_code_and_is_part_of_the_compile_cache_key(monkey
 @pytest.mark.parametrize("test_name", [
     "test_trains_like_eager[adam-mlp]", "test_trains_like_eager[sgd-lenet]",
     pytest.param("test_bigger_reference_models_train_like_eager[resnet_mini]", marks=pytest.mark.slow),
-    pytest.param("test_bigger_reference_models_train_like_eager[transformer]", marks=(pytest.mark.slow, pytest.mark.extended)),
-    pytest.param("test_mobilenet_and_lstm_train_like_eager[mobilenet_mini]", marks=(pytest.mark.slow, pytest.mark.extended)),
-    pytest.param("test_mobilenet_and_lstm_train_like_eager[lstm]", marks=(pytest.mark.slow, pytest.mark.extended)),
+    pytest.param("test_bigger_reference_models_train_like_eager[transformer]", marks=pytest.mark.slow),
+    pytest.param("test_mobilenet_and_lstm_train_like_eager[mobilenet_mini]", marks=pytest.mark.slow),
+    pytest.param("test_mobilenet_and_lstm_train_like_eager[lstm]", marks=pytest.mark.slow),
 ])
 def test_reference_models_train_like_eager_compiled_for_adreno740(monkeypatch, test_name):
     """The reference-model training tests of test_training.py, run with TORCH_ADRENO_TARGET=adreno740
