@@ -29,7 +29,7 @@ a host tensor the guards could not watch.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -54,20 +54,34 @@ def batch_signature(batch: tuple[Any, ...]) -> tuple[Any, ...] | None:
     return tuple(parts)
 
 
-def tensor_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
-    """Readable names of the model's and optimizer's tensors, by ``id``."""
-    names: dict[int, str] = {}
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, tuple[Any, ...]]]:
+    """Each tensor of a step's state with where it sits, first place first: ``("module", name)``
+    for parameters and buffers, ``("group", index, key)`` for tensor hyperparameters and
+    ``("state", parameter, key)`` for optimizer state. A tensor held in several places comes
+    once per place (callers keep the first)."""
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        names.setdefault(id(tensor), name)
+        yield tensor, ("module", name)
     for index, group in enumerate(optimizer.param_groups):
         for key, value in group.items():
             if isinstance(value, torch.Tensor):
-                names.setdefault(id(value), f"optimizer.param_groups[{index}][{key!r}]")
+                yield value, ("group", index, key)
     for param, state in optimizer.state.items():
-        owner = names.get(id(param), "a parameter")
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                names.setdefault(id(value), f"optimizer state {key!r} of {owner}")
+                yield value, ("state", param, key)
+
+
+def tensor_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
+    """Readable names of the model's and optimizer's tensors, by ``id``."""
+    names: dict[int, str] = {}
+    for tensor, place in state_tensors(model, optimizer):
+        if place[0] == "module":
+            name = place[1]
+        elif place[0] == "group":
+            name = f"optimizer.param_groups[{place[1]}][{place[2]!r}]"
+        else:
+            name = f"optimizer state {place[2]!r} of {names.get(id(place[1]), 'a parameter')}"
+        names.setdefault(id(tensor), name)
     return names
 
 

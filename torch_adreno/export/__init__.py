@@ -42,6 +42,7 @@ from torch_adreno.export.kernel_bodies import (
 from torch_adreno.kernels.program import KernelSource, assemble
 from torch_adreno.runner import format as fmt
 from torch_adreno.runtime.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
+from torch_adreno.step_capture import state_tensors
 
 __all__ = ["ExportError", "export_step", "load_state", "step_model"]
 
@@ -116,19 +117,15 @@ def state_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     """ONNX input names of the step's persistent tensors, by ``id``: ``state_dict`` names for the
     model's, ``optimizer.<parameter>.<key>`` for optimizer state, ``lr`` for a tensor learning rate."""
     names: dict[int, str] = {}
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+    single_group = len(optimizer.param_groups) == 1
+    for tensor, place in state_tensors(model, optimizer):
+        if place[0] == "module":
+            name = place[1]
+        elif place[0] == "group":
+            name = "lr" if single_group and place[2] == "lr" else f"optimizer.group{place[1]}.{place[2]}"
+        else:
+            name = f"optimizer.{names.get(id(place[1]), 'parameter')}.{place[2]}"
         names.setdefault(id(tensor), name)
-    groups = optimizer.param_groups
-    for index, group in enumerate(groups):
-        for key, value in group.items():
-            if isinstance(value, torch.Tensor):
-                single = len(groups) == 1 and key == "lr"
-                names.setdefault(id(value), "lr" if single else f"optimizer.group{index}.{key}")
-    for param, state in optimizer.state.items():
-        owner = names.get(id(param), "parameter")
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                names.setdefault(id(value), f"optimizer.{owner}.{key}")
     return names
 
 
