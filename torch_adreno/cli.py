@@ -65,16 +65,18 @@ def output_dir(text: str) -> Path:
     return path
 
 
-def _check_device(spec: str | int | None) -> str | None:
-    """None if ``spec`` names an OpenCL device (or is None: the default rule), else why not."""
+def _refuse_bad_device(spec: str | int | None) -> bool:
+    """Whether ``spec`` names no OpenCL device (None: the default rule); if so the reason is printed.
+    Checked before anything starts: a bad device would otherwise surface inside Dynamo's first compile."""
     from torch_adreno.errors import AdrenoError
     from torch_adreno.runtime.device import select_device
 
     try:
         select_device(spec)
     except AdrenoError as e:
-        return str(e)
-    return None
+        print(f"error: {e}", file=sys.stderr)
+        return True
+    return False
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -118,9 +120,7 @@ def cmd_project(args: argparse.Namespace) -> int:
     from torch_adreno.projection import SEED_MLP, format_table, kernel_table, project_model, summary_row
     from torch_adreno.target_profiles import get_target
 
-    problem = _check_device(args.device)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+    if _refuse_bad_device(args.device):
         return 2
     targets = [get_target(name) for name in args.target]
     models = args.model or ["mlp", "lenet", "resnet_mini", "transformer", SEED_MLP]
@@ -173,10 +173,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch_adreno
     from torch_adreno.models import LeNet
 
-    # Before anything starts: a bad device would otherwise surface inside Dynamo's first compile.
-    problem = _check_device(args.device)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+    if _refuse_bad_device(args.device):
         return 2
     torch.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = _digits_split(args.seed)
@@ -249,9 +246,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from torch_adreno.suite import run_suite, summary_table
 
-    problem = _check_device(args.device)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+    if _refuse_bad_device(args.device):
         return 2
     records = run_suite(args.models, args.steps, args.out, args.device, args.variants)
     print(summary_table(records))
@@ -310,9 +305,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from torch_adreno.export import ExportError, export_reference_model
     from torch_adreno.models import MODELS, LeNet
 
-    problem = _check_device(args.device)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+    if _refuse_bad_device(args.device):
         return 2
     torch.manual_seed(args.seed)
     if args.model == "digits":
@@ -391,9 +384,7 @@ def cmd_federated(args: argparse.Namespace) -> int:
         run_federation,
     )
 
-    problem = None if args.role == "server" else _check_device(args.device)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+    if args.role != "server" and _refuse_bad_device(args.device):
         return 2
     fail_at = {}
     for spec in args.fail_client:
