@@ -249,11 +249,13 @@ def test_reference_models_train_like_eager_compiled_for_adreno740(monkeypatch, t
     monkeypatch.setenv("TORCH_ADRENO_TARGET", "adreno740")
     monkeypatch.setenv("TORCH_ADRENO_COMPILE_CACHE", "0")  # every graph compiled here, for the target
     targets = []
+    image_operands = []
     compile_program = backend.compile_program
 
     def record(gm, config, *args, **kwargs):
         program = compile_program(gm, config, *args, **kwargs)
         targets.append(program.profile.target if program.profile else "")
+        image_operands.extend(o for k in program.kernels for o in k.images)
         return program
 
     monkeypatch.setattr(backend, "compile_program", record)
@@ -267,6 +269,8 @@ def test_reference_models_train_like_eager_compiled_for_adreno740(monkeypatch, t
     else:
         test(model_name=values[0])
     assert targets and set(targets) == {"adreno740"}
+    # The target prefers images (images="auto"): the GEMMs and convolutions read operands through them.
+    assert image_operands, "no kernel compiled for the target reads an image"
 
 
 @pytest.mark.device
