@@ -8,10 +8,13 @@
   a pair): their median, and how many pairs the replay won;
 - host time of a replayed step split into guard / batch / enqueue loop / after (the caller's
   bookkeeping once the loss is read), with the loss read's wait beside it (device time, not
-  host work), next to the bar of issue #14: 0.1 ms + 1.25 x the driver's own cost of one bare
+  host work), measured in the interleaved rounds and again over replayed steps back to back (as
+  a training loop runs them), next to the bar of issue #14: 0.1 ms + 1.25 x the driver's own cost of one bare
   enqueue (a trivial kernel, one prebound argument, nothing else in the loop) per launch. The
   floor is measured two ways: "busy", the device running the launches meanwhile (the issue's
   measure), and "idle", the queue held by a user event so that only the enqueue is timed;
+- the replay's kernels rewritten to address its arena (one argument for all the step's own
+  memory) against the same replay with its kernels as compiled, alternating step by step;
 - the replay's enqueue loop timed operation by operation (device held idle the same way): per
   launch, by argument count, and the flushes;
 - device time and launches of one replayed step; device bytes of the step's memory: the
@@ -44,6 +47,7 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 import torch_adreno
 from torch_adreno.models import MODELS
 from torch_adreno.runtime import get_runtime
+from torch_adreno.runtime import replay as replay_module
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -224,6 +228,33 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
             round_medians[is_replay].append(statistics.median(times[is_replay]))
         paired += [r / f for f, r in zip(times[False], times[True], strict=True)]
     assert replayed.replayed_steps >= rounds * steps, "the replay did not run"
+    # As a training loop runs them: replayed steps back to back (above, each follows a full step,
+    # whose Python work leaves the host's caches cold for the replay's checks).
+    consecutive: list[float] = []
+    consecutive_phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for _ in range(rounds * steps):
+        replayed(x, y).item()
+        assert replayed.replay is not None
+        consecutive.append(replayed.replay.last_host_seconds)
+        for phase in PHASES:
+            consecutive_phases[phase].append(replayed.replay.last_phases[phase])
+    # The replay's kernels as compiled (each operand its own argument) against the same replay with
+    # kernels addressing its arena, alternating step by step.
+    replay_module.ARENA_KERNELS = False
+    try:
+        plain = _step(name, options, replay=True)[1]
+        for _ in range(3):
+            plain(x, y)
+    finally:
+        replay_module.ARENA_KERNELS = True
+    assert plain.replay is not None and replayed.replay is not None
+    by_variant: dict[str, list[float]] = {"arena": [], "plain": []}
+    for index in range(rounds * steps):
+        for label, step in (("arena", replayed), ("plain", plain))[:: 1 if index % 2 == 0 else -1]:
+            step(x, y).item()
+            assert step.replay is not None
+            by_variant[label].append(step.replay.last_host_seconds)
+    plain_arguments = plain.replay.kernel_arguments
     with torch_adreno.profile() as prof:
         replayed(x, y).item()
     replay = replayed.replay
@@ -246,6 +277,16 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
         "bare_enqueue_us": busy, "bare_enqueue_idle_us": idle,
         "host_bar_us": bar_us, "host_bar_idle_us": 100 + 1.25 * idle * replay.kernel_launches,
         "host_bar_met": host_us <= bar_us,
+        "replay_host_consecutive_us": statistics.median(consecutive) * 1e6,
+        **{f"replay_host_consecutive_{phase}_us": statistics.median(consecutive_phases[phase]) * 1e6
+           for phase in PHASES},
+        "host_bar_met_consecutive": statistics.median(consecutive) * 1e6 <= bar_us,
+        "kernel_arguments": replay.kernel_arguments,
+        "kernel_arguments_as_compiled": plain_arguments,
+        "replay_host_arena_us": statistics.median(by_variant["arena"]) * 1e6,
+        "replay_host_as_compiled_us": statistics.median(by_variant["plain"]) * 1e6,
+        "arena_over_as_compiled_paired": statistics.median(
+            a / b for a, b in zip(by_variant["arena"], by_variant["plain"], strict=True)),
         **enqueue_breakdown(replay),
         "enqueue_idle_no_event_us_per_launch": enqueue_without_events_us(replay),
         "device_ms": prof.device_time_us / 1e3,
@@ -293,6 +334,15 @@ def main() -> None:
               f"{row['step_memory_full_path_bytes'] / 1e6:>8.2f} {row['bit_identical']!s:>9}  "
               f"{row['replay_host_guard_us']:.0f}/{row['replay_host_batch_us']:.0f}/{row['replay_host_enqueue_us']:.0f}/"
               f"{row['replay_host_after_us']:.0f} ({row['replay_host_loss_read_us']:.0f})  {row['batch_mode']}")
+        print(f"{'':<12} consecutive replayed steps: host us {row['replay_host_consecutive_us']:.0f} "
+              f"(guard/batch/enqueue/after {row['replay_host_consecutive_guard_us']:.0f}/"
+              f"{row['replay_host_consecutive_batch_us']:.0f}/{row['replay_host_consecutive_enqueue_us']:.0f}/"
+              f"{row['replay_host_consecutive_after_us']:.0f}), bar met: {row['host_bar_met_consecutive']}; "
+              f"kernel arguments per step {row['kernel_arguments']}")
+        print(f"{'':<12} kernels addressing the arena vs as compiled, alternating: host us "
+              f"{row['replay_host_arena_us']:.0f} vs {row['replay_host_as_compiled_us']:.0f} "
+              f"(paired ratio {row['arena_over_as_compiled_paired']:.3f}), arguments "
+              f"{row['kernel_arguments']} vs {row['kernel_arguments_as_compiled']}")
         no_event = row["enqueue_idle_no_event_us_per_launch"]
         print(f"{'':<12} enqueue us per launch by argument count (idle): {row['enqueue_idle_us_by_args']}; "
               f"without an event (ctypes probe): {'n/a' if no_event is None else f'{no_event:.2f}'}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import operator
 import time
 import weakref
 from collections import OrderedDict
@@ -68,6 +69,7 @@ from torch_adreno.training_state import (
     recompile_limit_message,
 )
 
+_GRAD = operator.attrgetter("grad")
 _log = logging.getLogger("torch_adreno")
 
 #: Replays kept per TrainingStep, one per batch geometry (a partial last batch is a second one).
@@ -137,6 +139,8 @@ class TrainingStep:
         if self._scaling is not None:
             replay = False
         self._gradient_markers: dict[int, GradientOnDevice] = {}
+        #: Each parameter's ``.grad`` as the last replay left it (its marker; None: frozen).
+        self._marked: tuple[Any, ...] | None = None
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
         hook = _SyncHook(self)
         self._hooks = [
@@ -208,8 +212,11 @@ class TrainingStep:
                 try:
                     loss = replay(batch, started)
                 finally:
-                    # The captured step's markers are still there unless zero_grad() removed them.
-                    mark_gradients_on_device(self._params, self._gradient_markers)
+                    # The captured step's markers are still there unless zero_grad() removed them:
+                    # compared in one pass in C, restored only where one is gone.
+                    if self._marked is None or not all(map(operator.is_, map(_GRAD, self._params), self._marked)):
+                        mark_gradients_on_device(self._params, self._gradient_markers)
+                        self._marked = tuple(map(_GRAD, self._params))
                     if self._residency.deferred_tensors:
                         host_sync.arm(self._residency)
                 self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it

@@ -70,6 +70,9 @@ class BoundImage:
     operand: ImageOperand
     #: Made over the buffer's memory (cl_khr_image2d_from_buffer); else a copy refreshed before reads.
     shared: bool
+    #: A copy of a sub-buffer is refreshed from these bytes of its parent (buffer, byte offset):
+    #: PoCL 3.0 faults copying from a sub-buffer into an image.
+    parent: tuple[cl.Buffer, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -79,7 +82,8 @@ class BoundImage:
         """Make a copied image show the buffer's current bytes (nothing to do for a shared one)."""
         if self.shared:
             return None
-        return cl.enqueue_copy(queue, self.image, self.buffer, offset=0, origin=(0, 0),  # type: ignore[call-overload]
+        buffer, offset = self.parent or (self.buffer, 0)
+        return cl.enqueue_copy(queue, self.image, buffer, offset=offset, origin=(0, 0),  # type: ignore[call-overload]
                                region=(self.operand.width, self.operand.height))
 
 
@@ -131,7 +135,7 @@ class ImageViews:
         # A buffer over host memory (zero-copy) shares only from an address the image unit accepts.
         return not host or int(host) % (max(p.image_base_address_alignment, 1) * texel) == 0
 
-    def _make(self, buffer: cl.Buffer, operand: ImageOperand) -> BoundImage:
+    def _make(self, buffer: cl.Buffer, operand: ImageOperand, parent: tuple[cl.Buffer, int] | None) -> BoundImage:
         shape = (operand.width, operand.height)
         if self._can_share(buffer, operand):
             try:
@@ -146,14 +150,17 @@ class ImageViews:
         image = cl.create_image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMATS[operand.channel_type][0],
                                 shape=shape)
         self.copies_made += 1
-        return BoundImage(image, buffer, operand, shared=False)
+        return BoundImage(image, buffer, operand, shared=False, parent=parent)
 
-    def image_for(self, buffer: cl.Buffer, operand: ImageOperand) -> BoundImage:
+    def image_for(self, buffer: cl.Buffer, operand: ImageOperand,
+                  parent: tuple[cl.Buffer, int] | None = None) -> BoundImage:
+        """The image of ``operand`` over ``buffer``; ``parent``: where ``buffer``'s bytes are in
+        the buffer it is a sub-buffer of (byte offset)."""
         key = (id(buffer), operand.width, operand.height)
         entry = self._entries.get(key)
         if entry is None or entry.buffer is not buffer:
             self._drop_unreferenced()
-            entry = self._entries[key] = self._make(buffer, operand)
+            entry = self._entries[key] = self._make(buffer, operand, parent)
         return entry
 
     def _drop_unreferenced(self) -> None:
@@ -165,15 +172,18 @@ class ImageViews:
             if sys.getrefcount(entry.buffer) <= 2:
                 del self._entries[key]
 
-    def bind(self, kernel: cl.Kernel, source: KernelSource, buffer_of: Callable[[str], Any]) -> list[BoundImage]:
+    def bind(self, kernel: cl.Kernel, source: KernelSource, buffer_of: Callable[[str], Any],
+             parent_of: Callable[[str], tuple[cl.Buffer, int] | None] | None = None) -> list[BoundImage]:
         """Set ``kernel``'s image arguments (after its buffer arguments) to the images of the buffers
-        ``buffer_of`` gives for its image operands; the caller refreshes each before the launch
-        and keeps them referenced while the kernel may be enqueued."""
+        ``buffer_of`` gives for its image operands (``parent_of``: where a sub-buffer's bytes are
+        in its parent); the caller refreshes each before the launch and keeps them referenced
+        while the kernel may be enqueued."""
         # After the buffers, and after the index check's two arguments where the kernel has them.
         first = len(source.params) + (2 if source.checks_indices else 0)
         bound = []
         for j, operand in enumerate(source.images):
-            entry = self.image_for(buffer_of(operand.buffer), operand)
+            entry = self.image_for(buffer_of(operand.buffer), operand,
+                                   None if parent_of is None else parent_of(operand.buffer))
             kernel.set_arg(first + j, entry.image)
             bound.append(entry)
         self.bindings += 1

@@ -76,11 +76,13 @@ class IndexErrorRecord:
                 self._registered.append(_Registered(graph.name, source, tuple(graph.index_checks)))
                 self._tokens[id(source)] = len(self._registered)
 
-    def bind(self, kernel: cl.Kernel, source: Any) -> None:
-        """Bind the record and the token of ``source`` (registered) as ``kernel``'s last two arguments."""
+    def bind(self, kernel: cl.Kernel, source: Any, first: int | None = None) -> None:
+        """Bind the record and the token of ``source`` (registered) as ``kernel``'s arguments
+        ``first`` and ``first + 1`` (by default its last two, after ``source.params``)."""
         token = self._tokens[id(source)]
-        kernel.set_arg(len(source.params), self.buffer)
-        kernel.set_arg(len(source.params) + 1, np.int32(token))
+        first = len(source.params) if first is None else first
+        kernel.set_arg(first, self.buffer)
+        kernel.set_arg(first + 1, np.int32(token))
 
     @property
     def unchecked(self) -> bool:

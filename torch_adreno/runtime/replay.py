@@ -5,7 +5,12 @@ Built from a :class:`~torch_adreno.runtime.capture.StepRecorder` that watched on
 argument bound once; memory made during the step (arena slots, saved activations, gradients,
 scratch, the loss) is laid out anew by one memory plan spanning the whole step, so a saved
 activation's bytes are free after its last backward read and a gradient's after the optimizer's;
-persistent tensors (parameters, optimizer state) keep the residency's buffers. A replay then:
+persistent tensors (parameters, optimizer state) keep the residency's buffers. The step's own
+memory, its seeds and (where copied) its batch live in one buffer, the arena (:class:`ArenaLayout`),
+and the kernels are rebuilt to take it as one argument and find those operands at constant
+offsets (:mod:`torch_adreno.kernels.arena_params`): a driver's enqueue costs time per argument
+(NVIDIA's ~0.45 us each with the device busy), and resnet_mini's step passes 300 arguments instead
+of 648. A replay then:
 
 1. puts the batch in place: on a unified-memory device with zero-copy, binds each new batch's host
    memory to the kernels that read it (a host-pointer buffer made over it, nothing copied); on a
@@ -35,6 +40,8 @@ import pyopencl as cl
 import pyopencl._cl as _cl
 import torch
 
+from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT, place_in_arena
+from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.capture import (
     BATCH,
     INTERNAL,
@@ -53,6 +60,11 @@ REPLAY_GRAPH = "replayed_step"
 
 #: Launch counts after which a replay flushes the queue: early, then at doubling intervals.
 FLUSH_AFTER = frozenset({4, 16, 48, 112, 240, 496, 1008})
+
+#: Whether a replay's kernels are rewritten to take the arena as one argument (read when a replay
+#: is built). False binds them as compiled, to sub-buffers of the arena: benchmarks/replay.py
+#: measures both in one run, and tests check they agree bit for bit.
+ARENA_KERNELS = True
 
 
 class CaptureError(RuntimeError):
@@ -119,6 +131,38 @@ def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemor
                           sum(recorder.identities[i].nbytes for i in arenas) + peak)
 
 
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Where a replay keeps the memory it owns: one buffer, each slot of the step's memory plan,
+    each seed and (when the batch is copied) each batch argument at a fixed byte offset.
+
+    Invariants: offsets are multiples of ``alignment`` (the device's sub-buffer alignment and
+    :data:`~torch_adreno.kernels.arena_params.OFFSET_ALIGNMENT`); identities in one slot share its
+    offset (their lifetimes do not overlap), any others never share a byte."""
+
+    offset_of: dict[int, int]
+    nbytes: int
+    alignment: int
+
+    @staticmethod
+    def of(recorder: StepRecorder, memory: StepMemoryPlan, batch_copied: bool, base_alignment: int) -> ArenaLayout:
+        alignment = max(256, OFFSET_ALIGNMENT, base_alignment)
+        end = 0
+
+        def place(nbytes: int) -> int:
+            nonlocal end
+            at = end
+            end += -(-max(nbytes, 1) // alignment) * alignment
+            return at
+
+        slot_offsets = [place(n) for n in memory.slot_bytes]
+        offset_of = {index: slot_offsets[slot] for index, slot in memory.slot_of.items()}
+        for identity in recorder.identities:
+            if identity.kind is SEED or (identity.kind is BATCH and batch_copied):
+                offset_of[identity.index] = place(identity.nbytes)
+        return ArenaLayout(offset_of, end, alignment)
+
+
 #: How a replay puts a batch argument in place (see the module docstring).
 IN_PLACE, STAGED, UPLOADED = "in place", "staged", "uploaded"
 
@@ -143,8 +187,10 @@ class _BatchBinding:
     view: tuple[tuple[int, ...], tuple[int, ...], int] | None
     nbytes: int
     label: str
-    #: The replay's own device buffer the batch is uploaded into (None: bound in place).
+    #: The replay's own device buffer the batch is uploaded into (None: bound in place), and
+    #: where in it.
     buffer: cl.Buffer | None
+    offset: int = 0
     #: Staged: the pinned staging memory, mapped for the replay's lifetime, as bytes.
     staging: np.ndarray | None = None
     #: In place: the (kernel, argument index) pairs that read the batch.
@@ -167,14 +213,11 @@ class ReplayedStep:
         #: The recorded step without its internal buffers (what an export translates).
         self.recording = recording_of(recorder, loss_identity)
         context = self.runtime.context
-        slots = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(n, 1)) for n in self.memory.slot_bytes]
         # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue
         # on a profiling queue (NVIDIA's: ~14 vs ~7 us). Under profile() the runtime's queue is used.
         self._queue = cl.CommandQueue(context)
-        buffers: dict[int, cl.Buffer | None] = {}
         self._batch: list[_BatchBinding] = []
         batch_of: dict[int, _BatchBinding] = {}
-        self._seeds: list[cl.Buffer] = []
         #: How the batch is put in place: IN_PLACE, STAGED or UPLOADED (see the module docstring).
         self.batch_mode = batch_mode(residency.zero_copy, self.runtime.profile.unified_memory)
         if self.batch_mode is IN_PLACE and any(not isinstance(op, RecordedCopy) and op.source.images
@@ -188,13 +231,17 @@ class ReplayedStep:
         # In place: the host-pointer buffers bound by the last replay, with the memory under them;
         # kept until the next replay binds others, so no kernel points at a released buffer.
         self._bound_batch: list[tuple[cl.Buffer, Any]] = []
+        # The memory made during the step, the seeds and the batch's own copy live in one buffer,
+        # the arena, each at a fixed offset (internal identities at their slot's).
+        self.arena = ArenaLayout.of(recorder, self.memory, self.batch_mode is not IN_PLACE,
+                                    self.runtime.device.mem_base_addr_align // 8)
+        self._arena = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(self.arena.nbytes, 1))
+        self._sub_buffers: dict[int, cl.Buffer] = {}
+        self._recorded_nbytes = {identity.index: identity.nbytes for identity in recorder.identities}
+        buffers: dict[int, cl.Buffer | None] = {}
         for identity in recorder.identities:
-            if identity.index in self.memory.slot_of:
-                buffers[identity.index] = slots[self.memory.slot_of[identity.index]]
-            elif identity.kind is PERSISTENT:
+            if identity.kind is PERSISTENT:
                 buffers[identity.index] = identity.buffer
-            elif identity.kind is SEED:
-                buffers[identity.index] = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
             elif identity.kind is BATCH:
                 assert identity.tensor is not None and identity.view is not None
                 own = tuple(identity.tensor.shape), tuple(identity.tensor.stride()), identity.tensor.storage_offset()
@@ -203,50 +250,68 @@ class ReplayedStep:
                 binding = _BatchBinding(identity.batch_position, None if whole else identity.view,
                                         identity.nbytes, identity.label, None)
                 if self.batch_mode is not IN_PLACE:
-                    binding.buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(identity.nbytes, 1))
+                    binding.buffer, binding.offset = self._arena, self.arena.offset_of[identity.index]
                 if self.batch_mode is STAGED and identity.nbytes:
                     binding.staging = self._staging(identity.nbytes)
                 self._batch.append(binding)
                 batch_of[identity.index] = binding
-                buffers[identity.index] = binding.buffer
-        self._seeds = [buffers[i] for i in recorder.seeds]  # type: ignore[misc]
+                buffers[identity.index] = binding.buffer if self.batch_mode is IN_PLACE else None
+        self._seeds = [self.arena.offset_of[i] for i in recorder.seeds]
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
         # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
         # host memory under it (zero-copy).
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
         self._profiled_operations: list[Any] = []
-        self._slots = slots
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
         #: The images the kernels read (a kernel argument holds no reference).
         self._images: list[Any] = []
         self._operations: list[Any] = []
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
         self._described: list[tuple[str, Any] | None] = []
+        kernels = self._arena_kernels(recorder)
+        #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
+        self.kernel_arguments = sum(k.num_args for k in kernels)
         # The step's device work in order, queue-neutral: bound once into each queue's partials below.
         steps: list[tuple[Any, ...]] = []
+        launched = iter(zip(kernels, self._rewritten, strict=True))
         for op in recorder.operations:
             if isinstance(op, RecordedCopy):
-                steps.append(("copy", buffers[op.destination], buffers[op.source], op.nbytes))
+                (destination, at), (source, start) = self._place(op.destination, buffers), self._place(op.source, buffers)
+                steps.append(("copy", destination, source, op.nbytes, at, start))
                 continue
-            # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
-            kernel = cl.Kernel(op.kernel.program, op.kernel.function_name)
-            for position, index in enumerate(op.args):
-                if index in batch_of and batch_of[index].buffer is None:
-                    batch_of[index].consumers.append((kernel, position))  # bound by each replay
-                else:
-                    kernel.set_arg(position, buffers[index])
-            if op.source.checks_indices:  # the device's index error record, the launch's token
-                self.runtime.index_errors.bind(kernel, op.source)
-            if op.source.images:
-                # Images over the replay's buffers; a copied image is refreshed before each read.
-                by_param = {name: buffers[index] for name, index in zip(op.source.params, op.args, strict=True)}
-                for image in image_views(self.runtime).bind(kernel, op.source, by_param.__getitem__):
-                    self._images.append(image)
-                    if not image.shared:
-                        steps.append(("refresh", image))
-            self._launches.append((op.graph, op.source, kernel))
-            steps.append(("launch", kernel, op.source, (op.graph, op.source)))
+            kernel, rewritten = next(launched)
+            source = op.source
+            if not rewritten:
+                # Kept as compiled, bound to the arena's sub-buffers (images over them: a copied image
+                # is refreshed before each read).
+                for position, index in enumerate(op.args):
+                    if index in batch_of and batch_of[index].buffer is None:
+                        batch_of[index].consumers.append((kernel, position))  # bound by each replay
+                    else:
+                        kernel.set_arg(position, self._buffer(index, buffers))
+                if source.images:
+                    named = list(zip(source.params, op.args, strict=True))
+                    by_param = {name: self._buffer(index, buffers) for name, index in named}
+                    in_arena = {name: (self._arena, self.arena.offset_of[index])
+                                for name, index in named if index in self.arena.offset_of}
+                    for image in image_views(self.runtime).bind(kernel, source, by_param.__getitem__, in_arena.get):
+                        self._images.append(image)
+                        if not image.shared:
+                            steps.append(("refresh", image))
+            else:
+                kernel.set_arg(0, self._arena)
+                kept = [index for index in op.args if index not in self.arena.offset_of]
+                for position, index in enumerate(kept, start=1):
+                    if index in batch_of and batch_of[index].buffer is None:
+                        batch_of[index].consumers.append((kernel, position))  # bound by each replay
+                    else:
+                        kernel.set_arg(position, buffers[index])
+            if source.checks_indices:  # the device's index error record, the launch's token
+                first = 1 + sum(i not in self.arena.offset_of for i in op.args) if rewritten else len(op.args)
+                self.runtime.index_errors.bind(kernel, source, first)
+            self._launches.append((op.graph, source, kernel))
+            steps.append(("launch", kernel, source, (op.graph, source)))
             if len(self._launches) in FLUSH_AFTER:
                 # Hand what is enqueued to the device now, so that it computes while the host enqueues
                 # the rest (some drivers submit only at a flush or a blocking call).
@@ -254,7 +319,8 @@ class ReplayedStep:
         for queue, operations in ((self._queue, self._operations), (self.runtime.queue, self._profiled_operations)):
             for step in steps:
                 if step[0] == "copy":
-                    operations.append(functools.partial(cl.enqueue_copy, queue, step[1], step[2], byte_count=step[3]))
+                    operations.append(functools.partial(cl.enqueue_copy, queue, step[1], step[2], byte_count=step[3],
+                                                        dst_offset=step[4], src_offset=step[5]))
                 elif step[0] == "refresh":
                     operations.append(functools.partial(step[1].refresh, queue))
                 elif step[0] == "launch":
@@ -264,7 +330,7 @@ class ReplayedStep:
                     operations.append(queue.flush)
         self._described = [step[3] if step[0] == "launch" else None for step in steps]
         self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
-        self._loss_buffer: cl.Buffer = slots[self.memory.slot_of[loss_identity]]
+        self._loss_offset = self.arena.offset_of[loss_identity]
         self._loss_shape = tuple(loss.shape)
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
         self._loss_torch_dtype = loss.dtype
@@ -279,6 +345,61 @@ class ReplayedStep:
         #: work), and "after" (the caller's bookkeeping once the loss is read; set by the caller).
         self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
         self.loss_read_at = 0.0
+
+    def _arena_kernels(self, recorder: StepRecorder) -> list[cl.Kernel]:
+        """A kernel object per launch of the recording, in order: its source rewritten to take the
+        arena (its first argument) and find the operands the arena holds at their offsets, built
+        in one program per occurrence of a kernel name; a kernel reading images stays as it was
+        compiled (its images are made over buffers, bound through sub-buffers of the arena)."""
+        launches = [op for op in recorder.operations if isinstance(op, RecordedLaunch)]
+        rewritten: list[Any] = []
+        for op in launches:
+            if op.source.images or not ARENA_KERNELS:
+                rewritten.append(None)
+                continue
+            offsets = {position: self.arena.offset_of[index] for position, index in enumerate(op.args)
+                       if index in self.arena.offset_of}
+            rewritten.append(place_in_arena(op.source, offsets))
+        # Names repeat where a graph runs twice in a step: the n-th occurrences share a program.
+        programs: list[dict[str, Any]] = []
+        occurrence: list[int] = []
+        for source in rewritten:
+            if source is None:
+                occurrence.append(-1)
+                continue
+            index = next((i for i, program in enumerate(programs) if source.name not in program), len(programs))
+            if index == len(programs):
+                programs.append({})
+            programs[index][source.name] = source
+            occurrence.append(index)
+        built = [build_kernels(self.runtime, list(program.values())) for program in programs]
+        kernels = []
+        self._rewritten = [index >= 0 for index in occurrence]
+        for op, index in zip(launches, occurrence, strict=True):
+            # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
+            template = op.kernel if index < 0 else built[index][op.source.name]
+            kernels.append(cl.Kernel(template.program, template.function_name))
+        return kernels
+
+    def _place(self, index: int, buffers: dict[int, cl.Buffer | None]) -> tuple[cl.Buffer, int]:
+        """The buffer holding identity ``index`` and its byte offset there."""
+        if index in self.arena.offset_of:
+            return self._arena, self.arena.offset_of[index]
+        buffer = buffers[index]
+        if buffer is None:
+            raise CaptureError("a batch argument bound in place is copied within the step")
+        return buffer, 0
+
+    def _buffer(self, index: int, buffers: dict[int, cl.Buffer | None]) -> cl.Buffer:
+        """A buffer of identity ``index`` alone (a sub-buffer of the arena where it lives there)."""
+        if index not in self.arena.offset_of:
+            buffer = buffers[index]
+            assert buffer is not None
+            return buffer
+        if index not in self._sub_buffers:
+            nbytes = max(self._recorded_nbytes[index], 1)
+            self._sub_buffers[index] = self._arena.get_sub_region(self.arena.offset_of[index], nbytes)
+        return self._sub_buffers[index]
 
     @property
     def kernel_launches(self) -> int:
@@ -331,16 +452,16 @@ class ReplayedStep:
             else:
                 keep.append(array)
             assert binding.buffer is not None  # not in place
-            event = _cl._enqueue_write_buffer(queue, binding.buffer, array, 0, None, False)
+            event = _cl._enqueue_write_buffer(queue, binding.buffer, array, binding.offset, None, False)
             if record:
                 BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
 
     def _upload_seeds(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
-        for buffer in self._seeds:
+        for offset in self._seeds:
             # As the full path draws them (Executable): torch.manual_seed(n) makes replays repeat too.
             seed = host_array(torch.randint(0, 2**62, (), dtype=torch.int64))
             keep.append(seed)
-            _cl._enqueue_write_buffer(queue, buffer, seed, 0, None, False)
+            _cl._enqueue_write_buffer(queue, self._arena, seed, offset, None, False)
             BUS.transfer(REPLAY_GRAPH, "h2d", seed.nbytes, "seed", "input")
 
     def _enqueue_all(self, profiled: bool) -> None:
@@ -382,7 +503,7 @@ class ReplayedStep:
         index_errors.launches += self._checking_launches
         index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
         # Blocking, on the queue of the launches: when it returns, the whole step is done.
-        _cl._enqueue_read_buffer(queue, self._loss_buffer, loss, 0, None, True)
+        _cl._enqueue_read_buffer(queue, self._arena, loss, self._loss_offset, None, True)
         #: When the loss was read: the caller counts its own work after it as "after".
         self.loss_read_at = time.perf_counter()
         phases["loss_read"] = self.loss_read_at - end
