@@ -493,15 +493,15 @@ class ReplayedStep:
         self._upload_seeds(queue, keep)
         enqueue_start = time.perf_counter()
         self._enqueue_all(profiled)
+        index_errors = self.runtime.index_errors
+        index_errors.launches += self._checking_launches
+        index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
         end = time.perf_counter()
         self.last_host_seconds = end - start
         phases = self.last_phases
         phases["guard"], phases["batch"], phases["enqueue"] = bind_start - start, enqueue_start - bind_start, \
             end - enqueue_start
         loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
-        index_errors = self.runtime.index_errors
-        index_errors.launches += self._checking_launches
-        index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
         # Blocking, on the queue of the launches: when it returns, the whole step is done.
         _cl._enqueue_read_buffer(queue, self._arena, loss, self._loss_offset, None, True)
         #: When the loss was read: the caller counts its own work after it as "after".
