@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import sys
 import time
@@ -68,8 +69,14 @@ def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]
 
     for _ in range(2):
         step()
+    scale = scaler.get_scale() if scaler is not None else None
     with torch_adreno.profile() as prof:
-        step()
+        profiled_loss = float(step().detach())
+    # A step GradScaler skips (a gradient overflowed) runs no optimizer kernels: its bytes are not a step's.
+    skipped = scaler is not None and scale is not None and scaler.get_scale() < scale
+    if skipped or not math.isfinite(profiled_loss):
+        print(f"warning: {model_name} {precision}: the profiled step was skipped or its loss is {profiled_loss}: "
+              "its kernel bytes leave out the optimizer step", file=sys.stderr)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -81,6 +88,7 @@ def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]
         "kernel_bytes_read": prof.bytes_kernel_read, "kernel_bytes_written": prof.bytes_kernel_written,
         "kernel_launches": prof.kernel_launches, "host_fallback_ops": len(prof.host_fallback_ops),
         "step_ms_median": 1e3 * statistics.median(times), "steps_timed": steps,
+        "profiled_loss": profiled_loss, "profiled_step_skipped": skipped,
     }
 
 
