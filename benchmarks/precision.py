@@ -21,6 +21,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,10 @@ PRECISIONS: dict[str, tuple[torch.dtype | None, bool]] = {
 }
 
 
-def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+def training_step(model_name: str, precision: str,
+                  options: dict[str, Any]) -> tuple[Callable[[], torch.Tensor], torch.amp.GradScaler | None]:
+    """One plain compiled training step of the model in the precision (see the module doc), and
+    its GradScaler (None without one)."""
     torch._dynamo.reset()
     autocast_dtype, scaled = PRECISIONS[precision]
     spec = MODELS[model_name]
@@ -67,6 +71,11 @@ def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]
             opt.step()
         return loss
 
+    return step, scaler
+
+
+def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+    step, scaler = training_step(model_name, precision, options)
     for _ in range(2):
         step()
     scale = scaler.get_scale() if scaler is not None else None
