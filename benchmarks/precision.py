@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,10 @@ PRECISIONS: dict[str, tuple[torch.dtype | None, bool]] = {
 }
 
 
-def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+def training_step(model_name: str, precision: str,
+                  options: dict[str, Any]) -> tuple[Callable[[], torch.Tensor], torch.amp.GradScaler | None]:
+    """One plain compiled training step of the model in the precision (see the module doc), and
+    its GradScaler (None without one)."""
     torch._dynamo.reset()
     autocast_dtype, scaled = PRECISIONS[precision]
     spec = MODELS[model_name]
@@ -66,10 +71,21 @@ def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]
             opt.step()
         return loss
 
+    return step, scaler
+
+
+def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+    step, scaler = training_step(model_name, precision, options)
     for _ in range(2):
         step()
+    scale = scaler.get_scale() if scaler is not None else None
     with torch_adreno.profile() as prof:
-        step()
+        profiled_loss = float(step().detach())
+    # A step GradScaler skips (a gradient overflowed) runs no optimizer kernels: its bytes are not a step's.
+    skipped = scaler is not None and scale is not None and scaler.get_scale() < scale
+    if skipped or not math.isfinite(profiled_loss):
+        print(f"warning: {model_name} {precision}: the profiled step was skipped or its loss is {profiled_loss}: "
+              "its kernel bytes leave out the optimizer step", file=sys.stderr)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -81,6 +97,7 @@ def measure(model_name: str, precision: str, steps: int, options: dict[str, Any]
         "kernel_bytes_read": prof.bytes_kernel_read, "kernel_bytes_written": prof.bytes_kernel_written,
         "kernel_launches": prof.kernel_launches, "host_fallback_ops": len(prof.host_fallback_ops),
         "step_ms_median": 1e3 * statistics.median(times), "steps_timed": steps,
+        "profiled_loss": profiled_loss, "profiled_step_skipped": skipped,
     }
 
 

@@ -261,6 +261,31 @@ def test_grad_scaler_in_the_compiled_loop_scales_unscales_and_skips_overflowing_
     assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(params, eager_params, strict=True))
 
 
+@pytest.mark.parametrize("zero_copy", [False, pytest.param(True, marks=pytest.mark.unified_memory)])
+def test_grad_scaler_unscale_reaches_a_compiled_optimizer_step(zero_copy):
+    # GradScaler divides the host's gradients in place without bumping their version counters;
+    # with device copies (zero_copy=False, discrete GPUs) the compiled step must still see it.
+    options = {"zero_copy": zero_copy}
+    x, y = torch.randn(8, 20), torch.randint(0, 4, (8,))
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        forward = model
+        if compiled:
+            torch._dynamo.reset()
+            forward = torch.compile(model, backend="adreno", options=options)
+            opt.step = torch.compile(opt.step, backend="adreno", options=options)  # type: ignore[method-assign]
+        scaler = torch.amp.GradScaler("cpu")
+        losses = _scaled_steps(forward, model, opt, scaler, x, y, 3)
+        runs.append((losses, scaler.get_scale(), [p.detach().clone() for p in model.parameters()]))
+    (eager_losses, eager_scale, eager_params), (losses, scale, params) = runs
+    assert scale == eager_scale == 2.0**16  # no step overflowed
+    assert max(abs(a - b) for a, b in zip(losses, eager_losses, strict=True)) < 1e-2, (losses, eager_losses)
+    assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(params, eager_params, strict=True))
+
+
 # -- native half arithmetic (cl_khr_fp16) ------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 
 from torch_adreno import ir
 from torch_adreno.fusion.decisions import Decision
@@ -27,12 +28,19 @@ EXPENSIVE_OPS = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sqrt", "rsqrt",
 
 
 def op_cost(expr: ir.Expr) -> int:
-    """Weighted number of operations in an expression DAG (index arithmetic is free)."""
+    """Weighted number of operations in an expression DAG. Free: index arithmetic, and casts
+    between float types (a 16-bit value is widened as it is loaded and rounded in a few register
+    operations; weighing them would make autocast's casts decide what is stored, and a float16
+    graph would then store what its float32 twin recomputes)."""
     cost = 0
     for e in ir.walk(expr):
-        if isinstance(e, ir.Call) and e.dtype is not ir.DType.INDEX:
+        if isinstance(e, ir.Call) and e.dtype is not ir.DType.INDEX and not _float_cast(e):
             cost += 4 if e.op in EXPENSIVE_OPS else 1
     return cost
+
+
+def _float_cast(e: ir.Call) -> bool:
+    return e.op == "cast" and e.dtype.is_float and e.args[0].dtype.is_float
 
 
 # -- unrolling -------------------------------------------------------------------------------------
@@ -176,6 +184,7 @@ def inline_pointwise(graph: ir.Graph, nodes: list[ir.Node], decisions: list[Deci
     # Buffers each node reads, kept in step with ``nodes`` (walking every expression again per
     # producer made this pass quadratic in the graph's size).
     reads = [set(ir.node_inputs(n)) for n in nodes]
+    producers = {out: n for n in nodes for out in ir.node_outputs(n)}
     i = 0
     while i < len(nodes):
         producer = nodes[i]
@@ -184,6 +193,9 @@ def inline_pointwise(graph: ir.Graph, nodes: list[ir.Node], decisions: list[Deci
             continue
         consumers = [(j, nodes[j]) for j in range(i + 1, len(nodes)) if producer.output in reads[j]]
         reason = _refusal(producer, [n for _, n in consumers], outputs)
+        if reason is None:
+            reason = _narrowed_gemm_result(graph, producer, len(consumers), producers,
+                                           lambda b: sum(1 for r in reads if b in r), outputs)
         if reason is not None:
             for _, c in consumers:
                 decisions.append(Decision(producer.name, c.name, False, reason))
@@ -220,3 +232,32 @@ def _refusal(producer: ir.Pointwise, consumers: list[ir.Node], outputs: set[str]
         return None
     return (f"recomputing it {factor:.1f}x per element at {cost} weighted ops (limits: {MAX_RECOMPUTE}x, "
             f"{MAX_INLINE_COST} ops) costs more than storing {producer.output}")
+
+
+def _narrowed_gemm_result(graph: ir.Graph, producer: ir.Pointwise, consumers: int, producers: dict[str, ir.Node],
+                          readers: Callable[[str], int], outputs: set[str]) -> str | None:
+    """Why ``producer`` should be stored rather than inlined when it narrows a GEMM's float32
+    accumulator element for element (autocast's linear: bias added, rounded to 16 bits).
+
+    Stored, it becomes the GEMM's epilogue and the GEMM writes the 16-bit values its consumers
+    read; inlined, the GEMM must write its float32 accumulator, which eager never stores, and
+    every consumer reads those wider elements. Bytes decide (each consumer counted as one kernel
+    reading the buffer once); with equal element sizes inlining never loses, so float32 graphs
+    keep their decisions."""
+    out = graph.buffers[producer.output]
+    for ld in ir.loads(producer.body):
+        source = producers.get(ld.buffer)
+        wide = graph.buffers[ld.buffer]
+        if (not isinstance(source, ir.Gemm) or wide.numel != out.numel
+                or wide.dtype.itemsize <= out.dtype.itemsize or producer.ranges != wide.shape
+                or tuple(ld.index) != tuple(producer.loop_vars)):
+            continue
+        # Read by the producer alone, the accumulator is not stored at all once the producer is the epilogue.
+        dies = readers(ld.buffer) == 1 and ld.buffer not in outputs
+        inlined = consumers * wide.nbytes + (wide.nbytes if dies else 0)
+        stored = (1 + consumers) * out.nbytes
+        if inlined > stored:
+            return (f"it narrows the GEMM result {ld.buffer} ({wide.dtype.value}) to "
+                    f"{out.dtype.value}: stored by the GEMM's epilogue, {stored} bytes move; inlined into "
+                    f"{consumers} consumer(s), {inlined}")
+    return None

@@ -5,7 +5,7 @@ first stage) into a few hundred outputs (16 x 144): one or a few output tiles, s
 work-groups walk all of k while the rest of the GPU idles (measured on the H200: 1.5 ms for
 151 MFLOP). Cut into S slices, S times as many work-groups each multiply k / S into a slice sum,
 and a second, small launch adds the S slice sums and runs the fused epilogue. The slice sums
-cost 2 x S x m x n floats of traffic, kept under a quarter of what the operands move.
+cost 2 x S x m x n floats of traffic, kept under a quarter of the bytes the operands move.
 
 The rule needs no device: enough output tiles (at the template's usual 64 x 64) to occupy a
 GPU's compute units several times over is all the parallelism splitting could add, and slices
@@ -33,15 +33,23 @@ def output_tiles(gemm: ir.Gemm) -> int:
     return gemm.batch * math.ceil(gemm.m / 64) * math.ceil(gemm.n / 64)
 
 
+def _element_bytes(operand: ir.Expr) -> int:
+    """Bytes of one element of the buffers an operand loads (float32 where it loads none)."""
+    sizes = [ld.dtype.itemsize for ld in ir.loads(operand) if ld.dtype.is_float]
+    return max(sizes, default=ir.DType.F32.itemsize)
+
+
 def choose_split(gemm: ir.Gemm) -> int:
     """The number of k slices: doubled while the tiles stay under :data:`TARGET_TILES`, slices stay
     at least :data:`MIN_SLICE` long and the slice sums' traffic under :data:`MAX_PARTIAL_TRAFFIC`
-    of the operands'. 1: no split."""
+    of the operands', in bytes (the sums are float32 whatever the operands are: beside 16-bit
+    operands they weigh twice as much). 1: no split."""
     tiles = output_tiles(gemm)
-    operand_elements = gemm.batch * (gemm.m + gemm.n) * gemm.k
+    operand_bytes = gemm.batch * gemm.k * (gemm.m * _element_bytes(gemm.lhs) + gemm.n * _element_bytes(gemm.rhs))
+    partial_bytes = 2 * gemm.batch * gemm.m * gemm.n * ir.DType.F32.itemsize  # written once, read once
     split = 1
     while (tiles * split < TARGET_TILES and gemm.k // (2 * split) >= MIN_SLICE
-           and 2 * (2 * split) * gemm.batch * gemm.m * gemm.n <= MAX_PARTIAL_TRAFFIC * operand_elements):
+           and (2 * split) * partial_bytes <= MAX_PARTIAL_TRAFFIC * operand_bytes):
         split *= 2
     return split
 

@@ -25,10 +25,14 @@ import numpy as np
 import pyopencl as cl
 import torch
 
+from torch_adreno.runtime import amp_versions
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS
 
 TRANSIENT_SLOTS = 16
+
+# Copies are trusted by version: GradScaler's unscale must bump the versions it changes.
+amp_versions.install()
 
 # Every residency, so that one reading a host tensor another deferred can make it current first.
 _ALL_RESIDENCIES: list[weakref.ref[Residency]] = []
