@@ -110,10 +110,13 @@ def load_text(dtype: DType, pointer: str, offset: str) -> str:
 def store_text(dtype: DType, pointer: str, offset: str, value: str) -> str:
     """A C statement writing ``value`` into element ``offset`` of a buffer of ``dtype``, rounded to
     nearest even where the type is narrower than float32."""
+    # The value may be an integer (a count stored as a float16): vstore_half_rte is overloaded
+    # for float and double only, so it is converted first (exact below 2**24, beyond float16's
+    # range; bfloat16 converts through float as eager does).
     if dtype is DType.F16:
-        return f"vstore_half_rte({value}, {offset}, {pointer});"
+        return f"vstore_half_rte((float)({value}), {offset}, {pointer});"
     if dtype is DType.BF16:
-        return f"{pointer}[{offset}] = adreno_bf16_bits({value});"
+        return f"{pointer}[{offset}] = adreno_bf16_bits((float)({value}));"
     return f"{pointer}[{offset}] = ({STORAGE_CTYPE[dtype]})({value});"
 
 
