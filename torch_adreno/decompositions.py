@@ -33,6 +33,13 @@ def _masked_scores(query: torch.Tensor, key: torch.Tensor, is_causal: bool, attn
     return scores, scale
 
 
+def _widened(t: Any) -> Any:
+    """A 16-bit float tensor as float32 (the precision eager's CPU flash kernel computes in)."""
+    if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16):
+        return t.float()
+    return t
+
+
 def _check_no_dropout(dropout_p: float) -> None:
     if dropout_p:
         raise NotImplementedError(
@@ -43,10 +50,17 @@ def _check_no_dropout(dropout_p: float) -> None:
 def flash_attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0,
                             is_causal: bool = False, *, attn_mask: torch.Tensor | None = None,
                             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(softmax(q k^T * scale + mask) v, logsumexp of the masked scores over keys)``."""
+    """``(softmax(q k^T * scale + mask) v, logsumexp of the masked scores over keys)``. 16-bit
+    inputs are computed in float32 and only the output rounded, as eager's kernel accumulates
+    (rounding scores of magnitude ~100 to float16 moves every probability by percents); the
+    log-sum-exp is float32 whatever the inputs' type, the kernel's contract (its backward refuses a
+    16-bit one)."""
     _check_no_dropout(dropout_p)
+    dtype = query.dtype
+    query, key, value, attn_mask = (_widened(t) for t in (query, key, value, attn_mask))
     scores, _ = _masked_scores(query, key, is_causal, attn_mask, scale)
-    return torch.matmul(torch.softmax(scores, dim=-1), value), torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)
+    return out.to(dtype), torch.logsumexp(scores, dim=-1).float()
 
 
 def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -62,15 +76,18 @@ def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     matrix; tests/test_attention.py checks that it does not.)
     """
     _check_no_dropout(dropout_p)
+    dtypes = query.dtype, key.dtype, value.dtype
+    grad_out, query, key, value, out, attn_mask = (
+        _widened(t) for t in (grad_out, query, key, value, out, attn_mask))
     scores, scale = _masked_scores(query, key, is_causal, attn_mask, scale)
-    probabilities = torch.exp(scores - logsumexp.unsqueeze(-1))
+    probabilities = torch.exp(scores - logsumexp.unsqueeze(-1).to(scores.dtype))
     grad_value = torch.matmul(probabilities.transpose(-2, -1), grad_out)
     grad_probabilities = torch.matmul(grad_out, value.transpose(-2, -1))
     row_dot = (grad_out * out).sum(-1, keepdim=True)
     grad_scores = probabilities * (grad_probabilities - row_dot) * scale
     grad_query = torch.matmul(grad_scores, key)
     grad_key = torch.matmul(grad_scores.transpose(-2, -1), query)
-    return grad_query, grad_key, grad_value
+    return grad_query.to(dtypes[0]), grad_key.to(dtypes[1]), grad_value.to(dtypes[2])
 
 
 #: The backend's own decompositions, on top of PyTorch's table (they replace its entries).
