@@ -270,11 +270,13 @@ class ReplayedStep:
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
         self._described: list[tuple[str, Any] | None] = []
         kernels = self._arena_kernels(recorder)
+        #: Per launch, whether its kernel was rewritten to take the arena (else bound as compiled).
+        self._rewritten = [rewritten for _, rewritten in kernels]
         #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
-        self.kernel_arguments = sum(k.num_args for k in kernels)
+        self.kernel_arguments = sum(k.num_args for k, _ in kernels)
         # The step's device work in order, queue-neutral: bound once into each queue's partials below.
         steps: list[tuple[Any, ...]] = []
-        launched = iter(zip(kernels, self._rewritten, strict=True))
+        launched = iter(kernels)
         for op in recorder.operations:
             if isinstance(op, RecordedCopy):
                 (destination, at), (source, start) = self._place(op.destination, buffers), self._place(op.source, buffers)
@@ -346,8 +348,9 @@ class ReplayedStep:
         self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
         self.loss_read_at = 0.0
 
-    def _arena_kernels(self, recorder: StepRecorder) -> list[cl.Kernel]:
-        """A kernel object per launch of the recording, in order: its source rewritten to take the
+    def _arena_kernels(self, recorder: StepRecorder) -> list[tuple[cl.Kernel, bool]]:
+        """A kernel object per launch of the recording, in order, and whether it was rewritten: its
+        source rewritten to take the
         arena (its first argument) and find the operands the arena holds at their offsets, built
         in one program per occurrence of a kernel name; a kernel reading images stays as it was
         compiled (its images are made over buffers, bound through sub-buffers of the arena)."""
@@ -374,11 +377,10 @@ class ReplayedStep:
             occurrence.append(index)
         built = [build_kernels(self.runtime, list(program.values())) for program in programs]
         kernels = []
-        self._rewritten = [index >= 0 for index in occurrence]
         for op, index in zip(launches, occurrence, strict=True):
             # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
             template = op.kernel if index < 0 else built[index][op.source.name]
-            kernels.append(cl.Kernel(template.program, template.function_name))
+            kernels.append((cl.Kernel(template.program, template.function_name), index >= 0))
         return kernels
 
     def _place(self, index: int, buffers: dict[int, cl.Buffer | None]) -> tuple[cl.Buffer, int]:
