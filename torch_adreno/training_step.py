@@ -200,35 +200,23 @@ class TrainingStep:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        # First: with host_sync's mode on the stack every tensor access would go through it.
-        host_sync.suspend(self._residency)
-        signature = step_capture.batch_signature(batch) if self._replay_enabled else None
         reason = None
-        if signature is not None and signature in self._replays:
-            replay, guard = self._replays[signature]
-            # The guard holds what _check_can_step checks (the batch needs no grad, no gradient hooks).
-            reason = guard(batch)
-            if reason is None:
-                try:
-                    loss = replay(batch, started)
-                finally:
-                    # The captured step's markers are still there unless zero_grad() removed them:
-                    # compared in one pass in C, restored only where one is gone.
-                    if self._marked is None or not all(map(operator.is_, map(_GRAD, self._params), self._marked)):
-                        mark_gradients_on_device(self._params, self._gradient_markers)
-                        self._marked = tuple(map(_GRAD, self._params))
-                    if self._residency.deferred_tensors:
-                        host_sync.arm(self._residency)
-                self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
-                self.replayed_steps += 1
+        if self._replays:
+            # With host_sync's mode armed on the stack, every tensor access of the checks would go
+            # through its Python __torch_function__ (~1.2 us each, against ~0.07): a replay runs with
+            # torch functions off instead of taking the mode off the stack and putting it back.
+            with torch._C.DisableTorchFunction():
+                replay, loss, reason = self._replayed(batch, started)
+            if replay is not None and loss is not None:
                 after = time.perf_counter() - replay.loss_read_at
                 replay.last_phases["after"] = after
                 replay.last_host_seconds += after
                 if BUS.active:
                     BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
                 return loss
-            del self._replays[signature]
-            _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
+        # The compiled graphs must not see host_sync's mode (Dynamo would trace it).
+        host_sync.suspend(self._residency)
+        signature = step_capture.batch_signature(batch) if self._replay_enabled else None
         self._before_step(batch)
         capture = signature is not None and signature in self._warm and signature not in self._unreplayable
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
@@ -250,6 +238,37 @@ class TrainingStep:
             self._warm.add(signature)
         BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason))
         return loss
+
+    def _replayed(self, batch: tuple[Any, ...],
+                  started: float) -> tuple[ReplayedStep | None, torch.Tensor | None, str | None]:
+        """The step as the replay of its batch geometry, if there is one and its guard holds: the
+        replay and the loss; else Nones and the reason the guard gave (the replay is dropped; the
+        caller runs the full path, which captures again). Called with torch functions disabled
+        (see ``__call__``)."""
+        signature = step_capture.batch_signature(batch)
+        entry = self._replays.get(signature)
+        if entry is None:
+            return None, None, None
+        replay, guard = entry
+        # The guard holds what _check_can_step checks (the batch needs no grad, no gradient hooks).
+        reason = guard(batch)
+        if reason is not None:
+            del self._replays[signature]
+            _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
+            return None, None, reason
+        try:
+            loss = replay(batch, started)
+        finally:
+            # The captured step's markers are still there unless zero_grad() removed them: compared
+            # in one pass in C, restored only where one is gone (also when the replay raised).
+            if self._marked is None or not all(map(operator.is_, map(_GRAD, self._params), self._marked)):
+                mark_gradients_on_device(self._params, self._gradient_markers)
+                self._marked = tuple(map(_GRAD, self._params))
+            if self._residency.has_deferred:  # host reads of out-of-date copies synchronize first
+                host_sync.arm(self._residency)
+        self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
+        self.replayed_steps += 1
+        return replay, loss, None
 
     def _build_replay(self, recorder: StepRecorder, loss: torch.Tensor,
                       batch: tuple[Any, ...]) -> tuple[ReplayedStep, step_capture.Guard]:

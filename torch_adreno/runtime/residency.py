@@ -388,6 +388,12 @@ class Residency:
         return self._stale.keys()
 
     @property
+    def has_deferred(self) -> bool:
+        """Whether a host copy may be out of date (:attr:`deferred_tensors` > 0, cheaply: a record
+        whose tensor died since counts until the next sync point drops it)."""
+        return bool(self._stale)
+
+    @property
     def deferred_tensors(self) -> int:
         return sum(1 for d in self._stale.values() if d.ref() is not None)
 
