@@ -5,17 +5,19 @@ still pays for each argument at every enqueue: NVIDIA's OpenCL driver on the H20
 about 0.45 us per buffer argument with the device busy (7 us for a one-argument kernel, 25 us for
 40 arguments, 60 us for 120; the same whether the buffers are distinct, one, or sub-buffers of
 one). A replay knows where all the memory made during the step lives (one memory plan for the
-whole step, at fixed byte offsets of one buffer), so its kernels can take that buffer once and
-find each of those operands at a constant offset from it: resnet_mini's step goes from 648 buffer
-arguments to about 300.
+whole step, at fixed byte offsets of one buffer), and where the persistent tensors live (regions
+of the device heap's slabs, :mod:`torch_adreno.runtime.heap`), so its kernels can take each such
+buffer once and find their operands at constant offsets from it: resnet_mini's step went from 648
+buffer arguments to 300 with the step's own memory in one arena, and to about one per launch with
+its parameters and optimizer state in the same slab.
 
 :func:`place_in_arena` is a textual rewrite of a rendered kernel that keeps its computation as it
-is: the parameter declarations of the moved buffers leave the kernel's signature (the arena takes
-the first place), and the body starts by declaring each as a local pointer of the same type and
+is: the parameter declarations of the moved buffers leave the kernel's signature (the arenas take
+the first places), and the body starts by declaring each as a local pointer of the same type and
 qualifiers at its offset. Helpers the kernel calls with its buffers (the GEMM template's load and
 store functions) are called with the locals, unchanged. ``restrict`` stays valid: operands of one
-launch are placed in disjoint byte ranges of the arena (their lifetimes overlap at that launch),
-and an operand bound to two parameters was declared without it (``Param.aliased``).
+launch are placed in disjoint byte ranges (the step's memory by lifetimes that overlap at that
+launch, heap regions by the heap's own invariant), and an operand bound to two parameters was declared without it (``Param.aliased``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from dataclasses import replace
 
 from torch_adreno.kernels.program import KernelSource
 
-#: The arena's parameter: the replay binds the step's memory buffer here, the first argument.
+#: The first arena's parameter: the replay binds the buffer holding the step's memory here, the
+#: first argument (further arenas, :mod:`torch_adreno.runtime.heap`'s slabs, follow it).
 ARENA_PARAM = "step_arena"
 #: Its name in :attr:`KernelSource.params` (no IR buffer has such a name).
 ARENA_BUFFER = "<step arena>"
@@ -84,25 +87,41 @@ def _body_start(source: str, function: str, after: int, from_macro: bool) -> int
     return call.end()
 
 
-def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int]) -> KernelSource:
+def arena_param(base: int) -> str:
+    """The parameter name of arena ``base`` (0: the first argument)."""
+    return ARENA_PARAM if base == 0 else f"{ARENA_PARAM}{base}"
+
+
+def arena_buffer(base: int) -> str:
+    """Arena ``base``'s name in :attr:`KernelSource.params`."""
+    return ARENA_BUFFER if base == 0 else f"<step arena {base}>"
+
+
+def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int],
+                   bases: Mapping[int, int] | None = None) -> KernelSource:
     """``kernel`` with the buffer arguments at the positions in ``offsets`` (indices into
-    ``kernel.params``) read from byte ``offsets[position]`` of one arena buffer, its first
-    argument; the other arguments follow in their order. Offsets must be multiples of
-    :data:`OFFSET_ALIGNMENT`."""
+    ``kernel.params``) read from byte ``offsets[position]`` of an arena buffer: arena
+    ``bases[position]`` (default 0). The arenas are the first arguments, numbered from 0 (every
+    number up to the largest used), the other arguments follow in their order. Offsets must be
+    multiples of :data:`OFFSET_ALIGNMENT`."""
     if not offsets:
         return kernel
+    base_of = {position: (bases or {}).get(position, 0) for position in offsets}
+    count = max(base_of.values()) + 1
     for position, offset in offsets.items():
         if not 0 <= position < len(kernel.params):
             raise ArenaRewriteError(f"kernel {kernel.name}: no buffer argument {position}")
         if offset % OFFSET_ALIGNMENT:
             raise ArenaRewriteError(f"kernel {kernel.name}: offset {offset} is not a multiple of {OFFSET_ALIGNMENT}")
+    if set(base_of.values()) != set(range(count)):
+        raise ArenaRewriteError(f"kernel {kernel.name}: arenas {sorted(set(base_of.values()))} are not numbered 0..n-1")
     source = kernel.source
     start, end, from_macro = _signature_span(source, kernel.name)
     declarations = _split_top_level(source[start:end])
     expected = len(kernel.params) + len(kernel.images) + (2 if kernel.checks_indices else 0)
     if len(declarations) != expected:
         raise ArenaRewriteError(f"kernel {kernel.name}: {len(declarations)} parameter declarations, expected {expected}")
-    kept: list[str] = [f"__global uchar* {ARENA_PARAM}"]
+    kept: list[str] = [f"__global uchar* {arena_param(base)}" for base in range(count)]
     locals_: list[str] = []
     for position, declaration in enumerate(declarations):
         if position not in offsets:
@@ -114,11 +133,12 @@ def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int]) -> KernelSo
         const, ctype, restrict, name = parsed.groups()
         pointer = f"__global {const or ''}{ctype}*"
         locals_.append(f"    {pointer}{' restrict' if restrict else ''} {name} = "
-                       f"({pointer})({ARENA_PARAM} + {offsets[position]}UL);")
+                       f"({pointer})({arena_param(base_of[position])} + {offsets[position]}UL);")
     separator = ",\n    " if not from_macro else ", "
     body = _body_start(source, kernel.name, end, from_macro)
     rewritten = (source[:start] + separator.join(kept) + source[end:body] + "\n"
-                 + "\n".join(["    // operands at constant offsets of the step's arena (a replayed step)", *locals_])
+                 + "\n".join(["    // operands at constant offsets of the step's arenas (a replayed step)", *locals_])
                  + source[body:])
-    params = (ARENA_BUFFER, *(p for i, p in enumerate(kernel.params) if i not in offsets))
+    params = (*(arena_buffer(base) for base in range(count)),
+              *(p for i, p in enumerate(kernel.params) if i not in offsets))
     return replace(kernel, source=rewritten, params=params)

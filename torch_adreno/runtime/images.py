@@ -33,6 +33,7 @@ import pyopencl as cl
 
 from torch_adreno.errors import OptionError
 from torch_adreno.kernels.program import ImageOperand, KernelSource
+from torch_adreno.runtime.heap import placement
 from torch_adreno.target import DeviceProfile
 
 _log = logging.getLogger(__name__)
@@ -155,12 +156,13 @@ class ImageViews:
     def image_for(self, buffer: cl.Buffer, operand: ImageOperand,
                   parent: tuple[cl.Buffer, int] | None = None) -> BoundImage:
         """The image of ``operand`` over ``buffer``; ``parent``: where ``buffer``'s bytes are in
-        the buffer it is a sub-buffer of (byte offset)."""
+        the buffer it is a sub-buffer of (byte offset), found by the heap for its regions."""
         key = (id(buffer), operand.width, operand.height)
         entry = self._entries.get(key)
         if entry is None or entry.buffer is not buffer:
             self._drop_unreferenced()
-            entry = self._entries[key] = self._make(buffer, operand, parent)
+            # A device heap region (a parameter's copy) is a sub-buffer too: copied from its slab.
+            entry = self._entries[key] = self._make(buffer, operand, parent or placement(buffer))
         return entry
 
     def _drop_unreferenced(self) -> None:

@@ -53,6 +53,7 @@ from torch_adreno.runtime.capture import (
     recording_of,
 )
 from torch_adreno.runtime.events import BUS, LaunchRecord
+from torch_adreno.runtime.heap import device_heap, placement
 from torch_adreno.runtime.images import image_views
 from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
 
@@ -235,7 +236,12 @@ class ReplayedStep:
         # the arena, each at a fixed offset (internal identities at their slot's).
         self.arena = ArenaLayout.of(recorder, self.memory, self.batch_mode is not IN_PLACE,
                                     self.runtime.device.mem_base_addr_align // 8)
-        self._arena = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(self.arena.nbytes, 1))
+        # A region of the device heap, so that the kernels reach it and the persistent tensors in the
+        # same slab through one argument; its own copies, writes and reads address the region.
+        self._arena = device_heap(self.runtime).allocate(self.arena.nbytes)
+        located = placement(self._arena)
+        assert located is not None
+        self._arena_base, self._arena_start = located
         self._sub_buffers: dict[int, cl.Buffer] = {}
         self._recorded_nbytes = {identity.index: identity.nbytes for identity in recorder.identities}
         buffers: dict[int, cl.Buffer | None] = {}
@@ -270,10 +276,12 @@ class ReplayedStep:
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
         self._described: list[tuple[str, Any] | None] = []
         kernels = self._arena_kernels(recorder)
-        #: Per launch, whether its kernel was rewritten to take the arena (else bound as compiled).
-        self._rewritten = [rewritten for _, rewritten in kernels]
+        #: Per launch, whether its kernel was rewritten to take the arenas (else bound as compiled).
+        self._rewritten = [bases is not None for _, bases, _ in kernels]
+        #: The slabs the rewritten kernels take (a kernel argument holds no reference).
+        self._bases = list({id(b): b for _, bases, _ in kernels for b in bases or ()}.values())
         #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
-        self.kernel_arguments = sum(k.num_args for k, _ in kernels)
+        self.kernel_arguments = sum(k.num_args for k, _, _ in kernels)
         # The step's device work in order, queue-neutral: bound once into each queue's partials below.
         steps: list[tuple[Any, ...]] = []
         launched = iter(kernels)
@@ -282,9 +290,9 @@ class ReplayedStep:
                 (destination, at), (source, start) = self._place(op.destination, buffers), self._place(op.source, buffers)
                 steps.append(("copy", destination, source, op.nbytes, at, start))
                 continue
-            kernel, rewritten = next(launched)
+            kernel, bases, placed = next(launched)
             source = op.source
-            if not rewritten:
+            if bases is None:
                 # Kept as compiled, bound to the arena's sub-buffers (images over them: a copied image
                 # is refreshed before each read).
                 for position, index in enumerate(op.args):
@@ -295,22 +303,23 @@ class ReplayedStep:
                 if source.images:
                     named = list(zip(source.params, op.args, strict=True))
                     by_param = {name: self._buffer(index, buffers) for name, index in named}
-                    in_arena = {name: (self._arena, self.arena.offset_of[index])
+                    in_arena = {name: (self._arena_base, self._arena_start + self.arena.offset_of[index])
                                 for name, index in named if index in self.arena.offset_of}
                     for image in image_views(self.runtime).bind(kernel, source, by_param.__getitem__, in_arena.get):
                         self._images.append(image)
                         if not image.shared:
                             steps.append(("refresh", image))
             else:
-                kernel.set_arg(0, self._arena)
-                kept = [index for index in op.args if index not in self.arena.offset_of]
-                for position, index in enumerate(kept, start=1):
+                for position, base in enumerate(bases):
+                    kernel.set_arg(position, base)
+                kept = [index for position, index in enumerate(op.args) if position not in placed]
+                for position, index in enumerate(kept, start=len(bases)):
                     if index in batch_of and batch_of[index].buffer is None:
                         batch_of[index].consumers.append((kernel, position))  # bound by each replay
                     else:
                         kernel.set_arg(position, buffers[index])
             if source.checks_indices:  # the device's index error record, the launch's token
-                first = 1 + sum(i not in self.arena.offset_of for i in op.args) if rewritten else len(op.args)
+                first = len(bases) + len(op.args) - len(placed) if bases is not None else len(op.args)
                 self.runtime.index_errors.bind(kernel, source, first)
             self._launches.append((op.graph, source, kernel))
             steps.append(("launch", kernel, source, (op.graph, source)))
@@ -350,21 +359,42 @@ class ReplayedStep:
         self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
         self.loss_read_at = 0.0
 
-    def _arena_kernels(self, recorder: StepRecorder) -> list[tuple[cl.Kernel, bool]]:
-        """A kernel object per launch of the recording, in order, and whether it was rewritten: its
-        source rewritten to take the
-        arena (its first argument) and find the operands the arena holds at their offsets, built
-        in one program per occurrence of a kernel name; a kernel reading images stays as it was
-        compiled (its images are made over buffers, bound through sub-buffers of the arena)."""
+    def _located(self, recorder: StepRecorder, index: int) -> tuple[cl.Buffer, int] | None:
+        """Where identity ``index``'s bytes are as (slab, byte offset), if in a heap region (the
+        arena, a persistent tensor's device copy); None for any other buffer (a batch bound in
+        place, host memory shared in place, a graph output's pool block)."""
+        if index in self.arena.offset_of:
+            return self._arena_base, self._arena_start + self.arena.offset_of[index]
+        identity = recorder.identities[index]
+        return placement(identity.buffer) if identity.kind is PERSISTENT else None
+
+    def _arena_kernels(self, recorder: StepRecorder) -> list[tuple[cl.Kernel, list[cl.Buffer] | None, set[int]]]:
+        """A kernel object per launch of the recording, in order, with the slabs it takes first
+        (None: bound as compiled) and the argument positions found in them. A rewritten kernel
+        reaches each operand in a heap region (the arena, persistent tensors) at its constant
+        offset in the region's slab, each slab one argument (the arena's first); the programs are
+        built one per occurrence of a kernel name. A kernel reading images stays as it was compiled
+        (its images are made over buffers, bound through sub-buffers of the arena)."""
         launches = [op for op in recorder.operations if isinstance(op, RecordedLaunch)]
         rewritten: list[Any] = []
+        launch_bases: list[list[cl.Buffer] | None] = []
+        launch_placed: list[set[int]] = []
         for op in launches:
-            if op.source.images or not ARENA_KERNELS:
+            located = {position: where for position, index in enumerate(op.args)
+                       if (where := self._located(recorder, index)) is not None}
+            if op.source.images or not ARENA_KERNELS or not located:
                 rewritten.append(None)
+                launch_bases.append(None)
+                launch_placed.append(set())
                 continue
-            offsets = {position: self.arena.offset_of[index] for position, index in enumerate(op.args)
-                       if index in self.arena.offset_of}
-            rewritten.append(place_in_arena(op.source, offsets))
+            # The arena's slab first, then the others in the order the arguments reach them.
+            order = sorted(located.values(), key=lambda where: where[0] is not self._arena_base)
+            bases = list({id(base): base for base, _ in order}.values())
+            number = {id(base): n for n, base in enumerate(bases)}
+            rewritten.append(place_in_arena(op.source, {p: at for p, (_, at) in located.items()},
+                                            {p: number[id(base)] for p, (base, _) in located.items()}))
+            launch_bases.append(bases)
+            launch_placed.append(set(located))
         # Names repeat where a graph runs twice in a step: the n-th occurrences share a program.
         programs: list[dict[str, Any]] = []
         occurrence: list[int] = []
@@ -379,10 +409,10 @@ class ReplayedStep:
             occurrence.append(index)
         built = [build_kernels(self.runtime, list(program.values())) for program in programs]
         kernels = []
-        for op, index in zip(launches, occurrence, strict=True):
+        for op, index, bases, placed in zip(launches, occurrence, launch_bases, launch_placed, strict=True):
             # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
             template = op.kernel if index < 0 else built[index][op.source.name]
-            kernels.append((cl.Kernel(template.program, template.function_name), index >= 0))
+            kernels.append((cl.Kernel(template.program, template.function_name), bases, placed))
         return kernels
 
     def _place(self, index: int, buffers: dict[int, cl.Buffer | None]) -> tuple[cl.Buffer, int]:
@@ -402,7 +432,9 @@ class ReplayedStep:
             return buffer
         if index not in self._sub_buffers:
             nbytes = max(self._recorded_nbytes[index], 1)
-            self._sub_buffers[index] = self._arena.get_sub_region(self.arena.offset_of[index], nbytes)
+            # (A sub-buffer of the slab: OpenCL makes none of a sub-buffer.)
+            self._sub_buffers[index] = self._arena_base.get_sub_region(self._arena_start + self.arena.offset_of[index],
+                                                                       nbytes)
         return self._sub_buffers[index]
 
     @property

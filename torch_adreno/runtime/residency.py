@@ -28,6 +28,7 @@ import torch
 from torch_adreno.runtime import amp_versions
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS
+from torch_adreno.runtime.heap import device_heap
 
 TRANSIENT_SLOTS = 16
 
@@ -251,7 +252,9 @@ class Residency:
             if same_object and entry is not None:
                 device_buffer = entry.buffer
             else:
-                device_buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+                # A region of the device heap: a replay reaches every parameter (and any other input
+                # it keeps, such as the loss's tangent) in one slab through one kernel argument.
+                device_buffer = device_heap(self.runtime).allocate(nbytes)
             event = None
             if nbytes:
                 source = host_array(tensor)
