@@ -408,11 +408,11 @@ class ReplayedStep:
             programs[index][source.name] = source
             occurrence.append(index)
         built = [build_kernels(self.runtime, list(program.values())) for program in programs]
-        kernels = []
-        for op, index, bases, placed in zip(launches, occurrence, launch_bases, launch_placed, strict=True):
+        kernels: list[tuple[cl.Kernel, list[cl.Buffer] | None, set[int]]] = []
+        for op, index, slabs, placed in zip(launches, occurrence, launch_bases, launch_placed, strict=True):
             # A kernel object of its own: its arguments are bound once and no other caller rebinds them.
             template = op.kernel if index < 0 else built[index][op.source.name]
-            kernels.append((cl.Kernel(template.program, template.function_name), bases, placed))
+            kernels.append((cl.Kernel(template.program, template.function_name), slabs, placed))
         return kernels
 
     def _place(self, index: int, buffers: dict[int, cl.Buffer | None]) -> tuple[cl.Buffer, int]:
