@@ -10,7 +10,15 @@ import torch.nn.functional as F
 from test_kernels import compile_stages, lenet_program
 
 import torch_adreno
-from torch_adreno.kernels.arena_params import ARENA_BUFFER, ARENA_PARAM, ArenaRewriteError, place_in_arena
+from torch_adreno.kernels.arena_params import (
+    ARENA_BUFFER,
+    ARENA_PARAM,
+    ArenaRewriteError,
+    arena_buffer,
+    arena_param,
+    copy_ranges,
+    place_in_arena,
+)
 from torch_adreno.kernels.program import assemble
 from torch_adreno.runtime import replay as replay_module
 
@@ -54,6 +62,36 @@ def test_every_kind_of_kernel_takes_the_arena_first_and_declares_its_operands_at
         assert rewritten.source.endswith(body)
         assert assemble([rewritten])  # one program source, as the replay builds it
     assert {"gemm", "pointwise", "reduction"} <= kinds
+
+
+def test_operands_in_several_arenas_take_one_argument_per_arena_first():
+    kernel = next(k for k in _kernels() if len(k.params) >= 3)
+    rewritten = place_in_arena(kernel, {0: 512, 1: 0, 2: 256}, {0: 1, 1: 0, 2: 1})
+    signature = _signature(rewritten.source, kernel.name)
+    assert [d.strip() for d in signature.split(",")[:2]] == [f"__global uchar* {arena_param(0)}",
+                                                            f"__global uchar* {arena_param(1)}"]
+    assert rewritten.params[:2] == (arena_buffer(0), arena_buffer(1))
+    assert rewritten.params[2:] == kernel.params[3:]
+    assert f"{arena_param(1)} + 512UL" in rewritten.source and f"{arena_param(0)} + 0UL" in rewritten.source
+    with pytest.raises(ArenaRewriteError, match=r"arenas \[1\] are not numbered 0\.\.n-1"):
+        place_in_arena(kernel, {0: 0}, {0: 1})
+
+
+def test_copy_ranges_copies_each_range_in_its_widest_unit_and_names_it():
+    source = copy_ranges("replay_copies_0", [(0, 256, 1, 0, 64), (1, 512, 0, 1024, 12), (0, 4096, 0, 8192, 3)],
+                         ["f.primals_5 <- f.buf1", "f.primals_6 <- f.buf2", "f.primals_7 <- f.buf3"])
+    text = source.source
+    assert f"__kernel void replay_copies_0(__global uchar* {arena_param(0)}, __global uchar* {arena_param(1)})" in text
+    assert f"if (i < 4UL) ((__global uint4*)({arena_param(0)} + 256UL))[i] = " \
+           f"((__global const uint4*)({arena_param(1)} + 0UL))[i];" in text
+    assert "if (i < 3UL) ((__global uint*)" in text and "if (i < 3UL) ((__global uchar*)" in text
+    assert "// f.primals_6 <- f.buf2 (12 bytes)" in text
+    assert source.params == (arena_buffer(0), arena_buffer(1)) and source.global_size == (64,)
+    assert source.bytes_read == source.bytes_written == 79
+    with pytest.raises(ArenaRewriteError, match="not at offsets that are multiples of 16"):
+        copy_ranges("c", [(0, 8, 0, 256, 4)], ["x"])
+    with pytest.raises(ArenaRewriteError, match="not numbered"):
+        copy_ranges("c", [(1, 0, 1, 256, 4)], ["x"])
 
 
 def test_nothing_moved_is_the_kernel_itself():
@@ -111,3 +149,41 @@ def test_replay_addressing_its_arena_is_bit_identical_to_the_kernels_as_compiled
         assert [k.num_args for _, _, k in arena_replay._launches] == [
             1 + 2 * s.checks_indices for _, s, _ in arena_replay._launches]
         assert len(arena_replay._bases) == 1
+
+
+@pytest.mark.device
+def test_batch_norm_write_backs_are_one_launch_and_bit_identical() -> None:
+    """Copy mode: each batch norm's running statistics are written back by a copy the forward graph
+    makes; a replay does the run of them in one kernel between heap regions, with the same bits
+    (losses, parameters and running statistics) as the kernels and copies as compiled."""
+    results = []
+    for arena in (True, False):
+        replay_module.ARENA_KERNELS = arena
+        try:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                        torch.nn.Linear(32, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                        torch.nn.Linear(16, 8))
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            step = torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt,
+                                             options={"zero_copy": False})
+            generator = torch.Generator().manual_seed(1)
+            losses = [step(torch.randn(16, 12, generator=generator), torch.randint(0, 8, (16,), generator=generator))
+                      for _ in range(6)]
+            step.synchronize()
+            assert step.replayed_steps == 4
+            results.append((torch.stack(losses), [t.clone() for t in model.state_dict().values()], step.replay))
+        finally:
+            replay_module.ARENA_KERNELS = True
+    (arena_losses, arena_state, arena_replay), (plain_losses, plain_state, plain_replay) = results
+    assert torch.equal(arena_losses, plain_losses)
+    assert all(torch.equal(a, b) for a, b in zip(arena_state, plain_state, strict=True))
+    copies = [s for _, s, _ in arena_replay._launches if s.kind == "copies"]
+    assert len(copies) == 1 and copies[0].source.count("// ") == 2  # one write-back per norm
+    assert arena_replay.kernel_launches == plain_replay.kernel_launches + 1
+
+    def is_copy(operation):
+        return getattr(operation, "func", None) is replay_module._cl._enqueue_copy_buffer
+
+    assert not any(map(is_copy, arena_replay._operations))
+    assert sum(map(is_copy, plain_replay._operations)) == 2

@@ -142,3 +142,39 @@ def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int],
     params = (*(arena_buffer(base) for base in range(count)),
               *(p for i, p in enumerate(kernel.params) if i not in offsets))
     return replace(kernel, source=rewritten, params=params)
+
+
+#: Work-items per work-group of a :func:`copy_ranges` kernel.
+COPY_GROUP = 64
+
+
+def copy_ranges(name: str, copies: list[tuple[int, int, int, int, int]], labels: list[str]) -> KernelSource:
+    """One kernel doing several device copies between arenas, each ``(destination arena, byte
+    offset, source arena, byte offset, bytes)`` (arenas numbered from 0, every number up to the
+    largest used; offsets multiples of :data:`OFFSET_ALIGNMENT`; no copy's destination overlaps
+    another's source). A replay enqueues it instead of a run of copies a graph call makes (the
+    running statistics a batch norm writes back): one enqueue instead of one per copy. ``labels``
+    name each copy (``graph.destination <- graph.source``) in the kernel's comments."""
+    if not copies:
+        raise ArenaRewriteError(f"kernel {name}: no copies")
+    count = max(max(c[0], c[2]) for c in copies) + 1
+    used = {c[0] for c in copies} | {c[2] for c in copies}
+    if used != set(range(count)):
+        raise ArenaRewriteError(f"kernel {name}: arenas {sorted(used)} are not numbered 0..n-1")
+    lines = [f"__kernel void {name}({', '.join(f'__global uchar* {arena_param(b)}' for b in range(count))}) {{",
+             "    const size_t i = get_global_id(0);"]
+    widest = 0
+    for (destination, at, source, start, nbytes), label in zip(copies, labels, strict=True):
+        if at % OFFSET_ALIGNMENT or start % OFFSET_ALIGNMENT:
+            raise ArenaRewriteError(f"kernel {name}: copy {label} is not at offsets that are multiples of {OFFSET_ALIGNMENT}")
+        unit, ctype = next((u, t) for u, t in ((16, "uint4"), (4, "uint"), (1, "uchar")) if nbytes % u == 0)
+        widest = max(widest, nbytes // unit)
+        lines += [f"    // {label} ({nbytes} bytes)",
+                  f"    if (i < {nbytes // unit}UL) ((__global {ctype}*)({arena_param(destination)} + {at}UL))[i] = "
+                  f"((__global const {ctype}*)({arena_param(source)} + {start}UL))[i];"]
+    lines.append("}")
+    total = sum(c[4] for c in copies)
+    return KernelSource(name=name, kind="copies", source="\n".join(lines) + "\n", build_options=(),
+                        params=tuple(arena_buffer(b) for b in range(count)),
+                        global_size=(-(-max(widest, 1) // COPY_GROUP) * COPY_GROUP,), local_size=(COPY_GROUP,),
+                        origins=(), bytes_read=total, bytes_written=total, macros=())

@@ -40,7 +40,8 @@ import pyopencl as cl
 import pyopencl._cl as _cl
 import torch
 
-from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT, place_in_arena
+from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT, copy_ranges, place_in_arena
+from torch_adreno.kernels.program import KernelSource
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.capture import (
     BATCH,
@@ -280,13 +281,18 @@ class ReplayedStep:
         self._rewritten = [bases is not None for _, bases, _ in kernels]
         #: The slabs the rewritten kernels take (a kernel argument holds no reference).
         self._bases = list({id(b): b for _, bases, _ in kernels for b in bases or ()}.values())
-        #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
-        self.kernel_arguments = sum(k.num_args for k, _, _ in kernels)
         # The step's device work in order, queue-neutral: bound once into each queue's partials below.
         steps: list[tuple[Any, ...]] = []
         launched = iter(kernels)
-        for op in recorder.operations:
+        merged = self._merged_copies(recorder)
+        for position, op in enumerate(recorder.operations):
             if isinstance(op, RecordedCopy):
+                if position in merged:
+                    copies = merged[position]
+                    if copies is not None:
+                        self._launches.append((REPLAY_GRAPH, copies[1], copies[0]))
+                        steps.append(("launch", copies[0], copies[1], (REPLAY_GRAPH, copies[1])))
+                    continue
                 (destination, at), (source, start) = self._place(op.destination, buffers), self._place(op.source, buffers)
                 steps.append(("copy", destination, source, op.nbytes, at, start))
                 continue
@@ -342,6 +348,8 @@ class ReplayedStep:
                 else:
                     operations.append(queue.flush)
         self._described = [step[3] if step[0] == "launch" else None for step in steps]
+        #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
+        self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches)
         self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
         self._loss_offset = self.arena.offset_of[loss_identity]
         self._loss_shape = tuple(loss.shape)
@@ -414,6 +422,51 @@ class ReplayedStep:
             template = op.kernel if index < 0 else built[index][op.source.name]
             kernels.append((cl.Kernel(template.program, template.function_name), slabs, placed))
         return kernels
+
+    def _merged_copies(self, recorder: StepRecorder) -> dict[int, tuple[cl.Kernel, KernelSource] | None]:
+        """Runs of two or more consecutive copies between heap regions (a graph call writing back
+        the inputs it updated: batch norm's running statistics), each done by one kernel: by the
+        position of a run's first copy, its kernel (bound) and source; the run's other positions
+        map to None. A run ends before a copy whose bytes overlap a destination of the run, or
+        whose destination overlaps a source (the copies of one kernel run in no order)."""
+        if not ARENA_KERNELS:
+            return {}
+        Placed = tuple[cl.Buffer, int]
+
+        def overlaps(a: Placed, n: int, b: Placed, m: int) -> bool:
+            return a[0] is b[0] and a[1] < b[1] + m and b[1] < a[1] + n
+
+        runs: list[list[tuple[int, RecordedCopy, Placed, Placed]]] = [[]]
+        for position, op in enumerate(recorder.operations):
+            to = self._located(recorder, op.destination) if isinstance(op, RecordedCopy) else None
+            of = self._located(recorder, op.source) if isinstance(op, RecordedCopy) else None
+            if not isinstance(op, RecordedCopy) or to is None or of is None:
+                runs.append([])
+                continue
+            if any(overlaps(to, op.nbytes, d, c.nbytes) or overlaps(to, op.nbytes, f, c.nbytes)
+                   or overlaps(of, op.nbytes, d, c.nbytes) for _, c, d, f in runs[-1]):
+                runs.append([])
+            runs[-1].append((position, op, to, of))
+        merged: dict[int, tuple[cl.Kernel, KernelSource] | None] = {}
+        sources: list[tuple[list[Any], list[cl.Buffer], KernelSource]] = []
+        for run in (r for r in runs if len(r) >= 2):
+            slabs = list({id(b): b for _, _, d, f in run for b, _ in (d, f)}.values())
+            slabs.sort(key=lambda slab: slab is not self._arena_base)
+            number = {id(slab): n for n, slab in enumerate(slabs)}
+            names = [f"{recorder.identities[c.destination].label} <- {recorder.identities[c.source].label}"
+                     for _, c, _, _ in run]
+            sources.append((run, slabs, copy_ranges(
+                f"replay_copies_{len(sources)}",
+                [(number[id(d[0])], d[1], number[id(f[0])], f[1], c.nbytes) for _, c, d, f in run], names)))
+        built = build_kernels(self.runtime, [source for _, _, source in sources])
+        for run, slabs, source in sources:
+            kernel = cl.Kernel(built[source.name].program, built[source.name].function_name)
+            for position, slab in enumerate(slabs):
+                kernel.set_arg(position, slab)
+            self._bases.extend(slab for slab in slabs if all(slab is not b for b in self._bases))
+            merged[run[0][0]] = (kernel, source)
+            merged.update(dict.fromkeys((position for position, _, _, _ in run[1:]), None))
+        return merged
 
     def _place(self, index: int, buffers: dict[int, cl.Buffer | None]) -> tuple[cl.Buffer, int]:
         """The buffer holding identity ``index`` and its byte offset there."""
