@@ -420,17 +420,21 @@ def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -
         step.close()
 
 
-def test_staged_batch_upload_is_bit_identical(monkeypatch) -> None:
-    """Pinned staging is what a device with memory of its own uses; forced here on PoCL."""
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-seeds", "dropout-seeds"])
+def test_staged_batch_upload_is_bit_identical(monkeypatch, dropout) -> None:
+    """Pinned staging is what a device with memory of its own uses; forced here on PoCL. The batch
+    and the dropout seeds go up in one write from one pinned buffer."""
     from torch_adreno.runtime import replay as replay_module
 
     monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.STAGED)
     batches = _batches(8)
     opt = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
-    full = _train(_mlp, opt, batches, replay=False, options=COPY)
-    staged = _train(_mlp, opt, batches, replay=True, options=COPY)
-    assert staged[3].replay.batch_mode == replay_module.STAGED and staged[3].replay._staging_buffers
-    assert staged[2].replayed_steps == 6
+    full = _train(lambda: _mlp(dropout), opt, batches, replay=False, options=COPY, seed=3)
+    staged = _train(lambda: _mlp(dropout), opt, batches, replay=True, options=COPY, seed=3)
+    replay = staged[3].replay
+    assert replay.batch_mode == replay_module.STAGED and len(replay._staging_buffers) == 1
+    assert len(replay._seed_slots) == (1 if dropout else 0)
+    assert staged[3].replayed_steps == 6
     _assert_bit_identical(full, staged)
 
 

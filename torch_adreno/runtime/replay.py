@@ -15,9 +15,11 @@ of 648. A replay then:
 1. puts the batch in place: on a unified-memory device with zero-copy, binds each new batch's host
    memory to the kernels that read it (a host-pointer buffer made over it, nothing copied); on a
    device with memory of its own, copies it into pinned staging memory mapped once and uploads
-   that asynchronously (a driver stages pageable memory itself, synchronously); else (zero-copy
-   off on unified memory) uploads it from its own memory;
-2. uploads fresh random seeds, drawn from torch's default generator in the capture's order;
+   that asynchronously, with the step's seeds, in one write (a driver stages pageable memory
+   itself, synchronously, and charges each write's enqueue); else (zero-copy off on unified memory)
+   uploads it from its own memory;
+2. draws fresh random seeds from torch's default generator in the capture's order (staged: into
+   the same write);
 3. enqueues the launches in one loop with nothing in it but the enqueue;
 4. reads the loss (the one blocking wait of the step).
 
@@ -258,12 +260,27 @@ class ReplayedStep:
                                         identity.nbytes, identity.label, None)
                 if self.batch_mode is not IN_PLACE:
                     binding.buffer, binding.offset = self._arena, self.arena.offset_of[identity.index]
-                if self.batch_mode is STAGED and identity.nbytes:
-                    binding.staging = self._staging(identity.nbytes)
                 self._batch.append(binding)
                 batch_of[identity.index] = binding
                 buffers[identity.index] = binding.buffer if self.batch_mode is IN_PLACE else None
         self._seeds = [self.arena.offset_of[i] for i in recorder.seeds]
+        # Staged: the batch and the seeds go up in one write from one pinned buffer mirroring the
+        # arena's bytes from the first of them to the last (they are placed after the step's slots).
+        self._tail: np.ndarray | None = None
+        self._tail_start = 0
+        self._seed_slots: list[torch.Tensor] = []
+        if self.batch_mode is STAGED:
+            spans = [(self.arena.offset_of[i.index], i.nbytes) for i in recorder.identities
+                     if i.kind is BATCH and i.nbytes] + [(offset, 8) for offset in self._seeds]
+            if spans:
+                self._tail_start = min(at for at, _ in spans)
+                self._tail = self._staging(max(at + n for at, n in spans) - self._tail_start)
+                for binding in self._batch:
+                    if binding.nbytes:
+                        at = binding.offset - self._tail_start
+                        binding.staging = self._tail[at:at + binding.nbytes]
+                self._seed_slots = [torch.from_numpy(self._tail[at - self._tail_start:at - self._tail_start + 8]
+                                                     .view(np.int64)).reshape(()) for at in self._seeds]
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
         # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
@@ -531,21 +548,36 @@ class ReplayedStep:
                     BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", copied=False)
             self._bound_batch = bound  # the previous replay's buffers are released here, unused
             return
+        if self._tail is not None:
+            # Staged. The previous replay's upload has finished (its loss read waited for the queue).
+            for binding in self._batch:
+                if binding.staging is not None:
+                    tensor = batch[binding.position]
+                    array = host_array(tensor if binding.view is None else tensor.as_strided(*binding.view))
+                    np.copyto(binding.staging, array.reshape(-1).view(np.uint8))
+            for slot in self._seed_slots:
+                # As the full path draws them (Executable), into the pinned bytes the write sends.
+                torch.randint(0, 2**62, (), dtype=torch.int64, out=slot)
+            event = _cl._enqueue_write_buffer(queue, self._arena, self._tail, self._tail_start, None, False)
+            if record:
+                for binding in self._batch:
+                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
+                    event = None  # (the one write's time is reported once)
+                for _ in self._seed_slots:
+                    BUS.transfer(REPLAY_GRAPH, "h2d", 8, "seed", "input")
+            return
         for binding in self._batch:
             tensor = batch[binding.position]
             array = host_array(tensor if binding.view is None else tensor.as_strided(*binding.view))
-            if binding.staging is not None:
-                # The previous replay's upload has finished (its loss read waited for the queue).
-                np.copyto(binding.staging, array.reshape(-1).view(np.uint8))
-                array = binding.staging
-            else:
-                keep.append(array)
+            keep.append(array)
             assert binding.buffer is not None  # not in place
             event = _cl._enqueue_write_buffer(queue, binding.buffer, array, binding.offset, None, False)
             if record:
                 BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
 
     def _upload_seeds(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
+        if self._tail is not None:
+            return  # staged with the batch
         for offset in self._seeds:
             # As the full path draws them (Executable): torch.manual_seed(n) makes replays repeat too.
             seed = host_array(torch.randint(0, 2**62, (), dtype=torch.int64))
