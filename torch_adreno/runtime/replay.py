@@ -558,11 +558,12 @@ class ReplayedStep:
             for slot in self._seed_slots:
                 # As the full path draws them (Executable), into the pinned bytes the write sends.
                 torch.randint(0, 2**62, (), dtype=torch.int64, out=slot)
-            event = _cl._enqueue_write_buffer(queue, self._arena, self._tail, self._tail_start, None, False)
+            written: cl.Event | None = _cl._enqueue_write_buffer(queue, self._arena, self._tail, self._tail_start,
+                                                                 None, False)
             if record:
                 for binding in self._batch:
-                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
-                    event = None  # (the one write's time is reported once)
+                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=written)
+                    written = None  # (the one write's time is reported once)
                 for _ in self._seed_slots:
                     BUS.transfer(REPLAY_GRAPH, "h2d", 8, "seed", "input")
             return
