@@ -240,11 +240,20 @@ class ReplayedStep:
         self.arena = ArenaLayout.of(recorder, self.memory, self.batch_mode is not IN_PLACE,
                                     self.runtime.device.mem_base_addr_align // 8)
         # A region of the device heap, so that the kernels reach it and the persistent tensors in the
-        # same slab through one argument; its own copies, writes and reads address the region.
-        self._arena = device_heap(self.runtime).allocate(self.arena.nbytes)
-        located = placement(self._arena)
-        assert located is not None
-        self._arena_base, self._arena_start = located
+        # same slab through one argument; its own copies, writes and reads address the region. A
+        # replay binding kernels as compiled (images, or ARENA_KERNELS off) binds sub-buffers of its
+        # arena instead: then the arena is a buffer of its own, their parent (on the H200, NVIDIA's
+        # driver crashed releasing such sub-buffers made over a slab; over a buffer of their own,
+        # as before the heap, it does not).
+        if ARENA_KERNELS and not any(isinstance(op, RecordedLaunch) and op.source.images
+                                     for op in recorder.operations):
+            self._arena = device_heap(self.runtime).allocate(self.arena.nbytes)
+            located = placement(self._arena)
+            assert located is not None
+            self._arena_base, self._arena_start = located
+        else:
+            self._arena = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(self.arena.nbytes, 1))
+            self._arena_base, self._arena_start = self._arena, 0
         self._sub_buffers: dict[int, cl.Buffer] = {}
         self._recorded_nbytes = {identity.index: identity.nbytes for identity in recorder.identities}
         buffers: dict[int, cl.Buffer | None] = {}
