@@ -145,9 +145,10 @@ def test_replay_addressing_its_arena_is_bit_identical_to_the_kernels_as_compiled
         len(s.params) + 2 * s.checks_indices for _, s, _ in plain_replay._launches]
     if zero_copy is False:
         # Parameters and Adam's state are device heap regions in the arena's slab: each launch takes
-        # that slab and nothing else (but the index check's record and token).
-        assert [k.num_args for _, _, k in arena_replay._launches] == [
-            1 + 2 * s.checks_indices for _, s, _ in arena_replay._launches]
+        # that slab and nothing else (but the index check's record and token), except the one
+        # reading the loss's tangent (an input of the backward graph, a buffer of its own).
+        extra = [k.num_args - 1 - 2 * s.checks_indices for _, s, k in arena_replay._launches]
+        assert sorted(extra)[-2:] == [0, 1]
         assert len(arena_replay._bases) == 1
 
 

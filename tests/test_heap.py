@@ -63,6 +63,15 @@ def test_an_empty_slab_is_released_and_a_large_request_gets_its_own(context) -> 
     assert heap.reserved_bytes == 0
 
 
+def test_groups_take_regions_from_slabs_of_their_own(context) -> None:
+    heap = DeviceHeap(context, base_alignment=128, max_allocation=1 << 30)
+    a, b, c = heap.allocate(64, "a"), heap.allocate(64, "b"), heap.allocate(64, "a")
+    assert placement(a)[0] is placement(c)[0] is not placement(b)[0]
+    assert heap.reserved_bytes == 2 * heap_module.SLAB_BYTES
+    del b
+    assert heap.reserved_bytes == heap_module.SLAB_BYTES
+
+
 def test_regions_hold_what_is_written_to_them(context) -> None:
     import numpy as np
 
@@ -81,7 +90,8 @@ def test_regions_hold_what_is_written_to_them(context) -> None:
 
 
 def test_persistent_copies_are_heap_regions(context) -> None:
-    """The residency puts its device copies (copy mode) in the heap, parameters and batches alike."""
+    """The residency puts parameters' device copies (copy mode) in the heap, in the current group's
+    slabs; batches get buffers of their own (a slab's live sub-buffers make its enqueues dearer)."""
     import torch
 
     from torch_adreno.runtime import get_residency, get_runtime
@@ -90,4 +100,13 @@ def test_persistent_copies_are_heap_regions(context) -> None:
     residency = get_residency(runtime, zero_copy=False)
     weight, batch = torch.randn(8, 8), torch.randn(4, 8)
     assert placement(residency.buffer_for(weight, pinned=True, graph="g", buffer="w")) is not None
-    assert placement(residency.buffer_for(batch, pinned=False, graph="g", buffer="x")) is not None
+    assert placement(residency.buffer_for(batch, pinned=False, graph="g", buffer="x")) is None
+    residency.heap_group = group = object()
+    try:
+        other = torch.randn(8, 8)
+        in_group = placement(residency.buffer_for(other, pinned=True, graph="g", buffer="w2"))
+    finally:
+        residency.heap_group = None
+    assert in_group is not None and in_group[0] is not placement(residency.buffer_for(weight, pinned=True,
+                                                                                       graph="g", buffer="w"))[0]
+    assert group is not None

@@ -153,6 +153,9 @@ class TrainingStep:
         self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
         self._replay_enabled = replay
+        #: This step's device heap group: its parameters, optimizer state and replay arenas share
+        #: slabs no other step's tensors are in (see runtime/heap.py).
+        self._heap_group = object()
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
         self._replays: OrderedDict[Hashable, tuple[ReplayedStep, step_capture.Guard]] = OrderedDict()
@@ -279,7 +282,7 @@ class TrainingStep:
                  *opt._optimizer_step_pre_hooks.values(), *opt._optimizer_step_post_hooks.values()]
         if hooks:
             raise CaptureError("the optimizer has step hooks, which run Python code in every step")
-        replay = ReplayedStep(recorder, loss, self._residency)
+        replay = ReplayedStep(recorder, loss, self._residency, heap_group=self._heap_group)
         names = step_capture.tensor_names(self.model, opt)
         persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
         return replay, step_capture.build_guard(batch, self.model, opt, persistent, names)
@@ -290,6 +293,7 @@ class TrainingStep:
         clear_gradient_markers(self._params)  # left by the previous step; autograd would accumulate into them
         versions_before = self._residency.deferred_versions()
         self._residency.deferring = True
+        self._residency.heap_group = self._heap_group  # its parameters' copies in slabs of its own
         try:
             # An eager fallback of the optimizer step would read gradients that never reached the host.
             with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
@@ -323,6 +327,7 @@ class TrainingStep:
             raise
         finally:
             self._residency.deferring = False
+            self._residency.heap_group = None
             self._after_step()
         return loss.detach()
 

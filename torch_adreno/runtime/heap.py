@@ -18,13 +18,19 @@ as any buffer. Invariants:
   enqueue work on a region (a replay, a graph call's bindings, an image) keeps it by holding the
   buffer. Work already enqueued on the runtime's in-order queue precedes any later use of the
   bytes; a replay's own queue is drained by its blocking loss read, and a replay holds its regions;
-- a slab whose regions are all free is released.
+- a slab whose regions are all free is released;
+- slabs belong to one group (a :class:`~torch_adreno.TrainingStep`'s tensors and replays, say):
+  a region is taken from its group's slabs only. NVIDIA's driver charges every enqueue binding a
+  buffer about 12 ns per live sub-buffer of that buffer's parent (H200: 6.2 us with none, 7.2 with
+  100, 9.8 with 300; ``.gpu/subcount11.py``), so a replay's slab must hold its own step's tensors,
+  not every model's and every batch's of the process.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,23 +100,25 @@ class DeviceHeap:
         self.context = context
         self.alignment = max(256, OFFSET_ALIGNMENT, base_alignment)
         self.max_allocation = max_allocation
-        self._slabs: list[_Slab] = []
+        self._slabs: dict[Hashable, list[_Slab]] = {}
         self._freed: list[tuple[_Slab, int, int]] = []
         self._lock = threading.Lock()
 
-    def allocate(self, nbytes: int) -> cl.Buffer:
-        """A new region of at least ``nbytes`` (one byte for none), as a sub-buffer."""
+    def allocate(self, nbytes: int, group: Hashable = None) -> cl.Buffer:
+        """A new region of at least ``nbytes`` (one byte for none) in a slab of ``group``, as a
+        sub-buffer."""
         size = -(-max(nbytes, 1) // self.alignment) * self.alignment
         with self._lock:
             self._collect()
-            for slab in self._slabs:
+            slabs = self._slabs.setdefault(group, [])
+            for slab in slabs:
                 offset = slab.take(size)
                 if offset is not None:
                     return self._region(slab, offset, size, nbytes)
             slab_bytes = max(size, min(SLAB_BYTES, self.max_allocation))
             slab = _Slab(cl.Buffer(self.context, cl.mem_flags.READ_WRITE, slab_bytes), slab_bytes,
                          [(0, slab_bytes)])
-            self._slabs.append(slab)
+            slabs.append(slab)
             offset = slab.take(size)
             assert offset == 0
             return self._region(slab, offset, size, nbytes)
@@ -130,18 +138,23 @@ class DeviceHeap:
             slab, offset, size = self._freed.pop()
             slab.give_back(offset, size)
             if slab.empty:
-                self._slabs = [s for s in self._slabs if s is not slab]
+                for group, slabs in list(self._slabs.items()):
+                    if any(s is slab for s in slabs):
+                        self._slabs[group] = [s for s in slabs if s is not slab]
+                        if not self._slabs[group]:
+                            del self._slabs[group]
 
     @property
     def reserved_bytes(self) -> int:
         """Device bytes the slabs hold (free or not)."""
-        return sum(slab.nbytes for slab in self._slabs)
+        self.collect()
+        return sum(slab.nbytes for slabs in self._slabs.values() for slab in slabs)
 
     @property
     def used_bytes(self) -> int:
         """Bytes of the regions not yet returned (each rounded up to the alignment)."""
         self.collect()
-        return sum(slab.nbytes - sum(size for _, size in slab.free) for slab in self._slabs)
+        return sum(slab.nbytes - sum(size for _, size in slab.free) for slabs in self._slabs.values() for slab in slabs)
 
 
 def placement(buffer: Any) -> tuple[cl.Buffer, int] | None:

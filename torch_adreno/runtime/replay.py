@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import time
 import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,8 @@ FLUSH_AFTER = frozenset({4, 16, 48, 112, 240, 496, 1008})
 #: is built). False binds them as compiled, to sub-buffers of the arena: benchmarks/replay.py
 #: measures both in one run, and tests check they agree bit for bit.
 ARENA_KERNELS = True
+#: Whether runs of copies between heap regions are one kernel (see :meth:`ReplayedStep._merged_copies`).
+MERGE_COPIES = True
 
 
 class CaptureError(RuntimeError):
@@ -204,7 +207,10 @@ class _BatchBinding:
 class ReplayedStep:
     """One recorded step as a static list of device operations (see the module docstring)."""
 
-    def __init__(self, recorder: StepRecorder, loss: torch.Tensor, residency: Residency) -> None:
+    def __init__(self, recorder: StepRecorder, loss: torch.Tensor, residency: Residency,
+                 heap_group: Hashable = None) -> None:
+        """``heap_group``: the device heap group of the step's persistent tensors (the arena joins
+        their slab, so that most kernels take one slab argument)."""
         if recorder.unsupported is not None:
             raise CaptureError(recorder.unsupported)
         loss_identity = recorder.output_identity(loss)
@@ -247,7 +253,7 @@ class ReplayedStep:
         # as before the heap, it does not).
         if ARENA_KERNELS and not any(isinstance(op, RecordedLaunch) and op.source.images
                                      for op in recorder.operations):
-            self._arena = device_heap(self.runtime).allocate(self.arena.nbytes)
+            self._arena = device_heap(self.runtime).allocate(self.arena.nbytes, heap_group)
             located = placement(self._arena)
             assert located is not None
             self._arena_base, self._arena_start = located
@@ -455,7 +461,7 @@ class ReplayedStep:
         position of a run's first copy, its kernel (bound) and source; the run's other positions
         map to None. A run ends before a copy whose bytes overlap a destination of the run, or
         whose destination overlaps a source (the copies of one kernel run in no order)."""
-        if not ARENA_KERNELS:
+        if not (ARENA_KERNELS and MERGE_COPIES):
             return {}
         Placed = tuple[cl.Buffer, int]
 

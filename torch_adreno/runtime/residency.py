@@ -31,6 +31,9 @@ from torch_adreno.runtime.events import BUS
 from torch_adreno.runtime.heap import device_heap
 
 TRANSIENT_SLOTS = 16
+#: Whether device copies are regions of the device heap (read at each allocation; False: buffers of
+#: their own, which benchmarks/replay.py compares).
+HEAP_COPIES = True
 
 # Copies are trusted by version: GradScaler's unscale must bump the versions it changes.
 amp_versions.install()
@@ -150,6 +153,9 @@ class Residency:
         # Host-pointer buffers a replayed step wrote, made coherent for the host at the next sync
         # point rather than after every step (see :meth:`defer`), by buffer handle.
         self._unsynced_shared: dict[int, tuple[weakref.ref[torch.Tensor], cl.Buffer, int]] = {}
+        #: The device heap group new parameter copies are placed in (set by a TrainingStep around its
+        #: own graph calls, so that its replay's slab holds its own tensors only).
+        self.heap_group: Any = None
         #: How many times :meth:`synchronize` ran (a replayed step re-defers its updates after one).
         self.synchronizations = 0
         _ALL_RESIDENCIES[:] = [ref for ref in _ALL_RESIDENCIES if ref() is not None]
@@ -251,10 +257,14 @@ class Residency:
         else:
             if same_object and entry is not None:
                 device_buffer = entry.buffer
+            elif HEAP_COPIES and pinned:
+                # A region of the device heap, in the slabs of the current group (a TrainingStep's):
+                # its replay reaches every parameter in one slab through one kernel argument.
+                # (Batches stay buffers of their own: each live sub-buffer of a slab adds to the
+                # cost of enqueueing a kernel bound to it, on NVIDIA's driver.)
+                device_buffer = device_heap(self.runtime).allocate(nbytes, self.heap_group)
             else:
-                # A region of the device heap: a replay reaches every parameter (and any other input
-                # it keeps, such as the loss's tangent) in one slab through one kernel argument.
-                device_buffer = device_heap(self.runtime).allocate(nbytes)
+                device_buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
             event = None
             if nbytes:
                 source = host_array(tensor)
