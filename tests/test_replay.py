@@ -18,7 +18,7 @@ from helpers import eager_training_step as _eager_step
 
 import torch_adreno
 from torch_adreno.models import MODELS
-from torch_adreno.runtime.replay import plan_step_memory
+from torch_adreno.runtime.step_memory import plan_step_memory
 
 pytestmark = pytest.mark.device
 

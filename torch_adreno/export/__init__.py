@@ -87,7 +87,7 @@ def record_prediction(step: Any, example: torch.Tensor) -> Prediction:
     """Record the forward of ``step.model`` on ``example`` in eval mode without gradients (compiled
     for the step's device); the model's train/eval mode is restored after."""
     from torch_adreno.runtime.capture import StepRecorder, recording_of
-    from torch_adreno.runtime.replay import plan_step_memory
+    from torch_adreno.runtime.step_memory import plan_step_memory
 
     model = step.model
     runtime = step._residency.runtime

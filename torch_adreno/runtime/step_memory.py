@@ -1,0 +1,107 @@
+"""Where the memory made during a recorded training step lives when it is replayed.
+
+:func:`plan_step_memory` lays out every internal identity of a recording (arena slots, saved
+activations, gradients, scratch, the loss) by one plan spanning the whole step: a saved
+activation's bytes are free after its last backward read, a gradient's after the optimizer's.
+:class:`ArenaLayout` puts that plan's slots, the step's seeds and (when copied) its batch at fixed
+byte offsets of one buffer, the replay's arena (:mod:`torch_adreno.runtime.replay`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
+from torch_adreno.runtime.capture import BATCH, INTERNAL, SEED, RecordedLaunch, StepRecorder
+
+
+@dataclass(frozen=True)
+class StepMemoryPlan:
+    """Where the memory made during a step lives in a replay.
+
+    Invariant: two internal identities whose lifetimes (first to last operation that touches them,
+    the loss to the end of the step) overlap never share a slot; a slot is as large as the largest
+    identity placed in it."""
+
+    slot_of: dict[int, int]
+    slot_bytes: tuple[int, ...]
+    lifetimes: dict[int, tuple[int, int]]
+    #: Bytes of every internal identity, each its own memory (no sharing at all).
+    unshared_bytes: int
+    #: Device bytes the step holds without a replay: every graph's arenas (allocated for the graph's
+    #: lifetime) plus the peak of what escapes a graph call (saved activations, gradients, loss).
+    full_path_bytes: int
+
+    @property
+    def planned_bytes(self) -> int:
+        return sum(self.slot_bytes)
+
+
+def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemoryPlan:
+    """Lifetimes of the step's internal identities over its operations, packed into slots: the
+    largest first, each into the smallest slot that is big enough and free for its whole lifetime."""
+    lifetimes: dict[int, tuple[int, int]] = {}
+    end = len(recorder.operations)
+    for position, op in enumerate(recorder.operations):
+        used = op.args if isinstance(op, RecordedLaunch) else (op.destination, op.source)
+        for index in used:
+            first, _ = lifetimes.get(index, (position, position))
+            lifetimes[index] = (first, position)
+    for index in keep_to_end:
+        first, _ = lifetimes.get(index, (0, end))
+        lifetimes[index] = (first, end)
+    internal = [i for i in lifetimes if recorder.identities[i].kind is INTERNAL]
+    slots: list[list[tuple[int, int]]] = []
+    sizes: list[int] = []
+    slot_of: dict[int, int] = {}
+    for index in sorted(internal, key=lambda i: (-recorder.identities[i].nbytes, i)):
+        first, last = lifetimes[index]
+        nbytes = recorder.identities[index].nbytes
+        free = [s for s, spans in enumerate(slots) if sizes[s] >= nbytes
+                and all(last < a or first > b for a, b in spans)]
+        if free:
+            slot = min(free, key=lambda s: sizes[s])
+        else:
+            slot = len(slots)
+            slots.append([])
+            sizes.append(nbytes)
+        slots[slot].append((first, last))
+        slot_of[index] = slot
+    arenas = {i for i in internal if recorder.identities[i].arena}
+    escaping = [i for i in internal if i not in arenas]
+    peak = max((sum(recorder.identities[i].nbytes for i in escaping
+                    if lifetimes[i][0] <= t <= lifetimes[i][1]) for t in range(end + 1)), default=0)
+    return StepMemoryPlan(slot_of, tuple(sizes), lifetimes, sum(recorder.identities[i].nbytes for i in internal),
+                          sum(recorder.identities[i].nbytes for i in arenas) + peak)
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Where a replay keeps the memory it owns: one buffer, each slot of the step's memory plan,
+    each seed and (when the batch is copied) each batch argument at a fixed byte offset.
+
+    Invariants: offsets are multiples of ``alignment`` (the device's sub-buffer alignment and
+    :data:`~torch_adreno.kernels.arena_params.OFFSET_ALIGNMENT`); identities in one slot share its
+    offset (their lifetimes do not overlap), any others never share a byte."""
+
+    offset_of: dict[int, int]
+    nbytes: int
+    alignment: int
+
+    @staticmethod
+    def of(recorder: StepRecorder, memory: StepMemoryPlan, batch_copied: bool, base_alignment: int) -> ArenaLayout:
+        alignment = max(256, OFFSET_ALIGNMENT, base_alignment)
+        end = 0
+
+        def place(nbytes: int) -> int:
+            nonlocal end
+            at = end
+            end += -(-max(nbytes, 1) // alignment) * alignment
+            return at
+
+        slot_offsets = [place(n) for n in memory.slot_bytes]
+        offset_of = {index: slot_offsets[slot] for index, slot in memory.slot_of.items()}
+        for identity in recorder.identities:
+            if identity.kind is SEED or (identity.kind is BATCH and batch_copied):
+                offset_of[identity.index] = place(identity.nbytes)
+        return ArenaLayout(offset_of, end, alignment)
