@@ -149,6 +149,12 @@ class _Writer:
         return guard
 
 
+def _size_changed(expression: str, size: int) -> str:
+    """A check that the container ``expression`` no longer holds ``size`` items; for an empty one
+    (the usual hook table), its truth value, which costs no call."""
+    return expression if size == 0 else f"len({expression}) != {size}"
+
+
 _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
@@ -173,13 +179,13 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
     for table in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                   "_global_backward_pre_hooks"):
         hooks = getattr(module_globals, table)
-        w.check(f"len({w.bind(hooks)}) != {len(hooks)}", "a global module hook was added or removed")
+        w.check(_size_changed(w.bind(hooks), len(hooks)), "a global module hook was added or removed")
     for name, module in model.named_modules():
         label = name or "the model"
         prefix = f"{name}." if name else ""
         m = w.bind(module)
         w.check(f"{m}.training is not {module.training}", f"train/eval mode of {label} changed")
-        w.check(" or ".join(f"len({m}.{table}) != {len(getattr(module, table))}" for table in _MODULE_HOOKS),
+        w.check(" or ".join(_size_changed(f"{m}.{table}", len(getattr(module, table))) for table in _MODULE_HOOKS),
                 f"a hook of {label} was added or removed")
         for child_name, child in module._modules.items():
             w.check(f"{m}._modules.get({child_name!r}) is not {w.bind(child)}",
@@ -203,8 +209,8 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     step_hooks = [optimizer_module._global_optimizer_pre_hooks,
                   optimizer_module._global_optimizer_post_hooks]
-    w.check(" or ".join([*(f"len({w.bind(hooks)}) != {len(hooks)}" for hooks in step_hooks),
-                         *(f"len({opt}.{table}) != {len(getattr(optimizer, table))}"
+    w.check(" or ".join([*(_size_changed(w.bind(hooks), len(hooks)) for hooks in step_hooks),
+                         *(_size_changed(f"{opt}.{table}", len(getattr(optimizer, table)))
                            for table in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"))]),
             "an optimizer step hook was added (a replay would not run it)")
     w.check(f"len({opt}.param_groups) != {len(optimizer.param_groups)}", "the optimizer's parameter groups changed")

@@ -116,6 +116,8 @@ def arm(residency: _Synchronizing) -> None:
     """After a step left host copies out of date: put the mode at the bottom of this thread's
     mode stack (if not there yet) and arm it."""
     mode = _mode_of(residency)
+    if mode.armed and torch._C._len_torch_function_stack() and torch._C._get_function_stack_at(0) is mode:
+        return  # armed at the bottom already (every replayed step after the first): no list built
     stack = torch.overrides._get_current_function_mode_stack()
     if not any(m is mode for m in stack):
         _set_stack([mode, *stack])
