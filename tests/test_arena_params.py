@@ -21,6 +21,7 @@ from torch_adreno.kernels.arena_params import (
 )
 from torch_adreno.kernels.program import assemble
 from torch_adreno.runtime import replay as replay_module
+from torch_adreno.runtime.heap import placement
 
 
 def _kernels():
@@ -143,6 +144,9 @@ def test_replay_addressing_its_arena_is_bit_identical_to_the_kernels_as_compiled
     assert all(arena_replay._rewritten) and not any(plain_replay._rewritten)
     assert [k.num_args for _, _, k in plain_replay._launches] == [
         len(s.params) + 2 * s.checks_indices for _, s, _ in plain_replay._launches]
+    # A heap region where the parameters are device copies in the heap; with zero-copy (host memory
+    # shared in place) a buffer of its own: a slab would only reserve memory.
+    assert (placement(arena_replay._arena) is None) == arena_replay.residency.zero_copy
     if zero_copy is False:
         # Parameters and Adam's state are device heap regions in the arena's slab: each launch takes
         # that slab and nothing else (but the index check's record and token), except the one

@@ -153,14 +153,16 @@ class ReplayedStep:
         # the arena, each at a fixed offset (internal identities at their slot's).
         self.arena = ArenaLayout.of(recorder, self.memory, self.batch_mode is not IN_PLACE,
                                     self.runtime.device.mem_base_addr_align // 8)
-        # A region of the device heap, so that the kernels reach it and the persistent tensors in the
-        # same slab through one argument; its own copies, writes and reads address the region. A
-        # replay binding kernels as compiled (images, or ARENA_KERNELS off) binds sub-buffers of its
-        # arena instead: then the arena is a buffer of its own, their parent (on the H200, NVIDIA's
+        # Where the persistent tensors are device copies (heap regions), a region of the same heap
+        # group, so that the kernels reach it and them in one slab through one argument; its own
+        # copies, writes and reads address the region. Otherwise a buffer of its own: with
+        # zero-copy the parameters are host memory, and a slab would only reserve memory (a phone's).
+        # A replay binding kernels as compiled (images, or ARENA_KERNELS off) binds sub-buffers of
+        # its arena: then too the arena is a buffer of its own, their parent (on the H200, NVIDIA's
         # driver crashed releasing such sub-buffers made over a slab; over a buffer of their own,
         # as before the heap, it does not).
-        if ARENA_KERNELS and not any(isinstance(op, RecordedLaunch) and op.source.images
-                                     for op in recorder.operations):
+        if ARENA_KERNELS and not residency.zero_copy and not any(
+                isinstance(op, RecordedLaunch) and op.source.images for op in recorder.operations):
             self._arena = device_heap(self.runtime).allocate(self.arena.nbytes, heap_group)
             located = placement(self._arena)
             assert located is not None
