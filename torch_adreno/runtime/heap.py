@@ -4,9 +4,9 @@ A replayed step binds every kernel argument once, yet a driver still pays per ar
 enqueue (NVIDIA's OpenCL driver on the H200 host: ~0.45 us per buffer argument with the device
 busy). After the replay's own memory moved into one arena, the persistent tensors (parameters,
 buffers, optimizer state) were most of what remained: 213 of resnet_mini's 300 arguments, 117 of
-them in the SGD update alone. Their device copies, and the replays' arenas, are therefore regions
-of shared slabs: a replay's kernels address everything that lives in one slab through that one
-argument at constant offsets (:func:`torch_adreno.kernels.arena_params.place_in_arena`).
+them in the SGD update alone. Their device copies (copy mode), and the replays' arenas there,
+are therefore regions of shared slabs: a replay's kernels address everything that lives in one
+slab through that one argument at constant offsets (:func:`torch_adreno.kernels.arena_params.place_in_arena`).
 
 A region is an OpenCL sub-buffer, so the rest of the runtime (graph calls, copies, images) uses it
 as any buffer. Invariants:
@@ -22,8 +22,8 @@ as any buffer. Invariants:
 - slabs belong to one group (a :class:`~torch_adreno.TrainingStep`'s tensors and replays, say):
   a region is taken from its group's slabs only. NVIDIA's driver charges every enqueue binding a
   buffer about 12 ns per live sub-buffer of that buffer's parent (H200: 6.2 us with none, 7.2 with
-  100, 9.8 with 300; ``.gpu/subcount11.py``), so a replay's slab must hold its own step's tensors,
-  not every model's and every batch's of the process.
+  100, 9.8 with 300; ``benchmarks/enqueue_subbuffers.py``), so a replay's slab must hold its own
+  step's tensors, not every model's and every batch's of the process.
 """
 
 from __future__ import annotations
