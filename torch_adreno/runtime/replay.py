@@ -337,10 +337,7 @@ class ReplayedStep:
                 launch_bases.append(None)
                 launch_placed.append(set())
                 continue
-            # The arena's slab first, then the others in the order the arguments reach them.
-            order = sorted(located.values(), key=lambda where: where[0] is not self._arena_base)
-            bases = list({id(base): base for base, _ in order}.values())
-            number = {id(base): n for n, base in enumerate(bases)}
+            bases, number = self._numbered_slabs([base for base, _ in located.values()])
             rewritten.append(place_in_arena(op.source, {p: at for p, (_, at) in located.items()},
                                             {p: number[id(base)] for p, (base, _) in located.items()}))
             launch_bases.append(bases)
@@ -364,6 +361,12 @@ class ReplayedStep:
             template = op.kernel if index < 0 else built[index][op.source.name]
             kernels.append((cl.Kernel(template.program, template.function_name), slabs, placed))
         return kernels
+
+    def _numbered_slabs(self, slabs: list[cl.Buffer]) -> tuple[list[cl.Buffer], dict[int, int]]:
+        """The distinct buffers of ``slabs`` in the order a kernel takes them (the arena's first, the
+        others as they come), and each one's argument number by ``id``."""
+        distinct = sorted({id(slab): slab for slab in slabs}.values(), key=lambda slab: slab is not self._arena_base)
+        return distinct, {id(slab): n for n, slab in enumerate(distinct)}
 
     def _merged_copies(self, recorder: StepRecorder) -> dict[int, tuple[cl.Kernel, KernelSource] | None]:
         """Runs of two or more consecutive copies between heap regions (a graph call writing back
@@ -392,9 +395,7 @@ class ReplayedStep:
         merged: dict[int, tuple[cl.Kernel, KernelSource] | None] = {}
         sources: list[tuple[list[Any], list[cl.Buffer], KernelSource]] = []
         for run in (r for r in runs if len(r) >= 2):
-            slabs = list({id(b): b for _, _, d, f in run for b, _ in (d, f)}.values())
-            slabs.sort(key=lambda slab: slab is not self._arena_base)
-            number = {id(slab): n for n, slab in enumerate(slabs)}
+            slabs, number = self._numbered_slabs([b for _, _, d, f in run for b, _ in (d, f)])
             names = [f"{recorder.identities[c.destination].label} <- {recorder.identities[c.source].label}"
                      for _, c, _, _ in run]
             sources.append((run, slabs, copy_ranges(
@@ -405,7 +406,7 @@ class ReplayedStep:
             kernel = cl.Kernel(built[source.name].program, built[source.name].function_name)
             for position, slab in enumerate(slabs):
                 kernel.set_arg(position, slab)
-            self._bases.extend(slab for slab in slabs if all(slab is not b for b in self._bases))
+            self._bases += [slab for slab in slabs if all(slab is not b for b in self._bases)]
             merged[run[0][0]] = (kernel, source)
             merged.update(dict.fromkeys((position for position, _, _, _ in run[1:]), None))
         return merged
