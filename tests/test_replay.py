@@ -500,3 +500,29 @@ def test_guard_backward_hook_and_optimizer_state_replaced() -> None:
     # An entry replaced by one of the same keys and an equal value: only its identity tells.
     run.opt.state[param] = {k: v.clone() for k, v in run.opt.state[param].items()}
     assert guard((x, y)) is not None and "optimizer state" in guard((x, y))
+
+
+def test_replayed_steps_leave_host_syncs_mode_in_place(monkeypatch) -> None:
+    """A replay runs with torch functions disabled: host_sync's mode, armed after a step that left
+    host copies out of date, is not taken off the stack and put back at every replayed step (each
+    time a rebuild of the whole stack), and stays armed for the host's next read."""
+    from torch_adreno.runtime import host_sync
+
+    model = _mlp()
+    step = torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                     options=COPY)
+    batches = _batches(6)
+    for x, y in batches[:3]:  # compile, capture, first replay (arms the mode)
+        step(x, y)
+    assert step.replayed_steps == 1 and host_sync.is_armed(step._residency)
+    rebuilds = []
+    original = host_sync._set_stack
+    monkeypatch.setattr(host_sync, "_set_stack", lambda modes: rebuilds.append(modes) or original(modes))
+    for x, y in batches[3:]:
+        step(x, y)
+    assert step.replayed_steps == 4
+    assert rebuilds == [] and host_sync.is_armed(step._residency)
+    assert step._residency.has_deferred
+    weight = model[0].weight.detach().clone()  # a host read: synchronizes first (the mode at work)
+    assert not step._residency.has_deferred and torch.isfinite(weight).all()
+    step.close()
