@@ -22,8 +22,8 @@ as any buffer. Invariants:
 - slabs belong to one group (a :class:`~torch_adreno.TrainingStep`'s tensors and replays, say):
   a region is taken from its group's slabs only. NVIDIA's driver charges every enqueue binding a
   buffer about 12 ns per live sub-buffer of that buffer's parent (H200: 6.2 us with none, 7.2 with
-  100, 9.8 with 300; ``benchmarks/enqueue_subbuffers.py``), so a replay's slab must hold its own
-  step's tensors, not every model's and every batch's of the process.
+  100, 9.8 with 300; ``benchmarks/enqueue_cost.py --study subbuffers``), so a replay's slab
+  must hold its own step's tensors, not every model's and every batch's of the process.
 """
 
 from __future__ import annotations
