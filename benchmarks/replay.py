@@ -16,7 +16,8 @@
 - the replay's kernels rewritten to address its arena (one argument for all the step's own
   memory) against the same replay with its kernels as compiled, alternating step by step;
 - the replay's enqueue loop timed operation by operation (device held idle the same way): per
-  launch, by argument count, and the flushes;
+  launch, by argument count, and the flushes; and the launch list through the C loop
+  (:mod:`torch_adreno.runtime.launch_list`) against the Python loop, alternating step by step;
 - device time and launches of one replayed step; device bytes of the step's memory: the
   replay's whole-step plan next to what the compiled graphs hold (arenas + escaping peak).
 
@@ -28,8 +29,6 @@ Appends JSON lines to benchmarks/results/replay.jsonl. Not a test: asserts nothi
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import statistics
 import sys
 import time
@@ -46,8 +45,9 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
-from torch_adreno.runtime import get_runtime
+from torch_adreno.runtime import get_runtime, launch_list
 from torch_adreno.runtime import replay as replay_module
+from torch_adreno.runtime.launch_list import Flush, Launch, LaunchList
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -112,25 +112,24 @@ def bare_enqueue_us(runtime: Any, launches: int, repeats: int = 30) -> tuple[flo
 
 
 def enqueue_breakdown(replay: Any, repeats: int = 5) -> dict[str, Any]:
-    """The replay's enqueue loop timed operation by operation, its queue held idle (so only the
-    host's cost is timed): microseconds per launch by argument count, and all flushes together.
-    Runs the step's launches again on the buffers of the last replay (the model trains on)."""
-    queue = replay._queue
+    """The replay's enqueue loop timed operation by operation from Python, its queue held idle (so
+    only the host's cost is timed): microseconds per launch by argument count, and all flushes
+    together; and the whole list through the C loop, held idle the same way. Runs the step's
+    launches again on the buffers of the last replay (the model trains on)."""
+    listed = replay._operations
+    queue = listed.queue
     by_args: dict[int, list[float]] = {}
     flushes: list[float] = []
     loops: list[float] = []
-    kinds = []
-    for op in replay._operations:
-        func = getattr(op, "func", None)
-        kinds.append(("flush", 0) if func is None else ("launch", op.args[1].num_args)
-                     if func is cl.enqueue_nd_range_kernel else ("copy", 0))
+    kinds = [("launch", op.kernel.num_args) if isinstance(op, Launch) else
+             ("flush", 0) if isinstance(op, Flush) else ("other", 0) for op in listed.operations]
     for _ in range(repeats):
         queue.finish()
         gate = _gate(replay.runtime.context, queue)
         loop_start = time.perf_counter()
-        for op, (kind, nargs) in zip(replay._operations, kinds, strict=True):
+        for call, (kind, nargs) in zip(listed.calls, kinds, strict=True):
             start = time.perf_counter()
-            op()
+            call()
             spent = time.perf_counter() - start
             if kind == "launch":
                 by_args.setdefault(nargs, []).append(spent)
@@ -138,6 +137,15 @@ def enqueue_breakdown(replay: Any, repeats: int = 5) -> dict[str, Any]:
                 flushes.append(spent)
         loops.append(time.perf_counter() - loop_start)
         gate.set_status(cl.command_execution_status.COMPLETE)
+    native: list[float] = []
+    if listed.native:
+        for _ in range(repeats):
+            queue.finish()
+            gate = _gate(replay.runtime.context, queue)
+            start = time.perf_counter()
+            listed()
+            native.append(time.perf_counter() - start)
+            gate.set_status(cl.command_execution_status.COMPLETE)
     queue.finish()
     launches = [t for times in by_args.values() for t in times]
     return {
@@ -145,54 +153,40 @@ def enqueue_breakdown(replay: Any, repeats: int = 5) -> dict[str, Any]:
         "enqueue_idle_loop_us": statistics.median(loops) * 1e6,
         "enqueue_idle_flush_us": sum(flushes) / repeats * 1e6,
         "enqueue_idle_us_by_args": {n: round(statistics.mean(t) * 1e6, 2) for n, t in sorted(by_args.items())},
+        "enqueue_idle_native_loop_us": statistics.median(native) * 1e6 if native else None,
     }
 
 
-def _opencl_enqueue_function() -> Any:
-    """``clEnqueueNDRangeKernel`` of the OpenCL library this process loaded (through ctypes), or
-    None where it cannot be found."""
+def native_against_python(replayed: torch_adreno.TrainingStep, x: torch.Tensor, y: torch.Tensor,
+                          steps: int) -> dict[str, Any]:
+    """The same replay enqueuing its list through the C loop and from Python, alternating step by
+    step: host microseconds (whole step, enqueue phase) of each, medians and the paired ratio."""
+    replay = replayed.replay
+    assert replay is not None
+    native = replay._operations
+    if not native.native:
+        return {"native_loop": launch_list.native_loop_status()}
+    python = LaunchList(native.queue, native.operations, native=False)
+    host: dict[bool, list[float]] = {True: [], False: []}
+    enqueue: dict[bool, list[float]] = {True: [], False: []}
     try:
-        with open("/proc/self/maps") as maps:
-            paths = [line.split()[-1] for line in maps if "libOpenCL" in line and "/" in line]
-    except OSError:
-        return None
-    if not paths:
-        return None
-    function = ctypes.CDLL(paths[0]).clEnqueueNDRangeKernel
-    function.restype = ctypes.c_int32
-    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p]
-    return function
-
-
-def enqueue_without_events_us(replay: Any, repeats: int = 5) -> float | None:
-    """A probe for what pyopencl's per-launch event costs: the replay's launches enqueued straight
-    through the driver's C entry point without asking for an event (queue held idle), microseconds
-    per launch. None where the library cannot be found."""
-    function = _opencl_enqueue_function()
-    if function is None:
-        return None
-    queue = replay._queue
-    calls = []
-    for op in replay._operations:
-        if getattr(op, "func", None) is cl.enqueue_nd_range_kernel:
-            _, kernel, global_size, local_size = op.args
-            dims = len(global_size)
-            sizes = ((ctypes.c_size_t * dims)(*global_size),
-                     None if local_size is None else (ctypes.c_size_t * dims)(*local_size))
-            calls.append(functools.partial(function, queue.int_ptr, kernel.int_ptr, dims, None, *sizes, 0, None, None))
-    times = []
-    for _ in range(repeats):
-        queue.finish()
-        gate = _gate(replay.runtime.context, queue)
-        start = time.perf_counter()
-        for call in calls:
-            if call() != 0:
-                raise RuntimeError("clEnqueueNDRangeKernel failed in the probe")
-        times.append(time.perf_counter() - start)
-        gate.set_status(cl.command_execution_status.COMPLETE)
-    queue.finish()
-    return statistics.median(times) / len(calls) * 1e6
+        for index in range(steps):
+            for is_native in (True, False)[:: 1 if index % 2 == 0 else -1]:
+                replay._operations = native if is_native else python
+                replayed(x, y).item()
+                host[is_native].append(replay.last_host_seconds)
+                enqueue[is_native].append(replay.last_phases["enqueue"])
+    finally:
+        replay._operations = native
+    return {
+        "native_loop": launch_list.native_loop_status(),
+        "native_host_us": statistics.median(host[True]) * 1e6,
+        "python_loop_host_us": statistics.median(host[False]) * 1e6,
+        "native_enqueue_us": statistics.median(enqueue[True]) * 1e6,
+        "python_loop_enqueue_us": statistics.median(enqueue[False]) * 1e6,
+        "native_over_python_paired": statistics.median(
+            a / b for a, b in zip(host[True], host[False], strict=True)),
+    }
 
 
 PHASES = ("guard", "batch", "enqueue", "after", "loss_read")
@@ -288,7 +282,7 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
         "arena_over_as_compiled_paired": statistics.median(
             a / b for a, b in zip(by_variant["arena"], by_variant["plain"], strict=True)),
         **enqueue_breakdown(replay),
-        "enqueue_idle_no_event_us_per_launch": enqueue_without_events_us(replay),
+        **native_against_python(replayed, x, y, rounds * steps),
         "device_ms": prof.device_time_us / 1e3,
         "step_memory_planned_bytes": replay.memory.planned_bytes,
         "step_memory_full_path_bytes": replay.memory.full_path_bytes,
@@ -343,9 +337,16 @@ def main() -> None:
               f"{row['replay_host_arena_us']:.0f} vs {row['replay_host_as_compiled_us']:.0f} "
               f"(paired ratio {row['arena_over_as_compiled_paired']:.3f}), arguments "
               f"{row['kernel_arguments']} vs {row['kernel_arguments_as_compiled']}")
-        no_event = row["enqueue_idle_no_event_us_per_launch"]
-        print(f"{'':<12} enqueue us per launch by argument count (idle): {row['enqueue_idle_us_by_args']}; "
-              f"without an event (ctypes probe): {'n/a' if no_event is None else f'{no_event:.2f}'}")
+        native = row["enqueue_idle_native_loop_us"]
+        print(f"{'':<12} enqueue us per launch by argument count (idle, Python loop): "
+              f"{row['enqueue_idle_us_by_args']}; whole list idle: Python loop {row['enqueue_idle_loop_us']:.0f} us, "
+              f"C loop {'n/a' if native is None else f'{native:.0f} us'}")
+        if "native_host_us" in row:
+            print(f"{'':<12} C loop vs Python loop, alternating: host us {row['native_host_us']:.0f} vs "
+                  f"{row['python_loop_host_us']:.0f} (enqueue {row['native_enqueue_us']:.0f} vs "
+                  f"{row['python_loop_enqueue_us']:.0f}; paired ratio {row['native_over_python_paired']:.3f})")
+        else:
+            print(f"{'':<12} launch loop: {row['native_loop']}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ place a driver-recorded queue (``cl_qcom_recordable_queues``) would replace.
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from collections.abc import Hashable
@@ -58,6 +57,7 @@ from torch_adreno.runtime.capture import (
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.heap import device_heap, placement
 from torch_adreno.runtime.images import image_views
+from torch_adreno.runtime.launch_list import Copy, Flush, Launch, LaunchList, Operation
 from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
 from torch_adreno.runtime.step_memory import ArenaLayout, plan_step_memory
 
@@ -211,11 +211,9 @@ class ReplayedStep:
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
         # host memory under it (zero-copy).
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
-        self._profiled_operations: list[Any] = []
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
         #: The images the kernels read (a kernel argument holds no reference).
         self._images: list[Any] = []
-        self._operations: list[Any] = []
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
         self._described: list[tuple[str, Any] | None] = []
         kernels = self._arena_kernels(recorder)
@@ -275,20 +273,20 @@ class ReplayedStep:
                 # Hand what is enqueued to the device now, so that it computes while the host enqueues
                 # the rest (some drivers submit only at a flush or a blocking call).
                 steps.append(("flush",))
-        for queue, operations in ((self._queue, self._operations), (self.runtime.queue, self._profiled_operations)):
-            for step in steps:
-                if step[0] == "copy":
-                    # pyopencl's enqueue_copy picks the call by its arguments' types in Python on each
-                    # call (~2.5 us more on PoCL's host): the buffer-to-buffer call itself (source first).
-                    operations.append(functools.partial(_cl._enqueue_copy_buffer, queue, step[2], step[1], step[3],
-                                                        step[5], step[4], None))
-                elif step[0] == "refresh":
-                    operations.append(functools.partial(step[1].refresh, queue))
-                elif step[0] == "launch":
-                    operations.append(functools.partial(cl.enqueue_nd_range_kernel, queue, step[1],
-                                                        step[2].global_size, step[2].local_size))
-                else:
-                    operations.append(queue.flush)
+        listed: list[Operation] = []
+        for step in steps:
+            if step[0] == "copy":
+                listed.append(Copy(step[2], step[1], step[5], step[4], step[3]))
+            elif step[0] == "refresh":
+                listed.append(step[1].refresh)
+            elif step[0] == "launch":
+                listed.append(Launch(step[1], step[2].global_size, step[2].local_size))
+            else:
+                listed.append(Flush())
+        #: The step's device operations on the replay's own queue (the C loop where available).
+        self._operations = LaunchList(self._queue, listed)
+        # Under profile(): on the runtime's queue, from Python, each call returning its event.
+        self._profiled_operations = LaunchList(self.runtime.queue, listed, native=False).calls
         self._described = [step[3] if step[0] == "launch" else None for step in steps]
         #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
         self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches)
@@ -514,8 +512,7 @@ class ReplayedStep:
 
     def _enqueue_all(self, profiled: bool) -> None:
         if not profiled:
-            for operation in self._operations:
-                operation()
+            self._operations()
             return
         for operation, described in zip(self._profiled_operations, self._described, strict=True):
             event = operation()

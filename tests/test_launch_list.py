@@ -1,0 +1,70 @@
+"""The launch list: the C loop enqueues exactly what the Python loop does, in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from torch_adreno.runtime import launch_list
+from torch_adreno.runtime.launch_list import Copy, Flush, Launch, LaunchError, LaunchList
+
+pytestmark = pytest.mark.device
+
+# Order-sensitive: x = 2x + 1 then a copy; a swapped pair gives different numbers.
+_SOURCE = "__kernel void affine(__global float* x) { size_t i = get_global_id(0); x[i] = 2.0f * x[i] + 1.0f; }"
+
+
+def _run(native: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    context = cl.create_some_context(interactive=False)
+    queue = cl.CommandQueue(context)
+    kernel = cl.Kernel(cl.Program(context, _SOURCE).build(), "affine")
+    values = np.arange(64, dtype=np.float32)
+    first = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=values)
+    second = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(64, np.float32))
+    kernel.set_arg(0, first)
+    seen: list[str] = []
+    listed = LaunchList(queue, [Launch(kernel, (64,), (16,)), Copy(first, second, 0, 64, 128), Flush(),
+                                lambda q: seen.append("python"), Launch(kernel, (32,), None)], native=native)
+    assert listed.native == (native and launch_list.native_loop() is not None)
+    listed()
+    listed()
+    out_first, out_second = np.empty(64, np.float32), np.empty(64, np.float32)
+    cl.enqueue_copy(queue, out_first, first)
+    cl.enqueue_copy(queue, out_second, second)
+    return out_first, out_second, seen
+
+
+def test_native_loop_matches_python_loop() -> None:
+    if launch_list.native_loop() is None:
+        pytest.fail(f"the C loop is not available here: {launch_list.native_loop_status()}")
+    native, python = _run(True), _run(False)
+    assert np.array_equal(native[0], python[0]) and np.array_equal(native[1], python[1])
+    assert native[2] == python[2] == ["python", "python"]
+    expected = np.arange(64, dtype=np.float32)
+    for _ in range(2):
+        expected[:] = 2 * expected + 1
+        copied = expected[:32].copy()
+        expected[:32] = 2 * expected[:32] + 1
+    assert np.array_equal(native[0], expected)
+    assert np.array_equal(native[1][16:48], copied)
+
+
+def test_refused_launch_names_the_kernel() -> None:
+    if launch_list.native_loop() is None:
+        pytest.fail(f"the C loop is not available here: {launch_list.native_loop_status()}")
+    context = cl.create_some_context(interactive=False)
+    queue = cl.CommandQueue(context)
+    kernel = cl.Kernel(cl.Program(context, _SOURCE).build(), "affine")  # argument never bound
+    with pytest.raises(LaunchError, match=r"operation 0 .*kernel affine.*error -52 \(INVALID_KERNEL_ARGS\)"):
+        LaunchList(queue, [Launch(kernel, (64,), None)])()
+
+
+def test_bad_launch_geometry_is_refused_at_construction() -> None:
+    context = cl.create_some_context(interactive=False)
+    queue = cl.CommandQueue(context)
+    kernel = cl.Kernel(cl.Program(context, _SOURCE).build(), "affine")
+    if launch_list.native_loop() is None:
+        pytest.skip(launch_list.native_loop_status())
+    with pytest.raises(ValueError, match="1 to 3 dimensions"):
+        LaunchList(queue, [Launch(kernel, (1, 1, 1, 1), None)])
