@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import training_step_against_eager
+from torch._dynamo.utils import same
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -159,11 +160,17 @@ def test_bigger_reference_models_train_like_eager(model_name):
     """BatchNorm in training mode (running statistics written back), LayerNorm, attention, GELU,
     embedding and its scatter-add backward, all on the device.
 
-    resnet_mini's parameters are compared against eager within eager's own float32 error: its
-    convolutions feed BatchNorm, which makes the loss blind to their scale, and after 20 steps
-    eager float32 itself differs from a float64 run by up to 5e-5 on hundreds of conv weights
-    (measured; ours differs from float64 slightly less). Its losses, and everything of the
-    transformer, are held to rtol=1e-4/atol=1e-5 against eager.
+    resnet_mini's final parameters and running statistics are held to Inductor's accuracy rule as
+    PyTorch's own benchmarks apply it (``torch._dynamo.utils.same`` with a float64 run): close to
+    eager at 1e-4, else an RMSE from float64 at most twice eager float32's. After 20 steps its
+    state is chaotic: a ReLU input within float32 noise of zero lands on one side in one run and
+    on the other in another, and moves a gradient by a whole element. Over ten initial seeds
+    (measured), eager float32's RMSE from float64 over all parameters ranged 2.5e-7..4.0e-6 and
+    ours 1.5e-6..4.5e-6 (means 2.8e-6 and 2.9e-6): whichever run avoided a flip looks ten times
+    better. An earlier max-abs rule (ours from eager within twice eager from float64, per tensor)
+    failed 3 of 8 seeds for that reason alone. What is not chaotic, every kernel's output on
+    identical inputs against float64, tests/test_graph_accuracy.py holds to twice eager's error.
+    Its losses, and everything of the transformer, are held to rtol=1e-4/atol=1e-5 against eager.
     """
     spec = MODELS[model_name]
     model = spec.make()
@@ -192,17 +199,14 @@ def test_bigger_reference_models_train_like_eager(model_name):
         for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"parameter {n}: {m}")
     else:
-        for (name, p), q, q64 in zip(model.named_parameters(), reference.parameters(), reference64.parameters(),
-                                     strict=True):
-            ours = (p.double() - q.double()).abs().max().item()
-            eager_noise = (q.double() - q64).abs().max().item()
-            assert ours <= max(2 * eager_noise, 1e-5), (name, ours, eager_noise)
-        # Running statistics average those convolutions' outputs: the same float32 noise.
-        for (name, b), rb, rb64 in zip(model.named_buffers(), reference.buffers(), reference64.buffers(),
-                                       strict=True):
-            ours = (b.double() - rb.double()).abs().max().item()
-            eager_noise = (rb.double() - rb64.double()).abs().max().item()
-            assert ours <= max(2 * eager_noise, 1e-5), (name, ours, eager_noise)
+        states = [(dict(m.named_parameters()) | dict(m.named_buffers())) for m in (model, reference, reference64)]
+        for name, ours in states[0].items():
+            eager, exact = states[1][name].detach(), states[2][name].detach()
+            if ours.is_floating_point():
+                assert same(eager, ours.detach(), fp64_ref=exact, tol=1e-4), (
+                    name, (ours - eager).abs().max().item(), (eager.double() - exact).abs().max().item())
+            else:
+                assert torch.equal(ours, eager), name
     if reference64 is None:
         for (name, b), rb in zip(model.named_buffers(), reference.buffers(), strict=True):
             torch.testing.assert_close(b, rb, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"buffer {n}: {m}")

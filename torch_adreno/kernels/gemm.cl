@@ -85,9 +85,11 @@ void KERNEL_NAME(KERNEL_PARAMS)
         for (int wn = 0; wn < WPT_N; ++wn)
             acc[wm][wn] = 0.0f;
 #if ROW_SUM
-    float row_sum[WPT_M];
+    // A bias gradient is a long sum that cancels: it carries a Kahan compensation term, as the
+    // generated reductions do, to stay as close to float64 as eager's cascade sum.
+    float row_sum[WPT_M], row_sum_c[WPT_M];
     for (int wm = 0; wm < WPT_M; ++wm)
-        row_sum[wm] = 0.0f;
+        row_sum[wm] = row_sum_c[wm] = 0.0f;
 #endif
 
     float a_next[LOADS_A];
@@ -136,8 +138,11 @@ void KERNEL_NAME(KERNEL_PARAMS)
             for (int j = 0; j < WPT_M / VW_M; ++j)
                 READ_A(a_reg, kk, tm, j)
 #if ROW_SUM
-            for (int wm = 0; wm < WPT_M; ++wm)
-                row_sum[wm] += a_reg[wm];
+            for (int wm = 0; wm < WPT_M; ++wm) {
+                const float y = a_reg[wm] - row_sum_c[wm], t = row_sum[wm] + y;
+                row_sum_c[wm] = (t - row_sum[wm]) - y;
+                row_sum[wm] = t;
+            }
 #endif
             for (int j = 0; j < WPT_N / VW_N; ++j)
                 READ_B(b_reg, kk, tn, j)

@@ -31,9 +31,10 @@ __kernel void KERNEL_NAME(KERNEL_PARAMS)
     for (int wm = 0; wm < WPT_M; ++wm)
         acc[wm] = (float8)(0.0f);
 #if ROW_SUM
-    float row_sum[WPT_M];
+    // Kahan-compensated, as in gemm.cl: a bias gradient is a long sum that cancels.
+    float row_sum[WPT_M], row_sum_c[WPT_M];
     for (int wm = 0; wm < WPT_M; ++wm)
-        row_sum[wm] = 0.0f;
+        row_sum[wm] = row_sum_c[wm] = 0.0f;
 #endif
 
 #define K_LOOP(SUM_ROWS)                                                                          \
@@ -48,7 +49,12 @@ __kernel void KERNEL_NAME(KERNEL_PARAMS)
         }                                                                                         \
     }
 #define NO_ROW_SUM(wm, a)
-#define ADD_ROW_SUM(wm, a) row_sum[wm] += (a)
+#define ADD_ROW_SUM(wm, a)                                                                        \
+    {                                                                                             \
+        const float y = (a) - row_sum_c[wm], t = row_sum[wm] + y;                                 \
+        row_sum_c[wm] = (t - row_sum[wm]) - y;                                                    \
+        row_sum[wm] = t;                                                                          \
+    }
 
 #if ROW_SUM
     // Only the first column block sums rows: a separate copy of the loop keeps the others lean.
