@@ -189,6 +189,58 @@ def native_against_python(replayed: torch_adreno.TrainingStep, x: torch.Tensor, 
     }
 
 
+class _GatedList:
+    """A replay's launch list held behind a user-event barrier while it is enqueued and released
+    after: the first ``open_operations`` go in ungated (the device starts on them meanwhile)."""
+
+    def __init__(self, listed: LaunchList, context: Any, open_operations: int) -> None:
+        self.context, self.queue = context, listed.queue
+        self.head = LaunchList(listed.queue, listed.operations[:open_operations]) if open_operations else None
+        self.tail = LaunchList(listed.queue, listed.operations[open_operations:])
+
+    def __call__(self) -> None:
+        if self.head is not None:
+            self.head()
+        gate = _gate(self.context, self.queue)
+        self.tail()
+        gate.set_status(cl.command_execution_status.COMPLETE)
+
+
+#: Gate variants: how many of the list's operations go in before the gate (0: all held).
+GATE_VARIANTS = {"open": None, "gated": 0, "gated_after_8": 8, "gated_after_24": 24}
+
+
+def gated_against_open(replayed: torch_adreno.TrainingStep, x: torch.Tensor, y: torch.Tensor,
+                       steps: int) -> dict[str, Any]:
+    """The same replay with its list enqueued into the open queue (as it runs) and held behind a
+    user event until all of it is in (whole, or after its first operations), alternating step by
+    step, replayed steps back to back: host microseconds (whole step, enqueue phase including the
+    gate and its release) and the step's wall time to its loss, medians."""
+    replay = replayed.replay
+    assert replay is not None
+    listed = replay._operations
+    variants = {label: listed if open_ops is None else _GatedList(listed, replay.runtime.context, open_ops)
+                for label, open_ops in GATE_VARIANTS.items()}
+    host: dict[str, list[float]] = {label: [] for label in variants}
+    enqueue: dict[str, list[float]] = {label: [] for label in variants}
+    wall: dict[str, list[float]] = {label: [] for label in variants}
+    labels = list(variants)
+    try:
+        for index in range(steps):
+            for label in labels[index % len(labels):] + labels[:index % len(labels)]:
+                replay._operations = variants[label]
+                start = time.perf_counter()
+                replayed(x, y).item()
+                wall[label].append(time.perf_counter() - start)
+                host[label].append(replay.last_host_seconds)
+                enqueue[label].append(replay.last_phases["enqueue"])
+    finally:
+        replay._operations = listed
+    return {f"gate_{label}": {"host_us": round(statistics.median(host[label]) * 1e6, 1),
+                              "enqueue_us": round(statistics.median(enqueue[label]) * 1e6, 1),
+                              "wall_us": round(statistics.median(wall[label]) * 1e6, 1)} for label in labels}
+
+
 PHASES = ("guard", "batch", "enqueue", "after", "loss_read")
 
 
@@ -283,6 +335,7 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
             a / b for a, b in zip(by_variant["arena"], by_variant["plain"], strict=True)),
         **enqueue_breakdown(replay),
         **native_against_python(replayed, x, y, rounds * steps),
+        **gated_against_open(replayed, x, y, rounds * steps),
         "device_ms": prof.device_time_us / 1e3,
         "step_memory_planned_bytes": replay.memory.planned_bytes,
         "step_memory_full_path_bytes": replay.memory.full_path_bytes,
@@ -347,6 +400,9 @@ def main() -> None:
                   f"{row['python_loop_enqueue_us']:.0f}; paired ratio {row['native_over_python_paired']:.3f})")
         else:
             print(f"{'':<12} launch loop: {row['native_loop']}")
+        print(f"{'':<12} open vs gated queue (host / enqueue / wall us): " + "; ".join(
+            f"{label} {row[f'gate_{label}']['host_us']:.0f}/{row[f'gate_{label}']['enqueue_us']:.0f}/"
+            f"{row[f'gate_{label}']['wall_us']:.0f}" for label in GATE_VARIANTS))
 
 
 if __name__ == "__main__":
