@@ -32,7 +32,7 @@ from torch_adreno import compile_cache, debug
 from torch_adreno.compile_cache import CompiledGraph
 from torch_adreno.config import Config
 from torch_adreno.decompositions import OWN_DECOMPOSITIONS
-from torch_adreno.errors import OptionError, ShapeLimitError
+from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.fusion import fuse, max_kernel_buffers
 from torch_adreno.kernels import KernelProgram, render_program
 from torch_adreno.lowering import lower_graph
@@ -403,7 +403,12 @@ def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str
     traced = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
     if any(_is_symbolic(x) for x in [*example_inputs, *traced]):
         return ShapeSpecialized(gm, config)
-    return trace_and_compile(config, gm, example_inputs)
+    try:
+        return trace_and_compile(config, gm, example_inputs)
+    except SymbolicShapeError:
+        # AOTAutograd traced symbolic sizes that neither the inputs nor Dynamo's metadata showed
+        # (torch 2.11, an optimizer step recompiled after another model's): per concrete shape.
+        return ShapeSpecialized(gm, config)
 
 
 def _tracing_context(example_inputs: list[Any]) -> contextlib.AbstractContextManager[Any]:

@@ -74,7 +74,8 @@ class _Runner:
         params = list(self.model.parameters())
         self.opt: torch.optim.Optimizer = (torch.optim.SGD(params, lr=0.01) if optimizer == "sgd"
                                            else torch.optim.Adam(params, lr=1e-3))
-        self.opt_step: Callable[[], Any] = (torch.compile(self.opt.step, backend="adreno", options=self.options)
+        self.opt_step: Callable[[], Any] = (torch.compile(self.opt.step, backend="adreno", options=self.options,
+                                                          dynamic=False)
                                             if on_device else self.opt.step)
         # TrainingStep: loss, backward and optimizer step compiled, training state kept on the device.
         self.training_step = (TrainingStep(self.model, _loss, self.opt, self.options, replay=replay)

@@ -38,6 +38,11 @@ class UnsupportedOpError(LoweringError):
     """An op, or a form of it, has no lowering (see the message for how to proceed)."""
 
 
+class SymbolicShapeError(LoweringError):
+    """A graph input has a symbolic size or value where kernels need concrete ones. The backend
+    compiles such a graph once per concrete input shape, at its first calls, instead."""
+
+
 class ShapeLimitError(AdrenoError):
     """A graph was called with more distinct input shapes than the backend compiles programs for;
     the message names the graph and the shapes seen."""

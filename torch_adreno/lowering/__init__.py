@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torch_adreno import ir
 from torch_adreno.config import Config
-from torch_adreno.errors import LoweringError, UnsupportedOpError
+from torch_adreno.errors import LoweringError, SymbolicShapeError, UnsupportedOpError
 from torch_adreno.lowering import conv, linalg, pointwise, pool, random, reduction, views  # noqa: F401  (registers)
 from torch_adreno.lowering.checks import check_like_eager
 from torch_adreno.lowering.context import (
@@ -65,7 +65,7 @@ def _lower_placeholder(ctx: LoweringContext, node: Node) -> Value:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         if any(not isinstance(s, int) for s in val.shape):
-            raise LoweringError(
+            raise SymbolicShapeError(
                 f"graph input {node.name} has a symbolic shape {tuple(val.shape)}; the adreno backend "
                 "compiles static shapes: call torch.compile(..., dynamic=False)"
             )
@@ -73,7 +73,7 @@ def _lower_placeholder(ctx: LoweringContext, node: Node) -> Value:
     if isinstance(val, (int, float, bool)) or val is None:
         ctx.graph.inputs.append(None)
         return val
-    raise LoweringError(
+    raise SymbolicShapeError(
         f"graph input {node.name} is a {type(val).__name__}; symbolic values are not supported: "
         "call torch.compile(..., dynamic=False)"
     )
