@@ -23,6 +23,7 @@ def test_devices_lists_capabilities():
     assert "work-group <=" in result.stdout and "unified memory" in result.stdout
     # PoCL and NVIDIA's driver have neither; an Adreno reports Qualcomm's recordable queues.
     assert "recordable queues (cl_qcom_recordable_queues) no" in result.stdout
+    assert re.search(r"Replayed TrainingStep launch loop: (native \(|off |no C compiler|the )", result.stdout)
 
 
 def test_ops_lists_lowerings():

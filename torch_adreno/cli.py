@@ -81,6 +81,7 @@ def _refuse_bad_device(spec: str | int | None) -> bool:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from torch_adreno.runtime.device import ENV_DEVICE, get_runtime, list_devices, select_device
+    from torch_adreno.runtime.launch_list import native_loop_status
     from torch_adreno.target_profiles import TARGETS, match_device
 
     entries = list_devices()
@@ -106,6 +107,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         matched = match_device(p.name, p.opencl_version)
         print(f"      Adreno profile: {matched.name + ' (' + matched.gpu + ', ' + matched.soc + ')' if matched else 'none'}")
     print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
+    # Built on first use (once per machine): the line says whether replays get the C loop.
+    print(f"Replayed TrainingStep launch loop: {native_loop_status()}")
     print("Adreno targets (compile for one on any device: options={'target': ...} or TORCH_ADRENO_TARGET; "
           "`python -m torch_adreno project` projects step times):")
     for t in TARGETS.values():
