@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -68,3 +73,30 @@ def test_bad_launch_geometry_is_refused_at_construction() -> None:
         pytest.skip(launch_list.native_loop_status())
     with pytest.raises(ValueError, match="1 to 3 dimensions"):
         LaunchList(queue, [Launch(kernel, (1, 1, 1, 1), None)])
+
+
+def test_switched_off_the_python_loop_runs_the_same_list_and_warns_once(tmp_path) -> None:
+    """TORCH_ADRENO_NATIVE_LOOP=0 (read once per process, hence a subprocess): the same results,
+    one RuntimeWarning naming the reason, and devices reports it."""
+    script = tmp_path / "off.py"
+    script.write_text(
+        "import sys, warnings\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import numpy as np\n"
+        "from test_launch_list import _run\n"
+        "from torch_adreno.runtime import launch_list\n"
+        "assert launch_list.native_loop() is None, launch_list.native_loop_status()\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    first, second, seen = _run(True)\n"
+        "messages = [str(w.message) for w in caught if w.category is RuntimeWarning]\n"
+        "assert len(messages) == 1 and 'TORCH_ADRENO_NATIVE_LOOP=0' in messages[0], messages\n"
+        "np.save(sys.argv[1], np.concatenate([first, second]))\n"
+        "print(launch_list.native_loop_status())\n")
+    out = tmp_path / "off.npy"
+    result = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TORCH_ADRENO_NATIVE_LOOP": "0"}, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "off (TORCH_ADRENO_NATIVE_LOOP=0)" in result.stdout
+    first, second, _ = _run(False)
+    assert np.array_equal(np.load(out), np.concatenate([first, second]))

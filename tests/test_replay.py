@@ -526,3 +526,27 @@ def test_replayed_steps_leave_host_syncs_mode_in_place(monkeypatch) -> None:
     weight = model[0].weight.detach().clone()  # a host read: synchronizes first (the mode at work)
     assert not step._residency.has_deferred and torch.isfinite(weight).all()
     step.close()
+
+
+def _train_unprofiled(batches, replay: bool):
+    """As _train, without profile(): a profiled replay enqueues from Python (its events time each
+    launch), so only an unprofiled one runs the list through the C loop."""
+    model = _mlp()
+    step = torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                     replay=replay)
+    losses = torch.stack([step(x, y) for x, y in batches])
+    step.synchronize()
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}, step
+
+
+def test_replay_through_the_c_loop_is_bit_identical_to_the_compiled_graphs() -> None:
+    from torch_adreno.runtime import launch_list
+
+    if launch_list.native_loop() is None:
+        pytest.fail(f"the C loop is not available here: {launch_list.native_loop_status()}")
+    batches = _batches(6)
+    full = _train_unprofiled(batches, replay=False)
+    replayed = _train_unprofiled(batches, replay=True)
+    assert replayed[2].replayed_steps == 4
+    assert replayed[2].replay is not None and replayed[2].replay._operations.native
+    _assert_bit_identical(full[:2], replayed[:2])

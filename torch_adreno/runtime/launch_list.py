@@ -252,6 +252,10 @@ class LaunchList:
         self._segments: list[tuple[int, Any, int]] = []
         self._status = ctypes.c_int32(0)
         if self._native is not None:
+            # What every C call passes, converted once (the queue and entry points live as long
+            # as the list: self.queue, the cached loop).
+            self._call_arguments = (queue.int_ptr, ctypes.byref(self._native.entry_points),
+                                    ctypes.byref(self._status))
             run: list[int] = []
             for index, operation in enumerate([*self.operations, None]):
                 if isinstance(operation, Launch | Copy | Flush):
@@ -276,19 +280,19 @@ class LaunchList:
             for call in self.calls:
                 call()
             return
-        function, entry_points, status = self._native.function, self._native.entry_points, self._status
-        queue = self.queue.int_ptr
+        function = self._native.function
+        queue, entry_points, status = self._call_arguments
         for first, records, count in self._segments:
             if records is None:
                 self.calls[first]()
                 continue
-            failed = function(queue, records, count, ctypes.byref(entry_points), ctypes.byref(status))
+            failed = function(queue, records, count, entry_points, status)
             if failed >= 0:
                 operation = self.operations[first + failed]
                 what = (f"kernel {operation.kernel.function_name}" if isinstance(operation, Launch)
                         else type(operation).__name__.lower())
                 raise LaunchError(f"the OpenCL driver refused operation {first + failed} of a launch list "
-                                  f"({what}): error {status.value} ({_error_name(status.value)})")
+                                  f"({what}): error {self._status.value} ({_error_name(self._status.value)})")
 
 
 def _error_name(code: int) -> str:
