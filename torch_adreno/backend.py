@@ -37,7 +37,9 @@ from torch_adreno.fusion import fuse, max_kernel_buffers
 from torch_adreno.kernels import KernelProgram, render_program
 from torch_adreno.lowering import lower_graph
 from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_checks
+from torch_adreno.donation import Donation, donatable_saved_tensors
 from torch_adreno.memory import plan_memory
+from torch_adreno.memory.verify import verify_program
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.images import images_enabled
 from torch_adreno.target_profiles import profile_for
@@ -117,7 +119,7 @@ class _Decompositions(Mapping[Any, Callable[..., Any]]):
 
 
 def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
-                    donated: frozenset[str] = frozenset(), resident_outputs: bool = False) -> KernelProgram:
+                    donation: Donation = Donation(), resident_outputs: bool = False) -> KernelProgram:
     """Run one FX graph through the stages lowering -> fusion -> memory -> kernels."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
@@ -126,7 +128,8 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     graph = lower_graph(gm, config, name, num_host_outputs)
     fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits))
     plan = plan_memory(fused, profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
-                       donated=donated, resident_outputs=resident_outputs)
+                       donated=donation.donated, resident_outputs=resident_outputs,
+                       donor_aliases=donation.aliases)
     if config.native_half and not profile.fp16:
         raise OptionError(
             f"option native_half=True needs the cl_khr_fp16 extension, which {runtime.profile.name} "
@@ -136,15 +139,17 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
                              native_half=config.native_half)
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
+    if config.verify_memory:
+        verify_program(program)
     return program
 
 
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
-                  static_inputs: Sequence[int] = (), donated: frozenset[str] = frozenset(),
+                  static_inputs: Sequence[int] = (), donation: Donation = Donation(),
                   version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> CompiledGraph:
     """One FX graph compiled and bound to the device, as AOTAutograd calls it; its outputs come
     back with the strides eager gives them (as traced: the output node's example values)."""
-    program = compile_program(gm, config, name, num_host_outputs, donated, resident_outputs)
+    program = compile_program(gm, config, name, num_host_outputs, donation, resident_outputs)
     compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs, _traced_output_strides(gm))
     compiled.bind()
     return compiled
@@ -226,11 +231,9 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         # Outputs of the forward beyond these are saved for the backward and stay on the device.
         fw.meta["adreno_num_host_outputs"] = kwargs["num_fwd_outputs"]
-        # Saved tensors the forward computes (not its own inputs passed through) arrive in the
-        # backward as device buffers of their own: their bytes can serve it after their last use.
-        computed = {n.name for n in fw.graph.nodes if n.op == "call_function"}
-        bw.meta["adreno_donated_inputs"] = frozenset(
-            n.name for n in bw.graph.nodes if n.op == "placeholder" and n.name in computed)
+        # Saved tensors the forward computes arrive in the backward as device buffers of their own:
+        # their bytes can serve it after the last read of every saved view of them.
+        bw.meta["adreno_donation"] = donatable_saved_tensors(fw, bw, kwargs["num_fwd_outputs"])
         return fw, bw
 
     def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
@@ -240,7 +243,7 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
 
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Any:
         compiled = compile_graph(gm, config, f"backward_{region}", None,
-                                 donated=gm.meta.get("adreno_donated_inputs", frozenset()), resident_outputs=True)
+                                 donation=gm.meta.get("adreno_donation", Donation()), resident_outputs=True)
         # Autograd runs the backward outside Dynamo's reach; Dynamo must not trace it either.
         return torch._dynamo.disable(compiled, reason="do not trace generated backwards pass")
 

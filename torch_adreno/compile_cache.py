@@ -316,6 +316,7 @@ class CompiledGraph(OutputCode):
         self.device = config.device
         self.zero_copy = config.zero_copy
         self.tune = config.tune
+        self.verify_memory = config.verify_memory
         self.static_inputs = tuple(static_inputs)
         self.version_bumped_inputs = tuple(version_bumped_inputs)
         self.restrided_outputs = _outputs_to_restride(program, output_strides)
@@ -327,7 +328,8 @@ class CompiledGraph(OutputCode):
             runtime = get_runtime(self.device)
             self.executable = Executable(self.program, runtime, get_residency(runtime, self.zero_copy),
                                          self.static_inputs, tune=self.tune,
-                                         version_bumped_inputs=self.version_bumped_inputs)
+                                         version_bumped_inputs=self.version_bumped_inputs,
+                                         verify_memory=self.verify_memory)
         return self.executable
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:

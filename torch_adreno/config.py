@@ -157,6 +157,14 @@ OPTIONS: dict[str, OptionSpec] = {
             "(default True; off while debug_dir is set, so that every compile writes its files)",
         ),
         OptionSpec(
+            "verify_memory", _bool, False, "TORCH_ADRENO_VERIFY_MEMORY",
+            "check every memory plan against what runs: each compiled graph's launches (when compiled, "
+            "and at its first call with each pattern of inputs sharing memory) and each captured "
+            "training step's whole-step plan; a value overwritten while still to be read raises "
+            "MemoryPlanError naming the kernel, the storage and both values (default False; the test "
+            "suite turns it on)",
+        ),
+        OptionSpec(
             "target", _target, None, "TORCH_ADRENO_TARGET",
             "compile for an Adreno GPU's limits and preferences while running on the present device: "
             "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them); work-group "
@@ -182,6 +190,7 @@ class Config:
     images: str | bool = "auto"
     native_half: bool = False
     compile_cache: bool = True
+    verify_memory: bool = False
     target: str | None = None
 
     @classmethod

@@ -142,6 +142,7 @@ class TrainingStep:
         #: Each parameter's ``.grad`` as the last replay left it (its marker; None: frozen).
         self._marked: tuple[Any, ...] | None = None
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
+        self._verify_memory = config.verify_memory
         hook = _SyncHook(self)
         self._hooks = [
             *(module.register_state_dict_pre_hook(hook) for module in model.modules()),
@@ -282,7 +283,8 @@ class TrainingStep:
                  *opt._optimizer_step_pre_hooks.values(), *opt._optimizer_step_post_hooks.values()]
         if hooks:
             raise CaptureError("the optimizer has step hooks, which run Python code in every step")
-        replay = ReplayedStep(recorder, loss, self._residency, heap_group=self._heap_group)
+        replay = ReplayedStep(recorder, loss, self._residency, heap_group=self._heap_group,
+                              verify_memory=self._verify_memory)
         names = step_capture.tensor_names(self.model, opt)
         persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
         return replay, step_capture.build_guard(batch, self.model, opt, persistent, names)

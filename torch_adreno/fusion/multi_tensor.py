@@ -22,7 +22,7 @@ running-statistics updates, independent gradient epilogues): resnet_mini's forwa
 29 launches. Moving a kernel up lengthens its results' lifetimes; the step's planned peak of the
 four reference models is unchanged (``benchmarks/optimizer_launches.py``).
 
-Memory (``memory.py``) plans the grouped launch like any kernel: all its buffers are live at
+Memory (``memory/``) plans the grouped launch like any kernel: all its buffers are live at
 its index, and a segment writes in place over a buffer only if no other segment reads it.
 """
 

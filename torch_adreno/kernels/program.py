@@ -59,6 +59,11 @@ class KernelSource:
     #: Whether the kernel checks data-dependent indices (``index_check.cl``): it then takes two
     #: arguments after ``params``, the device's index error record and a token naming the launch.
     checks_indices: bool = False
+    #: The IR buffers (among ``params``) this launch writes and those it reads (a split-K GEMM's
+    #: two launches take the same parameters and use different ones). What the memory verifier
+    #: (:mod:`torch_adreno.memory.verify`) checks a plan against.
+    writes: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:

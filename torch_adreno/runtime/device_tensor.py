@@ -52,14 +52,14 @@ class DeviceTensor(torch.Tensor):
     """A tensor of ``shape``/``dtype`` whose elements are in a pooled device buffer (contiguous).
 
     A backward graph may reuse the bytes of a saved activation after its last use (memory reuse):
-    it then marks the tensor ``consumed``, and any later use raises instead of reading garbage.
+    it then marks the block ``consumed``, and any later use of a tensor over it (this one, or
+    another saved view of the same buffer) raises instead of reading garbage.
     """
 
     block: Block
     runtime: DeviceRuntime
     graph: str
     buffer_name: str
-    consumed_by: str | None
 
     @staticmethod
     def __new__(cls, block: Block, runtime: DeviceRuntime, shape: tuple[int, ...], dtype: torch.dtype,
@@ -70,8 +70,15 @@ class DeviceTensor(torch.Tensor):
         self.runtime = runtime
         self.graph = graph
         self.buffer_name = buffer_name
-        self.consumed_by = None
         return self
+
+    @property
+    def consumed_by(self) -> str | None:
+        return self.block.consumed_by
+
+    @consumed_by.setter
+    def consumed_by(self, graph: str | None) -> None:
+        self.block.consumed_by = graph
 
     @property
     def cl_buffer(self) -> Any:

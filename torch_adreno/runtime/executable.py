@@ -9,6 +9,7 @@ the host.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +44,14 @@ class Executable:
 
     def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
                  static_inputs: Sequence[int] = (), tune: bool = False,
-                 version_bumped_inputs: Sequence[int] = ()) -> None:
+                 version_bumped_inputs: Sequence[int] = (), verify_memory: bool = False) -> None:
         """``tune``: launch each kernel as tuned on this device (see :mod:`torch_adreno.runtime.tuning`;
         cached on disk) instead of with the kernels stage's heuristic geometry.
         ``version_bumped_inputs``: positions whose version counter the caller (AOTAutograd) bumps
         by one right before every call because this graph updates them in place; taken only for
-        inputs the graph does update (``graph.mutations``)."""
+        inputs the graph does update (``graph.mutations``).
+        ``verify_memory``: check the memory plan against each new pattern of inputs sharing memory
+        (:func:`torch_adreno.memory.verify.verify_program`) before a call with it enqueues anything."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True
@@ -104,6 +107,8 @@ class Executable:
         self._images = image_views(runtime)
         self._last_images: list[Any] = []
         self._donors = sorted({a.donor for a in plan.allocations.values() if a.donor is not None})
+        self.verify_memory = verify_memory
+        self._verified_sharing: set[tuple[int, ...]] = set()
 
     @property
     def kernel_launches(self) -> int:
@@ -170,13 +175,16 @@ class Executable:
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
         blocks: dict[str, Any] = {}
+        sharing = self._input_sharing(args) if self._donors or self.verify_memory else {}
+        if self.verify_memory:
+            self._verify(args, sharing)
         for name, alloc in self._per_call_allocations:
             if alloc.kind is StorageKind.PER_CALL:
                 blocks[name] = self.runtime.pool.allocate(alloc.nbytes)
                 storage[name] = blocks[name].buffer
             elif alloc.kind is StorageKind.DONATED:
                 assert alloc.donor is not None
-                storage[name] = self._donor_storage(alloc.donor, args, storage, blocks)
+                storage[name] = self._donor_storage(alloc.donor, args, storage, blocks, sharing)
             elif alloc.kind is StorageKind.HOST:
                 buf = self.graph.buffers[name]
                 host_outputs[name] = torch.empty(buf.shape, dtype=IR_TO_TORCH[buf.dtype])
@@ -223,13 +231,58 @@ class Executable:
                 arg.consumed_by = self.graph.name
         return outputs
 
+    def _input_sharing(self, args: Sequence[Any]) -> dict[str, Any]:
+        """Per input, a key of the memory it is bound to: equal keys share memory (saved views of
+        one device buffer, host views of one storage)."""
+        keys: dict[str, Any] = {}
+        for name, pos in self._input_positions.items():
+            value = args[pos]
+            if isinstance(value, DeviceTensor):
+                keys[name] = ("device", id(value.block))
+            elif isinstance(value, torch.Tensor) and value.numel():
+                # The storage's first byte, from data_ptr(): asking for untyped_storage() of a
+                # deferred parameter made the residency see it as changed on the host.
+                keys[name] = ("host", value.data_ptr() - value.storage_offset() * value.element_size())
+            else:
+                keys[name] = ("own", name)
+        return keys
+
+    def _shares_unplanned(self, donor: str, sharing: dict[str, Any]) -> bool:
+        """Whether an input the plan does not know to view ``donor``'s bytes is bound to them."""
+        key = sharing.get(donor)
+        known = {donor, *self.program.plan.donor_aliases.get(donor, ())}
+        return any(k == key and name not in known for name, k in sharing.items())
+
+    def _verify(self, args: Sequence[Any], sharing: dict[str, Any]) -> None:
+        groups: dict[Any, int] = {}
+        pattern = tuple(groups.setdefault(sharing[name], len(groups)) for name in sorted(sharing))
+        if pattern in self._verified_sharing:
+            return
+        from torch_adreno.memory.verify import verify_program
+
+        scratch = {d for d in self._donors if self._donor_is_scratch(d, args, sharing)}
+        members: dict[Any, list[str]] = {}
+        for name in sorted(sharing):
+            members.setdefault(sharing[name], []).append(name)
+        labels = {name: f"the memory bound to input {' and '.join(members[key])}" for name, key in sharing.items()}
+        verify_program(self.program, labels, scratch)
+        self._verified_sharing.add(pattern)
+
+    def _donor_is_scratch(self, donor: str, args: Sequence[Any], sharing: dict[str, Any]) -> bool:
+        return not isinstance(args[self._input_positions[donor]], DeviceTensor) or self._shares_unplanned(donor, sharing)
+
     def _donor_storage(self, donor: str, args: Sequence[Any], storage: dict[str, Any],
-                       blocks: dict[str, Any]) -> Any:
+                       blocks: dict[str, Any], sharing: dict[str, Any]) -> Any:
         """The bytes planned inside a saved activation: the activation's own buffer when it came as a
-        device tensor; when AOTAutograd handed a host tensor instead (a view of a forward input it
-        rebuilt), a scratch block of the same size, so the host tensor is never overwritten."""
+        device tensor that no input the plan does not know of shares. Otherwise a scratch block of
+        the same size, so that nothing still to be read is overwritten: when AOTAutograd handed a
+        host tensor instead (a view of a forward input it rebuilt), or (warned: the donation analysis
+        missed a view) when another input is bound to the same buffer."""
         if isinstance(args[self._input_positions[donor]], DeviceTensor):
-            return storage[donor]
+            if not self._shares_unplanned(donor, sharing):
+                return storage[donor]
+            warnings.warn(f"{self.graph.name}: saved tensor {donor} shares its device buffer with another input the "
+                      "memory plan does not know of; its bytes are not reused (a torch_adreno bug: please report it)", RuntimeWarning, stacklevel=3)
         key = f"scratch:{donor}"
         if key not in blocks:
             blocks[key] = self.runtime.pool.allocate(self.graph.buffers[donor].nbytes)

@@ -19,12 +19,15 @@ GRANULE = 256
 class Block:
     """A pooled device buffer; it goes back to its pool when this object is collected."""
 
-    __slots__ = ("__weakref__", "buffer", "nbytes", "pool")
+    __slots__ = ("__weakref__", "buffer", "consumed_by", "nbytes", "pool")
 
     def __init__(self, pool: BufferPool, buffer: cl.Buffer, nbytes: int) -> None:
         self.pool = pool
         self.buffer = buffer
         self.nbytes = nbytes
+        #: The graph that reused these bytes after their last read (memory reuse), if one did:
+        #: every tensor over the block (several saved views of one buffer) is then dead.
+        self.consumed_by: str | None = None
 
     def __del__(self) -> None:
         self.pool._give_back(self.buffer, self.nbytes)

@@ -59,7 +59,7 @@ from torch_adreno.runtime.heap import device_heap, placement
 from torch_adreno.runtime.images import image_views
 from torch_adreno.runtime.launch_list import Copy, Flush, Launch, LaunchList, Operation
 from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
-from torch_adreno.runtime.step_memory import ArenaLayout, plan_step_memory
+from torch_adreno.runtime.step_memory import ArenaLayout, plan_step_memory, verify_step_memory
 
 REPLAY_GRAPH = "replayed_step"
 
@@ -116,9 +116,10 @@ class ReplayedStep:
     """One recorded step as a static list of device operations (see the module docstring)."""
 
     def __init__(self, recorder: StepRecorder, loss: torch.Tensor, residency: Residency,
-                 heap_group: Hashable = None) -> None:
+                 heap_group: Hashable = None, verify_memory: bool = False) -> None:
         """``heap_group``: the device heap group of the step's persistent tensors (the arena joins
-        their slab, so that most kernels take one slab argument)."""
+        their slab, so that most kernels take one slab argument). ``verify_memory``: prove the
+        arena layout against the recorded operations first (:func:`verify_step_memory`)."""
         if recorder.unsupported is not None:
             raise CaptureError(recorder.unsupported)
         loss_identity = recorder.output_identity(loss)
@@ -153,6 +154,8 @@ class ReplayedStep:
         # the arena, each at a fixed offset (internal identities at their slot's).
         self.arena = ArenaLayout.of(recorder, self.memory, self.batch_mode is not IN_PLACE,
                                     self.runtime.device.mem_base_addr_align // 8)
+        if verify_memory:
+            verify_step_memory(recorder, self.arena, {loss_identity})
         # Where the persistent tensors are device copies (heap regions), a region of the same heap
         # group, so that the kernels reach it and them in one slab through one argument; its own
         # copies, writes and reads address the region. Otherwise a buffer of its own: with

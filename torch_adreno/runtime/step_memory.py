@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
+from torch_adreno.memory.verify import Access, Placement, verify_accesses
 from torch_adreno.runtime.capture import BATCH, INTERNAL, SEED, RecordedLaunch, StepRecorder
 
 
@@ -105,3 +106,33 @@ class ArenaLayout:
             if identity.kind is SEED or (identity.kind is BATCH and batch_copied):
                 offset_of[identity.index] = place(identity.nbytes)
         return ArenaLayout(offset_of, end, alignment)
+
+
+def verify_step_memory(recorder: StepRecorder, layout: ArenaLayout, keep_to_end: set[int]) -> None:
+    """Prove that the replay's layout of ``recorder``'s memory destroys no value still to be read
+    (:func:`torch_adreno.memory.verify.verify_accesses` over the recorded operations, each
+    identity a value, placed where the layout puts it): every read of an identity finds it in its
+    bytes, and the persistent tensors and ``keep_to_end`` survive the step. The writes of each
+    launch are the recorded kernel's :attr:`~torch_adreno.kernels.KernelSource.writes`."""
+    accesses = []
+    for op in recorder.operations:
+        if isinstance(op, RecordedLaunch):
+            by_param = dict(zip(op.source.params, op.args, strict=True))
+            writes = tuple(dict.fromkeys(by_param[name] for name in op.source.writes if name in by_param))
+            reads = tuple(i for i in dict.fromkeys(by_param[name] for name in op.source.reads if name in by_param)
+                          if i not in writes)
+            accesses.append(Access(f"{op.graph} kernel {op.source.name}", reads, writes))
+        else:
+            accesses.append(Access(f"{op.graph} copy into {recorder.identities[op.destination].label}",
+                                   (op.source,), (op.destination,)))
+
+    def place(index: object) -> Placement:
+        assert isinstance(index, int)
+        identity = recorder.identities[index]
+        if identity.kind is INTERNAL or index in layout.offset_of:
+            at = layout.offset_of[index]
+            return Placement("the replay's arena", at, at + identity.nbytes)
+        return Placement(f"{identity.kind} memory of {identity.label}", 0, identity.nbytes)
+
+    outside = [i.index for i in recorder.identities if i.kind is not INTERNAL]
+    verify_accesses(accesses, place, outside, set(outside) | keep_to_end, "the captured training step")

@@ -24,6 +24,7 @@ in-place result that replaces it element by element.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from torch_adreno import ir
@@ -68,6 +69,8 @@ class MemoryPlan:
     reuse: bool
     #: Arena bytes the same buffers would need with no reuse at all (each its own range).
     unshared_bytes: int = 0
+    #: Per donated input, the other inputs that are views of its bytes (free after all their reads).
+    donor_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -209,6 +212,11 @@ def _place(items: list[tuple[str, int, int, int]], donors: list[tuple[str, int, 
     return placed, [size for size, _ in slots]
 
 
+def _donor_free_after(donor: str, aliases: Sequence[str], ranges: dict[str, tuple[int, int]]) -> int:
+    """The last kernel that reads ``donor``'s bytes, through it or any input viewing them."""
+    return max(ranges[name][1] for name in (donor, *aliases) if name in ranges)
+
+
 def check_allocation(graph: ir.Graph, name: str, kind: StorageKind, profile: DeviceProfile) -> None:
     """Refuse a buffer above the largest single allocation (``CL_DEVICE_MAX_MEM_ALLOC_SIZE``) of the
     device, or of the target it is compiled for. Inputs are checked only for a target: on the
@@ -227,10 +235,13 @@ def check_allocation(graph: ir.Graph, name: str, kind: StorageKind, profile: Dev
 
 def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
                 shared_outputs: bool | None = None, donated: frozenset[str] = frozenset(),
-                resident_outputs: bool = False) -> MemoryPlan:
+                resident_outputs: bool = False,
+                donor_aliases: Mapping[str, Sequence[str]] | None = None) -> MemoryPlan:
     """Plan every buffer of ``fused``. ``shared_outputs``: write outputs the caller reads straight
     into host memory (zero-copy; default: where the device's memory is unified). ``donated``:
     inputs (saved activations) whose bytes may be reused once the graph has read them last.
+    ``donor_aliases``: per donated input, the other inputs that are views of its bytes: the bytes
+    are free only after the last read of all of them (see :mod:`torch_adreno.donation`).
     ``resident_outputs`` (where outputs are copied to the host): outputs get storage of their own
     that stays on the device as the copy of the host tensor (a backward's gradients, which a
     compiled optimizer step reads next without uploading them)."""
@@ -283,10 +294,15 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
         span[root] = (min(f0, first), max(l0, last), max(b0, nbytes))
     items = [(root, nbytes, first, last) for root, (first, last, nbytes) in span.items()]
     unshared = sum(_align(max(graph.buffers[n].nbytes, 1), alignment) for n in arena)
-    donors = [(name, graph.buffers[name].nbytes, ranges[name][1]) for name in sorted(donated & inputs)
-              if name in ranges and name not in graph.mutations and graph.buffers[name].nbytes > 0] if reuse else []
+    aliases_of = {name: [a for a in (donor_aliases or {}).get(name, ()) if a in inputs] for name in donated}
+    donors = [(name, graph.buffers[name].nbytes, _donor_free_after(name, aliases_of[name], ranges))
+              for name in sorted(donated & inputs)
+              if name in ranges and graph.buffers[name].nbytes > 0
+              and not any(a in graph.mutations for a in (name, *aliases_of[name]))] if reuse else []
     in_donor: dict[str, str] = {}
     for donor, size, last_use in donors:
+        if last_use != ranges[donor][1] or any(a in fused.groups[last_use].reads for a in aliases_of[donor]):
+            continue  # an alias is still read there or later: no element-wise overwrite
         for root, nbytes, first, _ in items:
             if first == last_use and nbytes <= size and root not in in_donor \
                     and _can_overwrite(fused, first, root, donor, ranges):
@@ -314,7 +330,9 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
         else:
             allocations[name] = Allocation(name, kind, nbytes, first_use=first, last_use=last,
                                            in_place_of=mutated_in_place.get(name))
-    plan = MemoryPlan(allocations, arena_bytes, alignment, reuse, unshared)
+    used_donors = {a.donor for a in allocations.values() if a.donor is not None}
+    plan = MemoryPlan(allocations, arena_bytes, alignment, reuse, unshared,
+                      {d: tuple(aliases_of[d]) for d in sorted(used_donors) if aliases_of.get(d)})
     plan.notes.extend(f"{out} overwrites {src} in place" for out, src in replaced.items())
     plan.notes.extend(f"{d} is released after kernel {last}: its bytes serve later buffers"
                       for d, _, last in donors if any(a.donor == d for a in allocations.values()))
