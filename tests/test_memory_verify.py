@@ -19,9 +19,10 @@ from torch_adreno.config import Config
 from torch_adreno.donation import Donation, donatable_saved_tensors
 from torch_adreno.fusion import fuse
 from torch_adreno.kernels import render_program
+from torch_adreno.kernels.verify import verify_program
 from torch_adreno.lowering import lower_graph
 from torch_adreno.memory import plan_memory
-from torch_adreno.memory.verify import Access, MemoryPlanError, Placement, verify_accesses, verify_program
+from torch_adreno.memory.verify import Access, MemoryPlanError, Placement, verify_accesses
 from torch_adreno.target import REFERENCE_PROFILE
 
 # -- the engine --------------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def _lora_inputs():
 
 
 def test_two_saved_views_of_one_buffer_donate_once_with_the_other_as_alias() -> None:
-    fw, bw, donation = _partitioned(_lora_pair, *_lora_inputs())
+    _, bw, donation = _partitioned(_lora_pair, *_lora_inputs())
     saved_views = [n.name for n in bw.graph.nodes if n.op == "placeholder" and n.name.startswith("view")]
     assert len(saved_views) >= 2, saved_views  # the case the old rule got wrong: both were donated
     donor = next(iter(donation.aliases))

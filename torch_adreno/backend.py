@@ -32,14 +32,14 @@ from torch_adreno import compile_cache, debug
 from torch_adreno.compile_cache import CompiledGraph
 from torch_adreno.config import Config
 from torch_adreno.decompositions import OWN_DECOMPOSITIONS
+from torch_adreno.donation import NO_DONATION, Donation, donatable_saved_tensors
 from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.fusion import fuse, max_kernel_buffers
 from torch_adreno.kernels import KernelProgram, render_program
+from torch_adreno.kernels.verify import verify_program
 from torch_adreno.lowering import lower_graph
 from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_checks
-from torch_adreno.donation import Donation, donatable_saved_tensors
 from torch_adreno.memory import plan_memory
-from torch_adreno.memory.verify import verify_program
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.images import images_enabled
 from torch_adreno.target_profiles import profile_for
@@ -119,7 +119,7 @@ class _Decompositions(Mapping[Any, Callable[..., Any]]):
 
 
 def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
-                    donation: Donation = Donation(), resident_outputs: bool = False) -> KernelProgram:
+                    donation: Donation = NO_DONATION, resident_outputs: bool = False) -> KernelProgram:
     """Run one FX graph through the stages lowering -> fusion -> memory -> kernels."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
@@ -145,7 +145,7 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
 
 
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
-                  static_inputs: Sequence[int] = (), donation: Donation = Donation(),
+                  static_inputs: Sequence[int] = (), donation: Donation = NO_DONATION,
                   version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> CompiledGraph:
     """One FX graph compiled and bound to the device, as AOTAutograd calls it; its outputs come
     back with the strides eager gives them (as traced: the output node's example values)."""
@@ -243,7 +243,7 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
 
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Any:
         compiled = compile_graph(gm, config, f"backward_{region}", None,
-                                 donation=gm.meta.get("adreno_donation", Donation()), resident_outputs=True)
+                                 donation=gm.meta.get("adreno_donation", NO_DONATION), resident_outputs=True)
         # Autograd runs the backward outside Dynamo's reach; Dynamo must not trace it either.
         return torch._dynamo.disable(compiled, reason="do not trace generated backwards pass")
 

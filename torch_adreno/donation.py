@@ -46,6 +46,10 @@ class Donation:
     refused: dict[str, str] = field(default_factory=dict)
 
 
+#: No saved tensor donated (a forward, or a backward whose partition we did not see).
+NO_DONATION = Donation()
+
+
 def _storage(value: Any) -> StorageWeakRef | None:
     if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:
         return None

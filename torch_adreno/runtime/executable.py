@@ -19,6 +19,7 @@ import torch
 
 from torch_adreno import ir
 from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
+from torch_adreno.kernels.verify import verify_program
 from torch_adreno.lowering.context import IR_TO_TORCH
 from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
@@ -258,8 +259,6 @@ class Executable:
         pattern = tuple(groups.setdefault(sharing[name], len(groups)) for name in sorted(sharing))
         if pattern in self._verified_sharing:
             return
-        from torch_adreno.memory.verify import verify_program
-
         scratch = {d for d in self._donors if self._donor_is_scratch(d, args, sharing)}
         members: dict[Any, list[str]] = {}
         for name in sorted(sharing):
