@@ -95,6 +95,17 @@ def test_reference_models_replay_bit_identically(name) -> None:
     _assert_bit_identical(full, replayed)
 
 
+@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])
+def test_memory_reuse_changes_no_bit_of_a_replayed_reference_model(name) -> None:
+    """Issue 25: reuse decides where values live, never what is computed: the replayed steps with
+    and without it give the same losses and parameters, bit for bit."""
+    steps = 5 if name in ("mlp", "lenet") else 3
+    reused = _reference_model_losses(name, steps, replay=True)
+    alone = _reference_model_losses(name, steps, replay=True, options={"memory_reuse": False})
+    assert reused[2].replayed_steps == alone[2].replayed_steps == steps - 2
+    _assert_bit_identical(reused, alone)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("options", MODES)
 @pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])

@@ -8,6 +8,11 @@ runtime -> profiler.
 
 from __future__ import annotations
 
+# Before anything loads OpenCL: pip-installed drivers (Intel's CPU runtime) join the ICD loader's.
+from torch_adreno.opencl_drivers import register_pip_drivers as _register_pip_drivers
+
+_register_pip_drivers()
+
 __version__ = "0.1.0"
 
 BACKEND_NAME = "adreno"

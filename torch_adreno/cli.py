@@ -80,19 +80,22 @@ def _refuse_bad_device(spec: str | int | None) -> bool:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from torch_adreno.runtime.device import ENV_DEVICE, get_runtime, list_devices, select_device
+    from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
     from torch_adreno.runtime.launch_list import native_loop_status
     from torch_adreno.target_profiles import TARGETS, match_device
 
     entries = list_devices()
     if not entries:
-        print("No OpenCL device found. `pip install pocl-binary-distribution` gives a CPU device; "
-              "GPU vendors ship their own OpenCL driver.")
+        print(f"No OpenCL device found. {INSTALL_HINT}")
         return 1
-    default = select_device(None)
+    working = [e for e in entries if e.unusable is None]
+    default = select_device(None) if working else None
     for e in entries:
-        mark = "*" if e.index == default.index else " "
+        mark = "*" if default is not None and e.index == default.index else " "
         print(f"{mark}[{e.index}] {e.label}")
+        if e.unusable is not None:
+            print(f"      unusable: {e.unusable}")
+            continue
         p = get_runtime(e.index).profile
         print(f"      {p.opencl_version}, driver {p.driver}, {'GPU' if p.is_gpu else 'CPU'}, "
               f"{p.compute_units} compute units")
@@ -106,6 +109,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
               f"command buffers (cl_khr_command_buffer) {'yes' if p.command_buffers else 'no'}")
         matched = match_device(p.name, p.opencl_version)
         print(f"      Adreno profile: {matched.name + ' (' + matched.gpu + ', ' + matched.soc + ')' if matched else 'none'}")
+    if default is None:
+        print(f"No device here can build a kernel. {INSTALL_HINT}")
+        return 1
     print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
     # Built on first use (once per machine): the line says whether replays get the C loop.
     print(f"Replayed TrainingStep launch loop: {native_loop_status()}")

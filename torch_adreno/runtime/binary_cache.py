@@ -41,6 +41,7 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -208,7 +209,9 @@ def _load(context: cl.Context, device: cl.Device, path: Path, options: Sequence[
         binary = _read_entry(path)
         if binary is None:
             return None
-        program = cl.Program(context, [device], [binary]).build(options=list(options), devices=[device])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            program = cl.Program(context, [device], [binary]).build(options=list(options), devices=[device])
         if _has_kernels(program, kernel_names):
             return program
     except (ValueError, cl.Error):
@@ -251,9 +254,13 @@ def get_program(context: cl.Context, device: cl.Device, source: str, options: Se
                 STATS.programs_from_cache += 1
         if program is None:
             start = time.perf_counter()
-            # cache_dir=False: PyOpenCL's source cache would make a "cold" build a disk read.
-            program = cl.Program(context, source).build(
-                options=list(options), devices=[device], cache_dir=False)  # type: ignore[arg-type]
+            # cache_dir=False: PyOpenCL's source cache would make a "cold" build a disk read. A build
+            # that succeeds needs no log (Intel's CPU runtime writes one for every program); a
+            # failure raises with it.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                program = cl.Program(context, source).build(
+                    options=list(options), devices=[device], cache_dir=False)  # type: ignore[arg-type]
             STATS.source_seconds += time.perf_counter() - start
             STATS.programs_from_source += 1
             if use_disk:

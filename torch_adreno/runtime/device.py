@@ -1,16 +1,25 @@
 """OpenCL device discovery, selection and the per-device runtime (context, queue, memory pool).
 
 Selection order: the backend's ``device`` option, then ``TORCH_ADRENO_DEVICE``, then the first
-GPU, then the first device. A device is named by its index in :func:`list_devices` or by a
-case-insensitive substring of "platform: device" that no other device's name contains (or the
-whole name of one device); an empty or ambiguous name is an error that lists the matches.
+working GPU, then the first working device. A device is named by its index in :func:`list_devices`
+or by a case-insensitive substring of "platform: device" that no other device's name contains (or
+the whole name of one device); an empty or ambiguous name is an error that lists the matches.
+
+Every device is probed once per process before it is used: a trivial kernel is built on it (the
+build that also measures its preferred work-group multiple). A device whose driver cannot build it
+(pyopencl's PoCL on a CPU its LLVM does not know) is *unusable*: listed with the driver's reason,
+skipped by the default choice (logged once), an error naming the reason and the working devices
+when chosen explicitly. Invariant: :func:`get_runtime` only ever returns a runtime of a device
+whose probe built.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +31,15 @@ from torch_adreno.runtime.pool import BufferPool
 from torch_adreno.target import DeviceProfile
 
 ENV_DEVICE = "TORCH_ADRENO_DEVICE"
+_log = logging.getLogger("torch_adreno")
+
+#: What to install when no device works (printed with the reasons).
+INSTALL_HINT = (
+    "Install an OpenCL driver that works on this machine: `pip install intel-opencl-rt` (Intel's CPU "
+    "runtime, any x86-64 CPU; torch_adreno registers it itself), the system's PoCL (`apt-get install "
+    "pocl-opencl-icd`), or your GPU vendor's OpenCL driver.")
+
+PROBE_SOURCE = "__kernel void probe(__global float* x) { x[get_global_id(0)] = 0.0f; }"
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,56 @@ class DeviceEntry:
     @property
     def label(self) -> str:
         return f"{self.platform}: {self.device.name.strip()}"
+
+    @property
+    def unusable(self) -> str | None:
+        """Why kernels cannot be built on this device (its probe failed), or None: it works."""
+        return probe(self.device).reason
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A device's probe: the preferred work-group multiple its build reported, or why it failed."""
+
+    preferred_multiple: int = 0
+    reason: str | None = None
+
+
+_probes: dict[int, Probe] = {}
+_probe_lock = threading.Lock()
+
+
+def _build_probe(device: cl.Device) -> int:
+    """Build the probe kernel on ``device``; its preferred work-group multiple (raises on failure)."""
+    context = cl.Context([device])
+    with warnings.catch_warnings():  # a driver's build log for a kernel that built is not news
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        program = cl.Program(context, PROBE_SOURCE).build()
+    return int(program.probe.get_work_group_info(cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE,
+                                                 device))
+
+
+def _failure_reason(error: Exception) -> str:
+    """The driver's words: the first line of the build log that says what failed."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if "error" in line.lower() and not line.startswith("clBuildProgram failed")]
+    first = said[0] if said else (lines[0] if lines else type(error).__name__)
+    return f"its OpenCL driver cannot build a kernel: {first}"
+
+
+def probe(device: cl.Device) -> Probe:
+    """The (cached) probe of ``device``: built once per process."""
+    key = device.int_ptr
+    with _probe_lock:
+        known = _probes.get(key)
+        if known is not None:
+            return known
+        try:
+            result = Probe(preferred_multiple=_build_probe(device))
+        except (cl.Error, RuntimeError) as error:
+            result = Probe(reason=_failure_reason(error))
+        _probes[key] = result
+        return result
 
 
 def list_devices() -> list[DeviceEntry]:
@@ -52,11 +120,15 @@ def list_devices() -> list[DeviceEntry]:
     return entries
 
 
+def _listing(entries: list[DeviceEntry]) -> str:
+    return "\n".join(f"  [{e.index}] {e.label}" + (f" (unusable: {e.unusable})" if e.unusable else "")
+                     for e in entries) or "  (none)"
+
+
 def _no_device_help(entries: list[DeviceEntry], asked: str | int | None) -> str:
-    available = "\n".join(f"  [{e.index}] {e.label}" for e in entries) or "  (none)"
+    available = _listing(entries)
     hint = (
-        "No OpenCL platform was found. Install a driver: `pip install pocl-binary-distribution` gives a "
-        "CPU device; GPU vendors ship their own OpenCL driver."
+        f"No OpenCL platform was found. {INSTALL_HINT}"
         if not entries else
         f"Pass options={{'device': <index or name substring>}} or set {ENV_DEVICE}."
     )
@@ -64,8 +136,36 @@ def _no_device_help(entries: list[DeviceEntry], asked: str | int | None) -> str:
     return f"{what}. Available devices:\n{available}\n{hint}"
 
 
+_skipped_logged: set[int] = set()
+
+
+def _default_device(entries: list[DeviceEntry]) -> DeviceEntry:
+    """The first working GPU, else the first working device; the unusable ones passed over are
+    logged (once each)."""
+    ordered = [e for e in entries if e.device.type & cl.device_type.GPU] + \
+        [e for e in entries if not e.device.type & cl.device_type.GPU]
+    for entry in ordered:
+        if entry.unusable is None:
+            return entry
+        if entry.index not in _skipped_logged:
+            _skipped_logged.add(entry.index)
+            _log.warning("OpenCL device [%d] %s is skipped: %s", entry.index, entry.label, entry.unusable)
+    raise DeviceNotFoundError(f"no OpenCL device here can build a kernel:\n{_listing(entries)}\n{INSTALL_HINT}")
+
+
+def _usable(entry: DeviceEntry, entries: list[DeviceEntry], asked: str | int) -> DeviceEntry:
+    if entry.unusable is None:
+        return entry
+    working = [e for e in entries if e.unusable is None]
+    others = ("\n".join(f"  [{e.index}] {e.label}" for e in working) if working
+              else f"  (none)\n{INSTALL_HINT}")
+    raise DeviceNotFoundError(f"OpenCL device {asked!r}, [{entry.index}] {entry.label}, cannot be used: "
+                              f"{entry.unusable}. Devices that work:\n{others}")
+
+
 def select_device(spec: str | int | None = None) -> DeviceEntry:
-    """The device named by ``spec`` (or the environment, or the default rule)."""
+    """The device named by ``spec`` (or the environment, or the default rule); always one whose
+    probe built (see the module docstring)."""
     entries = list_devices()
     if spec is None:
         env = os.environ.get(ENV_DEVICE, "").strip()
@@ -73,8 +173,11 @@ def select_device(spec: str | int | None = None) -> DeviceEntry:
     if not entries:
         raise DeviceNotFoundError(_no_device_help(entries, spec))
     if spec is None:
-        gpus = [e for e in entries if e.device.type & cl.device_type.GPU]
-        return (gpus or entries)[0]
+        return _default_device(entries)
+    return _usable(_match(entries, spec), entries, spec)
+
+
+def _match(entries: list[DeviceEntry], spec: str | int) -> DeviceEntry:
     if isinstance(spec, int):
         if 0 <= spec < len(entries):
             return entries[spec]
@@ -98,12 +201,6 @@ def select_device(spec: str | int | None = None) -> DeviceEntry:
     return matches[0]
 
 
-def _preferred_multiple(device: cl.Device, context: cl.Context) -> int:
-    """The SIMD width work-group sizes should be a multiple of (queried on a trivial kernel)."""
-    program = cl.Program(context, "__kernel void probe(__global float* x) { x[get_global_id(0)] = 0.0f; }").build()
-    return int(program.probe.get_work_group_info(cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, device))
-
-
 #: CL_DEVICE_IMAGE_PITCH_ALIGNMENT and CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT (OpenCL 2.0 /
 #: cl_khr_image2d_from_buffer), which pyopencl does not name.
 _IMAGE_PITCH_ALIGNMENT, _IMAGE_BASE_ADDRESS_ALIGNMENT = 0x104A, 0x104B
@@ -117,7 +214,7 @@ def _optional_info(device: cl.Device, param: int) -> int:
         return 0
 
 
-def profile_of(entry: DeviceEntry, context: cl.Context) -> DeviceProfile:
+def profile_of(entry: DeviceEntry) -> DeviceProfile:
     d = entry.device
     extensions = d.extensions.split()
     images = bool(d.image_support)
@@ -131,7 +228,7 @@ def profile_of(entry: DeviceEntry, context: cl.Context) -> DeviceProfile:
         compute_units=int(d.max_compute_units),
         max_work_group_size=int(d.max_work_group_size),
         max_work_item_sizes=tuple(int(s) for s in d.max_work_item_sizes),
-        preferred_work_group_multiple=_preferred_multiple(d, context),
+        preferred_work_group_multiple=probe(d).preferred_multiple,
         local_mem_bytes=int(d.local_mem_size),
         global_mem_bytes=int(d.global_mem_size),
         max_alloc_bytes=int(d.max_mem_alloc_size),
@@ -160,7 +257,7 @@ class DeviceRuntime:
         self.device = entry.device
         self.context = cl.Context([entry.device])
         self.queue = cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
-        self.profile = profile_of(entry, self.context)
+        self.profile = profile_of(entry)
         self.pool = BufferPool(self.context)
         #: Where kernels record an out-of-range data-dependent index (read at the host's waits).
         self.index_errors = IndexErrorRecord(self.context)
@@ -189,7 +286,7 @@ def _shutdown() -> None:
 
 
 def get_runtime(spec: str | int | None = None) -> DeviceRuntime:
-    """The (shared) runtime of the selected device."""
+    """The (shared) runtime of the selected device (a working one: see :func:`select_device`)."""
     entry = select_device(spec)
     with _lock:
         rt = _runtimes.get(entry.index)
