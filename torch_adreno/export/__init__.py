@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,6 @@ __all__ = ["ExportError", "export_step", "load_state", "step_model"]
 
 TORCH_TO_IR = {torch.float32: ir.DType.F32, torch.int64: ir.DType.I64, torch.int32: ir.DType.I32,
                torch.bool: ir.DType.BOOL, torch.uint8: ir.DType.U8}
-_DECLARATION = re.compile(r"__global\s+(const\s+)?\w+\s*\*\s*(?:restrict\s+)?(\w+)")
 
 
 def export_step(step: Any, path: str | Path, predict: torch.Tensor | None = None) -> onnx.ModelProto:
@@ -369,48 +367,35 @@ def _copy(g: _StepGraph, op: RecordedCopy, values: dict[int, _Value]) -> None:
     values[op.destination] = _Value(out, source.dtype, op.nbytes // itemsize)
 
 
-def written_parameters(source: KernelSource) -> list[str]:
-    """The parameters (IR buffer names) the kernel may write, from its declared signature."""
-    text = source.source
-    define = re.search(r"#define KERNEL_PARAMS (.*)", text)
-    if define is not None:
-        declared = _DECLARATION.findall(define.group(1))
-    else:
-        signature = re.search(rf"void\s+{re.escape(source.name)}\s*\(([^)]*)\)", text)
-        declared = _DECLARATION.findall(signature.group(1)) if signature is not None else []
-    if len(declared) != len(source.params):
-        raise ExportError(f"kernel {source.name}: its signature declares {len(declared)} buffers, the capture bound "
-                          f"{len(source.params)} arguments ({', '.join(source.params)}): an argument kind the export "
-                          "does not know")
-    return [param for param, (const, _) in zip(source.params, declared, strict=True) if not const]
-
-
-def _split_of(graph: ir.Graph, source: KernelSource, written: list[str]) -> tuple[SplitK | None, list[str]]:
-    """For a launch of a split-K GEMM: the split and the buffers this launch writes."""
+def _split_of(graph: ir.Graph, source: KernelSource) -> SplitK | None:
+    """For a launch of a split-K GEMM (its slices, or their sum): the split; else None."""
     producers = graph.producers()
     gemms = {f"{n.name}_slices": n for n in graph.nodes if isinstance(n, ir.Gemm)}
-    partials = [w for w in written if w not in producers and w in gemms]
+    partials = [p for p in dict.fromkeys((*source.writes, *source.reads)) if p not in producers and p in gemms]
     if not partials:
-        return None, written
+        return None
     (name,) = partials
     gemm = gemms[name]
     defines = dict(o[2:].partition("=")[::2] for o in source.build_options if o.startswith("-D"))
     rows = defines.get("ROW_SUM") == "1"
     outputs = gemm.batch * gemm.m * gemm.n + (gemm.batch * gemm.m if rows else 0)
     split = graph.buffers[name].numel // outputs
-    split_k = SplitK(gemm, name, split, math.ceil(gemm.k / split), rows)
-    if source.kind == "gemm":
-        return split_k, [name]
-    return split_k, [w for w in written if w != name]
+    return SplitK(gemm, name, split, math.ceil(gemm.k / split), rows)
 
 
 def _launch(g: _StepGraph, graph_name: str, source: KernelSource, args: Sequence[int], program: Any,
             values: dict[int, _Value]) -> None:
     graph: ir.Graph = program.graph
-    written = written_parameters(source)
-    split, writes = _split_of(graph, source, written)
-    reads = [p for p in source.params if p not in written or (split is not None and p == split.partials
-                                                               and source.kind != "gemm")]
+    if not source.writes:
+        raise ExportError(f"kernel {source.name} carries no record of the buffers it writes (KernelSource.writes): "
+                          "compiled by a torch_adreno that did not keep one; compile the step again")
+    # What the launch writes and the arguments its function takes, as the kernels stage recorded
+    # them (no signature is parsed): every argument not declared writable, and a split GEMM's
+    # partials in its sum launch.
+    split = _split_of(graph, source)
+    writes = list(dict.fromkeys(source.writes))
+    reads = [p for p in source.params if p not in source.writable
+             or (split is not None and p == split.partials and source.kind != "gemm")]
     identity_of = dict(zip(source.params, args, strict=True))
     function_name = source.name
     if function_name not in g.functions:

@@ -148,7 +148,8 @@ def _render_group(graph: ir.Graph, group: FusionGroup, index: int, name: str, he
         source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
     return [KernelSource(name, group.kind, source, options, _buffer_params(params), global_size, local_size,
                          group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
-                         ("INDEX_T",), estimate_flops(group), writes=tuple(group.writes), reads=tuple(group.reads))]
+                         ("INDEX_T",), estimate_flops(group), writes=tuple(group.writes), reads=tuple(group.reads),
+                         writable=tuple(group.writes))]
 
 
 def _buffer_params(params: dict[str, Param]) -> tuple[str, ...]:
@@ -165,11 +166,14 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str
         return [KernelSource(only.kernel_name, only.kind, only.source, only.build_options, _buffer_params(params), only.global_size,
                              only.local_size, group.origins, buffer_bytes(graph, group.reads),
                              buffer_bytes(graph, group.writes), only.macros, estimate_flops(group), only.images,
-                             writes=tuple(group.writes), reads=tuple(group.reads))]
+                             writes=tuple(group.writes), reads=tuple(group.reads),
+                         writable=tuple(group.writes))]
     assert spec.partials is not None
     g = spec.gemm
     operands = {ld.buffer for ld in [*ir.loads(g.lhs), *ir.loads(g.rhs)]}
-    epilogue_reads = {ld.buffer for s in spec.stores for ld in ir.loads(s.value)} - {g.output}
+    stores = [*spec.stores, *([spec.row_sum] if spec.row_sum is not None else [])]
+    epilogue_reads = {ld.buffer for s in stores for e in (s.value, *s.index, *([s.when] if s.when is not None else []))
+                      for ld in ir.loads(e)} - {g.output}
     results = [w for w in group.writes if w != spec.partials]
     slices, total = launches
     multiply_flops = 2 * g.batch * g.m * g.n * g.k
@@ -177,13 +181,15 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str
         KernelSource(slices.kernel_name, slices.kind, slices.source, slices.build_options, _buffer_params(params), slices.global_size,
                      slices.local_size, group.origins, buffer_bytes(graph, sorted(operands)),
                      buffer_bytes(graph, [spec.partials]), slices.macros, multiply_flops, slices.images,
-                     writes=(spec.partials,), reads=tuple(r for r in group.reads if r in operands)),
+                     writes=(spec.partials,), reads=tuple(r for r in group.reads if r in operands),
+                     writable=tuple(group.writes)),
         KernelSource(total.kernel_name, total.kind, total.source, total.build_options, _buffer_params(params),
                      total.global_size, total.local_size, group.origins,
                      buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),
                      buffer_bytes(graph, results), total.macros, estimate_flops(group) - multiply_flops,
                      writes=tuple(results),
-                     reads=(spec.partials, *(r for r in group.reads if r in epilogue_reads))),
+                     reads=(spec.partials, *(r for r in group.reads if r in epilogue_reads)),
+                     writable=tuple(group.writes)),
     ]
 
 

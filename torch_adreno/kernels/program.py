@@ -64,6 +64,9 @@ class KernelSource:
     #: (:mod:`torch_adreno.memory.verify`) checks a plan against.
     writes: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
+    #: The parameters declared writable (no ``const``): every buffer the kernel's fusion group
+    #: writes, in both launches of a split-K GEMM (they share one parameter list).
+    writable: tuple[str, ...] = ()
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:
