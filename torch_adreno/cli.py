@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from torch_adreno.data import digits_split
+
 DESCRIPTION = "torch_adreno, a torch.compile backend for OpenCL GPUs: its devices, ops, demo and benchmarks."
 EPILOG = "Run `python -m torch_adreno <command> --help` for a command's options and their defaults."
 
@@ -163,19 +165,6 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
-def _digits_split(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from torch_adreno.data import load_digits
-
-    images, labels = load_digits()
-    # LeNet reads 28x28: upsample the 8x8 digits once, on the host, before training.
-    images = F.interpolate(images, size=(28, 28), mode="bilinear", align_corners=False)
-    images = (images - images.mean()) / images.std()
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    test = order[: len(order) // 5]
-    train = order[len(order) // 5:]
-    return images[train], labels[train], images[test], labels[test]
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -185,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if _refuse_bad_device(args.device):
         return 2
     torch.manual_seed(args.seed)
-    x_train, y_train, x_test, y_test = _digits_split(args.seed)
+    x_train, y_train, x_test, y_test = digits_split(args.seed)
     if args.batch_size > len(y_train):
         print(f"error: --batch-size {args.batch_size} is larger than the {len(y_train)} training digits; "
               f"pass at most {len(y_train)}", file=sys.stderr)
@@ -318,7 +307,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 2
     torch.manual_seed(args.seed)
     if args.model == "digits":
-        x_train, y_train, x_test, y_test = _digits_split(args.seed)
+        x_train, y_train, x_test, y_test = digits_split(args.seed)
         batch: tuple[torch.Tensor, ...] = (x_train[:args.batch_size].contiguous(), y_train[:args.batch_size].contiguous())
         make: Callable[[], torch.nn.Module] = LeNet
         if args.data is not None:

@@ -321,7 +321,8 @@ class TrainingStep:
                 raise RuntimeError(
                     "the optimizer step did not run on the device (Dynamo ran some of it as host code), so it "
                     "read gradients that exist only on the device; the parameters' host copies are not valid. "
-                    "Use an optimizer whose step compiles (no fused=True, foreach=False for now)"
+                    "Use an optimizer whose step compiles (fused=False; foreach=True and False both compile): a "
+                    "graph break inside the step is what put it on the host"
                 )
         except BaseException:
             # Only this step ran since the records were made: its version bumps are not host edits.

@@ -55,9 +55,9 @@ def split_indices(labels: torch.Tensor, clients: int, skew: float, seed: int) ->
 def digits_partitions(clients: int, skew: float, seed: int) -> tuple[list[Partition], torch.Tensor, torch.Tensor]:
     """Each client's :class:`Partition` of the bundled digits (28x28, normalised, as the ``train``
     demo uses them) and the whole test set, which is the union of the clients' test shares."""
-    from torch_adreno.cli import _digits_split
+    from torch_adreno.data import digits_split
 
-    x_train, y_train, x_test, y_test = _digits_split(seed)
+    x_train, y_train, x_test, y_test = digits_split(seed)
     train_parts = split_indices(y_train, clients, skew, seed)
     test_parts = split_indices(y_test, clients, skew, seed + 1)
     partitions = [Partition(x_train[tr], y_train[tr], x_test[te], y_test[te])
