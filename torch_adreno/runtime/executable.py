@@ -176,7 +176,7 @@ class Executable:
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
         blocks: dict[str, Any] = {}
-        sharing = self._input_sharing(args) if self._donors or self.verify_memory else {}
+        sharing = self._input_sharing(args, self.verify_memory) if self._donors or self.verify_memory else {}
         if self.verify_memory:
             self._verify(args, sharing)
         for name, alloc in self._per_call_allocations:
@@ -232,14 +232,17 @@ class Executable:
                 arg.consumed_by = self.graph.name
         return outputs
 
-    def _input_sharing(self, args: Sequence[Any]) -> dict[str, Any]:
+    def _input_sharing(self, args: Sequence[Any], host_too: bool) -> dict[str, Any]:
         """Per input, a key of the memory it is bound to: equal keys share memory (saved views of
-        one device buffer, host views of one storage)."""
+        one device buffer, host views of one storage). Without ``host_too`` only device tensors
+        are keyed (what a donation can collide with: only a device tensor's bytes are reused)."""
         keys: dict[str, Any] = {}
         for name, pos in self._input_positions.items():
             value = args[pos]
             if isinstance(value, DeviceTensor):
                 keys[name] = ("device", id(value.block))
+            elif not host_too:
+                continue
             elif isinstance(value, torch.Tensor) and value.numel():
                 # The storage's first byte, from data_ptr(): asking for untyped_storage() of a
                 # deferred parameter made the residency see it as changed on the host.
