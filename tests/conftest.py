@@ -1,8 +1,15 @@
-"""Shared fixtures: a clean Dynamo state per test, and helpers that compare with eager PyTorch."""
+"""Shared fixtures: a clean Dynamo state per test, and helpers that compare with eager PyTorch.
+
+Under CI (``CI=true``, which ``.ci/run`` exports) a test skipped because something it needs is
+missing (a module: ``pytest.importorskip``; an OpenCL device) fails instead: CI installs
+everything the suite needs, so such a skip means the run tested less than it says. Intended
+skips (a capability this device lacks, such as unified memory) stay skips.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import pytest
@@ -11,8 +18,68 @@ import torch._dynamo
 
 import torch_adreno  # noqa: F401  (registers the backend when not installed)
 
+#: Skip reasons that say something the suite needs is missing (a module, the OpenCL device).
+MISSING = re.compile(r"could not import|no module named|not installed|\bno opencl\b|no (opencl )?(device|platform)s? "
+                     r"(is |are )?(found|available)|(device|platform) (is )?(not found|not available|missing)",
+                     re.IGNORECASE)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def missing_in_ci(reason: str) -> str | None:
+    """The failure message for a skip with ``reason`` under CI, or None where it stays a skip."""
+    if not in_ci() or not MISSING.search(reason):
+        return None
+    return f"CI=true: skipped for something missing, which fails under CI: {reason}"
+
+
+def _importorskip_in_ci(importorskip):
+    """``pytest.importorskip`` that fails (at import, so a module-level one fails collection)
+    under CI, whatever reason the caller gave."""
+    def checked(modname, *args, **kwargs):
+        try:
+            return importorskip(modname, *args, **kwargs)
+        except pytest.skip.Exception as skipped:
+            if not in_ci():
+                raise
+            pytest.fail(f"CI=true: module {modname!r} is missing, which fails under CI ({skipped.msg})", pytrace=False)
+
+    checked.__wrapped__ = importorskip  # type: ignore[attr-defined]
+    return checked
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_missing(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        message = missing_in_ci(_skip_reason(report))
+        if message is not None:
+            report.outcome = "failed"
+            report.longrepr = message
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_missing(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_missing(outcome.get_result())
+
 
 def pytest_configure(config):
+    if not hasattr(pytest.importorskip, "__wrapped__"):
+        pytest.importorskip = _importorskip_in_ci(pytest.importorskip)
     # Compiled graphs from earlier runs (PyTorch's AOTAutograd cache) must not decide this run's
     # results: each session starts with an empty cache of its own, unless one is given.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="torch_adreno_tests_"))

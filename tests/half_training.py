@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from helpers import LaunchProfile
 
-import torch_adreno
 from torch_adreno.models import MODELS
 
 #: precision -> (autocast dtype or None, parameter dtype, GradScaler or not)
@@ -32,6 +33,10 @@ class Run:
     host_fallback_ops: int = 0
     skipped_steps: int = 0
     scales: list[float] = field(default_factory=list)
+    #: Compiled runs: kernels launched, and per graph kind ("forward", "backward") and direction
+    #: ("read", "write") the OpenCL element types of the buffers the launched kernels took.
+    kernel_launches: int = 0
+    storage: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
 
 def train(model_name: str, precision: str, steps: int, compiled: bool, lr: float = 0.02,
@@ -53,7 +58,7 @@ def train(model_name: str, precision: str, steps: int, compiled: bool, lr: float
     else:
         forward = model
     run = Run()
-    profile = torch_adreno.profile() if compiled else contextlib.nullcontext()
+    profile = LaunchProfile() if compiled else contextlib.nullcontext()
     with profile as prof:
         for i in range(steps):
             x, y = data[i % batches]
@@ -75,7 +80,25 @@ def train(model_name: str, precision: str, steps: int, compiled: bool, lr: float
             run.step_seconds.append(time.perf_counter() - start)
     if compiled:
         run.host_fallback_ops = len(prof.host_fallback_ops)
+        run.kernel_launches = prof.kernel_launches
+        run.storage = buffer_types(prof)
     return run
+
+
+#: The OpenCL element type a kernel's buffer of each 16-bit dtype is declared with.
+STORAGE_TYPE = {torch.float16: "half", torch.bfloat16: "ushort"}
+
+
+def buffer_types(prof: LaunchProfile) -> dict[tuple[str, str], set[str]]:
+    """Per (graph kind, "read" or "write"), the element types of the ``__global`` buffers the
+    launched kernels declare (``const`` ones are read): what the device stored, whatever the
+    results' dtypes say."""
+    types: dict[tuple[str, str], set[str]] = {}
+    for kernel in {k.name: k for k in prof.launched}.values():
+        kind = kernel.name.split("_", 1)[0]
+        for const, ctype in re.findall(r"__global (const )?(\w+)\*", kernel.source):
+            types.setdefault((kind, "read" if const else "write"), set()).add(ctype)
+    return types
 
 
 def distance(losses: list[float], reference: list[float]) -> float:

@@ -11,6 +11,36 @@ from torch.fx import GraphModule
 
 import torch_adreno
 from torch_adreno.backend import decomposition_table
+from torch_adreno.kernels import KernelSource
+
+
+class LaunchProfile(torch_adreno.profile):
+    """A profile that also keeps the rendered kernel of every launch it saw (``launched``: the
+    source that ran, with its image operands), for tests that check what the device was asked to
+    do, not only that it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launched: list[KernelSource] = []
+
+    def on_launch(self, record: Any) -> None:
+        super().on_launch(record)
+        self.launched.append(record.kernel)
+
+
+def assert_ran_on_device(prof: torch_adreno.profile, graphs: Sequence[str] = ()) -> None:
+    """The profile saw compiled graphs run and kernels launched, and no op ran on the host.
+
+    ``host_fallback_ops == []`` alone holds when nothing reached the device at all (a backend
+    handing back the FX graph runs every op eagerly and records nothing). ``graphs``: prefixes
+    ("forward", "backward", "inference") each of which must name a graph that launched kernels.
+    """
+    assert prof.graph_runs, "no compiled graph ran on the device"
+    assert prof.kernel_launches > 0, "the adreno backend launched no kernel"
+    assert prof.host_fallback_ops == [], prof.host_fallback_ops
+    launched = {k.graph for k in prof.kernels}
+    for prefix in graphs:
+        assert any(g.startswith(prefix) for g in launched), f"no {prefix} graph launched kernels: {sorted(launched)}"
 
 
 def capture_graphs(fn: Callable[..., Any], *inputs: torch.Tensor) -> list[GraphModule]:
@@ -29,12 +59,12 @@ def capture_graphs(fn: Callable[..., Any], *inputs: torch.Tensor) -> list[GraphM
 
 
 def run_compiled(fn: Callable[..., Any], inputs: Sequence[Any], options: dict[str, Any] | None = None,
-                 grad: bool = True) -> tuple[Any, list[torch.Tensor | None], torch_adreno.profile]:
+                 grad: bool = True) -> tuple[Any, list[torch.Tensor | None], LaunchProfile]:
     """Forward (and backward of sum(out * weights)) through the adreno backend, with a profile."""
     compiled = torch.compile(fn, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)
     leaves = [x.detach().clone().requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
               for x in inputs]
-    with torch_adreno.profile() as prof:
+    with LaunchProfile() as prof:
         out = compiled(*leaves)
         grads = _backward(out, leaves) if grad else []
     return out, grads, prof
@@ -64,7 +94,7 @@ def _backward(out: Any, leaves: Sequence[Any]) -> list[torch.Tensor | None]:
 
 
 def assert_matches_eager(fn: Callable[..., Any], *inputs: Any, grad: bool = True, rtol: float = 1e-4,
-                         atol: float = 1e-5, options: dict[str, Any] | None = None) -> torch_adreno.profile:
+                         atol: float = 1e-5, options: dict[str, Any] | None = None) -> LaunchProfile:
     """Compiled forward and gradients equal eager's; the backend really ran (kernels launched)."""
     out, grads, prof = run_compiled(fn, inputs, options, grad)
     ref_out, ref_grads = run_eager(fn, inputs, grad)
@@ -74,8 +104,7 @@ def assert_matches_eager(fn: Callable[..., Any], *inputs: Any, grad: bool = True
             assert g is None
         else:
             torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
-    assert prof.kernel_launches > 0, "the adreno backend launched no kernel"
-    assert prof.host_fallback_ops == []
+    assert_ran_on_device(prof)
     return prof
 
 
@@ -95,8 +124,7 @@ def training_step_against_eager(compiled: Callable[..., Any], model: torch.nn.Mo
     ref_loss = F.cross_entropy(reference(x), y)
     ref_loss.backward()
     assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (step, loss.item(), ref_loss.item())
-    assert prof.kernel_launches > 0
-    assert prof.host_fallback_ops == []
+    assert_ran_on_device(prof)
     if grads:
         for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_ran_on_device
 
+import torch_adreno
 from torch_adreno.errors import UnsupportedOpError
 from torch_adreno.lowering.checks import EAGER_DTYPE_CHECKED, eager_error_type
 
@@ -21,6 +23,16 @@ def _eager_error(fn, *args) -> BaseException:
 def _compiled(fn):
     torch._dynamo.reset()
     return torch.compile(fn, backend="adreno", fullgraph=True, dynamic=False)
+
+
+def _assert_graphs_ran(prof: torch_adreno.profile, *kinds: str) -> None:
+    """Compiled graphs of each kind ("forward", "backward", "inference") ran on the device: a
+    result equal to eager's says nothing when the backend handed the graph back to run eagerly.
+    (Graphs of empty tensors may launch no kernel: the graph run is the evidence.)"""
+    ran = [r.graph for r in prof.graph_runs]
+    for kind in kinds:
+        assert any(g.startswith(kind) for g in ran), f"no {kind} graph ran on the device: {ran}"
+    assert not prof.host_fallback_ops, prof.host_fallback_ops
 
 
 @pytest.mark.parametrize("case", ["matmul", "linear", "addmm_bias", "index_put", "softmax", "gelu", "layer_norm",
@@ -89,11 +101,13 @@ def test_integer_matrix_products_are_refused_not_rounded():
     a = torch.tensor([[2**25 + 1, 0], [0, 1]])
     b = torch.eye(2, dtype=torch.int64)
     try:
-        ours = _compiled(lambda a, b: a @ b)(a, b)
+        with torch_adreno.profile() as prof:
+            ours = _compiled(lambda a, b: a @ b)(a, b)
     except UnsupportedOpError as err:
         assert "aten.mm.default" in str(err) and "cast the operands to float32" in str(err)
-    else:
+    else:  # an exact integer product: computed on the device, not eagerly
         torch.testing.assert_close(ours, a @ b)
+        assert_ran_on_device(prof)
 
 
 def test_integer_addmm_is_refused_clearly():
@@ -110,8 +124,10 @@ def test_zero_dim_tensor_constants_lower():
     mask = torch.tensor(True)
     for op in (torch.masked.sum, torch.masked.amax, torch.masked.prod):
         expected = op(x, mask=mask)
-        ours = _compiled(lambda x, mask, op=op: op(x, mask=mask))(x, mask)
+        with torch_adreno.profile() as prof:
+            ours = _compiled(lambda x, mask, op=op: op(x, mask=mask))(x, mask)
         torch.testing.assert_close(ours, expected)
+        assert_ran_on_device(prof)
 
 
 def test_gather_with_an_empty_index_of_higher_rank_and_its_backward():
@@ -119,10 +135,12 @@ def test_gather_with_an_empty_index_of_higher_rank_and_its_backward():
     read the empty index with one index: "view of rank 2 indexed with 1 indices"."""
     x = torch.randn(5, requires_grad=True)
     index = torch.empty(2, 0, dtype=torch.int64)
-    out = _compiled(lambda x, i: torch.gather(x, 0, i))(x, index)
-    assert out.shape == (2, 0)
-    (grad,) = torch.autograd.grad((out * 2).sum() + (x * x).sum(), x)
+    with torch_adreno.profile() as prof:
+        out = _compiled(lambda x, i: torch.gather(x, 0, i))(x, index)
+        assert out.shape == (2, 0)
+        (grad,) = torch.autograd.grad((out * 2).sum() + (x * x).sum(), x)
     torch.testing.assert_close(grad, 2 * x.detach())
+    _assert_graphs_ran(prof, "forward", "backward")
 
 
 @pytest.mark.parametrize("op", ["scatter_add", "scatter"])
@@ -131,7 +149,10 @@ def test_scatter_with_an_empty_index_returns_its_input(op):
     index = torch.empty(2, 0, dtype=torch.int64)
     fn = getattr(torch, op)
     expected = fn(x, 0, index, src)
-    torch.testing.assert_close(_compiled(lambda x, i, s: fn(x, 0, i, s))(x, index, src), expected)
+    with torch_adreno.profile() as prof:
+        ours = _compiled(lambda x, i, s: fn(x, 0, i, s))(x, index, src)
+    torch.testing.assert_close(ours, expected)
+    _assert_graphs_ran(prof, "inference")
 
 
 def test_a_result_dtype_eager_would_not_give_is_refused():
@@ -140,8 +161,10 @@ def test_a_result_dtype_eager_would_not_give_is_refused():
     x, src = torch.arange(6).reshape(2, 3), torch.randn(3)
     expected = torch.select_scatter(x, src, 0, 0)
     try:
-        ours = _compiled(lambda x, s: torch.select_scatter(x, s, 0, 0))(x, src)
+        with torch_adreno.profile() as prof:
+            ours = _compiled(lambda x, s: torch.select_scatter(x, s, 0, 0))(x, src)
     except UnsupportedOpError as err:
         assert "select_scatter" in str(err) and "torch.int64" in str(err)
-    else:
+    else:  # eager's int64 result, computed on the device
         torch.testing.assert_close(ours, expected)
+        assert_ran_on_device(prof)

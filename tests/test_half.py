@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import capture_graphs
+from helpers import assert_ran_on_device, capture_graphs
 
 import torch_adreno
 from torch_adreno import ir
@@ -169,7 +169,10 @@ def test_integer_results_stored_as_16_bit_floats(dtype):
     # nll_loss and cross_entropy samples failed to build on PoCL and NVIDIA).
     t = torch.tensor([1, -100, 3, 4, -100, 7])
     fn = lambda t: ((t != -100).sum().to(dtype), (t * 3).to(dtype), t.to(dtype) / 2)  # noqa: E731
-    for ours, eager in zip(torch.compile(fn, backend="adreno")(t), fn(t), strict=True):
+    with torch_adreno.profile() as prof:
+        results = torch.compile(fn, backend="adreno")(t)
+    assert_ran_on_device(prof)
+    for ours, eager in zip(results, fn(t), strict=True):
         assert ours.dtype == dtype and torch.equal(ours, eager)
 
 
@@ -209,6 +212,10 @@ def test_kernel_bytes_halve_under_float16():
     torch._dynamo.reset()
     with torch_adreno.profile() as p16:
         torch.compile(f, backend="adreno")(x.half())
+    # (0 * 2 == 0: both must have run on the device for the halving to mean anything.)
+    assert_ran_on_device(p32)
+    assert_ran_on_device(p16)
+    assert p32.bytes_kernel_read >= x.numel() * 4 and p32.bytes_kernel_written >= x.numel() * 4
     assert p16.bytes_kernel_read * 2 == p32.bytes_kernel_read
     assert p16.bytes_kernel_written * 2 == p32.bytes_kernel_written
 
@@ -226,8 +233,10 @@ def test_autocast_linear_matches_eager_and_launches_no_cast_kernel():
         assert ours.dtype == eager.dtype == dtype
         assert torch.equal(ours, eager)
         names = [k.name for k in prof.kernels]
+        # No cast kernel, but the GEMMs ran: a run with no kernels at all launches no cast either.
+        assert_ran_on_device(prof)
+        assert sum(k.kind == "gemm" for k in prof.kernels) == 2, names
         assert not [n for n in names if re.search(r"_pw__to_copy$|_pw_convert_element_type$", n)], names
-        assert not prof.host_fallback_ops
 
 
 def _scaled_steps(forward, model, opt, scaler, x, y, steps):
@@ -289,8 +298,11 @@ def test_grad_scaler_unscale_reaches_a_compiled_optimizer_step(zero_copy):
             forward = torch.compile(model, backend="adreno", options=options)
             opt.step = torch.compile(opt.step, backend="adreno", options=options)  # type: ignore[method-assign]
         scaler = torch.amp.GradScaler("cpu")
-        losses = _scaled_steps(forward, model, opt, scaler, x, y, 3)
+        with torch_adreno.profile() as prof:
+            losses = _scaled_steps(forward, model, opt, scaler, x, y, 3)
         runs.append((losses, scaler.get_scale(), [p.detach().clone() for p in model.parameters()]))
+    # The compiled run's forward, backward and optimizer step (an inference graph) ran on the device.
+    assert_ran_on_device(prof, graphs=("forward", "backward", "inference"))
     (eager_losses, eager_scale, eager_params), (losses, scale, params) = runs
     assert scale == eager_scale == 2.0**16  # no step overflowed
     assert max(abs(a - b) for a, b in zip(losses, eager_losses, strict=True)) < 1e-2, (losses, eager_losses)
@@ -371,7 +383,12 @@ def test_training_step_with_grad_scaler_matches_the_eager_scaler_loop(zero_copy)
     assert max(abs(a - b) for a, b in zip(losses, eager_losses, strict=True)) < 1e-2
     for a, b in zip(model.parameters(), eager_model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=2e-3), (a - b).abs().max()
-    assert not prof.host_fallback_ops
+    # Every step ran on the device, not eagerly: its compiled forward (and backward), or a replay
+    # of their launches.
+    assert_ran_on_device(prof, graphs=("forward", "backward"))
+    forwards = [r for r in prof.graph_runs if r.graph.startswith("forward")]
+    replays = [s for s in prof.steps if s.kind == "replay" and s.launches > 0]
+    assert len(forwards) + len(replays) == len(prof.steps) == 10, [(s.kind, s.launches) for s in prof.steps]
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
@@ -383,7 +400,9 @@ def test_16_bit_batch_norm_updates_its_16_bit_running_statistics(dtype):
     x = torch.randn(4, 6, 5, 5).to(dtype)
     eager, ours = make(), make()
     expected = eager(x)
-    out = torch.compile(ours, backend="adreno")(x)
+    with torch_adreno.profile() as prof:
+        out = torch.compile(ours, backend="adreno")(x)
+    assert_ran_on_device(prof)
     assert out.dtype == expected.dtype == ours.running_mean.dtype == dtype
     _as_accurate(out, expected, make().double()(x.double()), "output", TOLERANCE[dtype])
     for a, b in ((ours.running_mean, eager.running_mean), (ours.running_var, eager.running_var)):

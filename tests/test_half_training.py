@@ -9,7 +9,7 @@ lenet for 50 steps and resnet_mini and transformer for fewer (each test bounded)
 from __future__ import annotations
 
 import pytest
-from half_training import distance, train
+from half_training import PRECISIONS, STORAGE_TYPE, distance, train
 
 #: (model, steps): CI's bound per test.
 CASES = [("mlp", 50), ("lenet", 50), pytest.param("resnet_mini", 12, marks=pytest.mark.slow),
@@ -17,10 +17,24 @@ CASES = [("mlp", 50), ("lenet", 50), pytest.param("resnet_mini", 12, marks=pytes
 
 
 def _check(model: str, precision: str, steps: int) -> None:
+    """The rule below is one-sided: a run that computed in float32 on the device, or ran eagerly
+    on the host, would be as close to float64 as it likes. So the compiled run must also have run
+    on the device, and stored 16-bit values there: its forward and backward kernels read and
+    wrote buffers of the 16-bit type (an all-16-bit model: no float32 buffer at all)."""
     reference = train(model, "float64", steps, compiled=False)
     eager = train(model, precision, steps, compiled=False)
     ours = train(model, precision, steps, compiled=True)
     assert ours.host_fallback_ops == 0
+    assert ours.kernel_launches >= steps, f"{ours.kernel_launches} kernel launches in {steps} steps"
+    autocast, params, _ = PRECISIONS[precision]
+    sixteen = STORAGE_TYPE[autocast or params]
+    for kind in ("forward", "backward"):
+        for direction in ("read", "write"):
+            types = ours.storage.get((kind, direction), set())
+            assert sixteen in types, f"{model} {precision}: no {sixteen} buffer {direction} in the {kind}: {types}"
+    if params in STORAGE_TYPE:
+        floats = {key: types for key, types in ours.storage.items() if "float" in types}
+        assert not floats, f"{model} {precision}: float32 buffers in an all-{params} model: {floats}"
     assert ours.skipped_steps == eager.skipped_steps
     ours_distance, eager_distance = distance(ours.losses, reference.losses), distance(eager.losses, reference.losses)
     assert ours_distance <= 2 * eager_distance, (

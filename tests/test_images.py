@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from importlib import resources
 
 import numpy as np
@@ -17,14 +18,14 @@ import pyopencl as cl
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_matches_eager
+from helpers import LaunchProfile, assert_matches_eager
 from helpers import cross_entropy_loss as _loss
 from helpers import eager_training_step as _eager_step
 
 import torch_adreno
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
-from torch_adreno.kernels import ImageOperand
+from torch_adreno.kernels import ImageOperand, KernelSource
 from torch_adreno.kernels.gemm import image_width
 from torch_adreno.models import MODELS
 from torch_adreno.runtime import get_runtime
@@ -75,14 +76,48 @@ def _gemm_kernels(prof: torch_adreno.profile) -> set[str]:
     return {k.name for k in prof.kernels if k.kind == "gemm"}
 
 
-def _assert_read_through_images(prof: torch_adreno.profile, before: dict[str, tuple[str, ...]]) -> None:
-    """Every GEMM kernel the profile saw was launched with image operands bound."""
+def _operand_loads(source: str) -> list[str]:
+    """The bodies of a GEMM kernel's operand loads (``<name>_load_a`` and ``<name>_load_b``)."""
+    return re.findall(r"inline float \w+_load_[ab]\(.*?\) \{\n(.*?)\n\}", source, re.S)
+
+
+def _assert_kernel_reads_through_images(kernel: KernelSource) -> None:
+    """``kernel`` (as launched) reads each image operand through its image and never through the
+    operand's buffer: a LOAD_IMAGE_FLOAT (``read_imagef``) of the image argument is in the
+    source, and the operand loads do not name the buffer."""
+    declared = re.search(r"^#define KERNEL_PARAMS (.*)$", kernel.source, re.M)
+    assert declared, f"{kernel.name}: no KERNEL_PARAMS line"
+    names = [decl.split()[-1] for decl in declared.group(1).split(", ")]
+    # The buffers, the index check's two arguments where the kernel has them, then the images.
+    checks = 2 if kernel.checks_indices else 0
+    assert len(names) == len(kernel.params) + checks + len(kernel.images), (kernel.name, names)
+    loads = _operand_loads(kernel.source)
+    assert loads and "read_imagef(" in kernel.source, f"{kernel.name}: no image read in the source"
+    for j, operand in enumerate(kernel.images):
+        buffer = names[kernel.params.index(operand.buffer)]
+        image = names[len(kernel.params) + checks + j]
+        assert image == f"{buffer}_image", (kernel.name, image, buffer)
+        read = f"LOAD_IMAGE_FLOAT({image}," in kernel.source
+        assert read, f"{kernel.name}: image {image} is bound but never read"
+        readers = [body for body in loads if re.search(rf"\b{buffer}\b", body)]
+        assert not readers, f"{kernel.name}: operand {operand.buffer} ({buffer}) is read from its buffer: {readers}"
+
+
+def _assert_read_through_images(prof: LaunchProfile, before: dict[str, tuple[str, ...]]) -> None:
+    """Every GEMM kernel the profile saw was launched with image operands bound, and the kernel
+    that ran reads those operands through the images (binding alone proves nothing: a kernel that
+    declares an image argument and loads the buffer passes with the images bound)."""
     bound = image_views(get_runtime()).bound_kernels
     gemms = _gemm_kernels(prof)
     assert gemms, "no GEMM kernel ran"
     missing = sorted(name for name in gemms if not bound.get(name))
     assert not missing, f"GEMM kernels launched without image operands: {missing}"
     assert any(name not in before for name in gemms), "no image kernel was bound by this run"
+    launched = {k.name: k for k in prof.launched if k.kind == "gemm"}
+    assert set(launched) == gemms
+    for kernel in launched.values():
+        assert kernel.images, f"{kernel.name}: launched without image operands"
+        _assert_kernel_reads_through_images(kernel)
 
 
 LAYERS = {
@@ -129,6 +164,35 @@ def test_tuned_image_kernels_match_eager(tmp_path, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.device
+@pytest.mark.parametrize("layer", ["linear", "conv2d_padded"])
+def test_results_come_from_the_images_not_the_buffers(layer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behaviour, not source text: every image is made a copy, and its refresh before each read
+    fills it with NaN instead of the buffer's bytes. A GEMM that reads its operands through the
+    images then gives NaN wherever it multiplies an image operand; one that reads the buffers
+    would still give eager's result."""
+    from torch_adreno.runtime.images import BoundImage
+
+    def poison(self: BoundImage, queue: cl.CommandQueue) -> cl.Event:
+        nan = np.full(4, np.nan, dtype=np.float32)
+        return cl.enqueue_fill_image(queue, self.image, nan, (0, 0), (self.operand.width, self.operand.height))
+
+    monkeypatch.setattr(ImageViews, "_can_share", lambda self, buffer, operand: False)
+    monkeypatch.setattr(BoundImage, "refresh", poison)
+    fn, shapes = LAYERS[layer]
+    inputs = [torch.randn(s, generator=torch.Generator().manual_seed(5)) for s in shapes]
+    compiled = torch.compile(fn, backend="adreno", options=IMAGES, fullgraph=True, dynamic=False)
+    with LaunchProfile() as prof:
+        out = compiled(*inputs)
+    gemms = [k for k in prof.launched if k.kind == "gemm"]
+    assert gemms and all(k.images for k in gemms), [k.name for k in prof.launched]
+    assert torch.isnan(out).all(), f"{int(torch.isnan(out).sum())} of {out.numel()} outputs read poisoned images"
+    torch._dynamo.reset()
+    monkeypatch.undo()  # images refreshed from the buffers again: eager's result
+    torch.testing.assert_close(torch.compile(fn, backend="adreno", options=IMAGES)(*inputs), fn(*inputs),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.device
 def test_images_off_binds_no_image() -> None:
     fn, shapes = LAYERS["linear"]
     views = image_views(get_runtime())
@@ -164,7 +228,7 @@ def test_training_step_with_images_matches_eager_through_replays(zero_copy) -> N
     generator = torch.Generator().manual_seed(1)
     before = dict(image_views(get_runtime()).bound_kernels)
     step = torch_adreno.TrainingStep(model, _loss, opt, options={"images": True, "zero_copy": zero_copy})
-    with torch_adreno.profile() as prof:
+    with LaunchProfile() as prof:
         for _ in range(6):
             x, y = torch.randn(16, 12, generator=generator), torch.randint(0, 8, (16,), generator=generator)
             torch.testing.assert_close(step(x, y), _eager_step(reference, reference_opt, x, y), rtol=1e-4, atol=1e-5)
@@ -183,11 +247,13 @@ def test_images_shared_with_buffers_where_the_device_allows() -> None:
         pytest.skip(f"{runtime.profile.name} has no cl_khr_image2d_from_buffer: images are copies here")
     views = image_views(runtime)
     shared = views.shared_made
+    before = dict(views.bound_kernels)
     fn, _ = LAYERS["linear"]
     # 16-float rows: a pitch of 4 texels, which an alignment up to 4 shares directly; wider
     # alignments get a width that is a multiple of it (see image_width).
-    assert_matches_eager(fn, *[torch.randn(s) for s in [(8, 16), (64, 16), (64,)]], options=IMAGES)
+    prof = assert_matches_eager(fn, *[torch.randn(s) for s in [(8, 16), (64, 16), (64,)]], options=IMAGES)
     assert views.shared_made > shared
+    _assert_read_through_images(prof, before)
 
 
 @pytest.mark.device
@@ -215,7 +281,7 @@ def _train_reference_model(name: str, steps: int, images: bool):
     model = spec.make()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = torch_adreno.TrainingStep(model, _loss, opt, options={"images": images, "zero_copy": False})
-    with torch_adreno.profile() as prof:
+    with LaunchProfile() as prof:
         losses = torch.stack([step(x, y) for x, y in batches])
     step.synchronize()
     state = {k: v.clone() for k, v in model.state_dict().items()}

@@ -4,6 +4,8 @@ not listed, with its reason, in ``torch_adreno.opinfo.EXPECTED_FAILURES``."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from torch_adreno import opinfo
@@ -101,9 +103,113 @@ DATABASE_SUBSET = ["masked.sum", "masked.softmax", "masked.cumsum", "masked.medi
 @pytest.mark.slow
 @pytest.mark.parametrize("name", DATABASE_SUBSET)
 def test_database_entries_pass_or_fail_clearly(name):
+    """A sample with no graph compiled for the device is no pass: where Dynamo handed the backend
+    graphs it is an internal error (the values are not ours), and where Dynamo captured none it
+    is counted apart, reported, and a failure for the entries we claim."""
     reports = opinfo.sweep([name], limit=4, progress=False, database=True)
     assert reports, f"no OpInfo entry named {name}"
-    bad = [f"[{o.index}] {o.kind}: {o.reason}" for r in reports for o in r.outcomes
+    outcomes = [(r.op, o) for r in reports for o in r.outcomes]
+    bad = [f"{op}[{o.index}] {o.kind}: {o.reason}" for op, o in outcomes
            if o.kind in (opinfo.INTERNAL_ERROR, opinfo.WRONG_RESULT)]
+    claimed = {opinfo._opinfo_name(op) for op in opinfo.claimed_opinfos()}
+    no_graph = [f"{op}[{o.index}]" for op, o in outcomes if o.kind == opinfo.NO_GRAPH]
+    if no_graph:
+        warnings.warn(f"{name}: no graph reached the backend in {len(no_graph)} samples: {', '.join(no_graph)}",
+                      stacklevel=1)
+    bad += [f"{sample} {opinfo.NO_GRAPH}: a claimed entry's sample never reached the backend" for sample in no_graph
+            if sample.split("[")[0] in claimed]
     assert not bad, "\n".join(bad)
-    assert any(o.kind != opinfo.SKIPPED for r in reports for o in r.outcomes), "every sample was skipped"
+    reached = [o for _, o in outcomes if o.kind not in (opinfo.SKIPPED, opinfo.NO_GRAPH)]
+    assert reached, "no sample reached the backend (every one skipped or without a graph)"
+
+
+# -- the error sweep's classification (issue 26): no internal error passes for eager's --------------
+
+
+def _mm_case(monkeypatch, raise_in_compile=None):
+    """``run_case`` of mm with an int64 left operand (eager raises RuntimeError; fake tensors do
+    not), the backend's compile made to raise ``raise_in_compile()`` where given."""
+    import types
+
+    import torch
+
+    from torch_adreno import backend
+    from torch_adreno.opinfo_errors import _Sample, run_case
+
+    if raise_in_compile is not None:
+        def failing(*args, **kwargs):
+            raise raise_in_compile()
+
+        monkeypatch.setattr(backend, "compile_graph", failing)
+    monkeypatch.setenv("TORCH_ADRENO_COMPILE_CACHE", "0")
+    op = types.SimpleNamespace(name="mm", variant_test_name="", op=torch.mm)
+    return run_case(op, "test", _Sample(torch.arange(4).reshape(2, 2), (torch.randn(2, 2),), {}))
+
+
+@pytest.mark.device
+def test_our_own_eager_error_agrees_with_eagers(monkeypatch):
+    """The lowering's check raises eager's type with eager's message: agreement."""
+    from torch_adreno.opinfo_errors import SAME_ERROR
+
+    outcome = _mm_case(monkeypatch)
+    assert outcome.kind == SAME_ERROR and "expected m1 and m2 to have the same dtype" in outcome.detail, outcome
+    assert "FX node 'mm'" in outcome.detail, outcome  # raised by the lowering, not by eager's kernel
+
+
+@pytest.mark.device
+def test_eagers_error_from_a_graph_not_compiled_for_the_device_is_no_agreement(monkeypatch):
+    """The graph handed back to run eagerly raises eager's very error, with eager's message: it
+    still is not ours."""
+    from torch_adreno.opinfo_errors import NOT_ON_DEVICE
+
+    monkeypatch.setattr("torch_adreno.backend.compile_graph", lambda gm, *args, **kwargs: gm)
+    outcome = _mm_case(monkeypatch)
+    assert outcome.kind == NOT_ON_DEVICE and not outcome.agrees, outcome
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("error", ["kernel_build", "pyopencl", "plain_runtime_error", "wrong_message"])
+def test_internal_errors_and_other_messages_never_count_as_eagers(monkeypatch, error):
+    """Eager raises RuntimeError; each of these is a RuntimeError (or wraps one) that the type
+    check alone accepted: a kernel build failure, a pyopencl error, a RuntimeError of the
+    backend's own (BackendCompilerFailed), eager's type with another message."""
+    import pyopencl as cl
+
+    from torch_adreno.errors import KernelBuildError
+    from torch_adreno.lowering.checks import eager_error_type
+    from torch_adreno.opinfo_errors import INTERNAL, OTHER_ERROR
+    from torch_adreno.runtime import get_runtime
+
+    def pyopencl_error():
+        try:
+            cl.Program(get_runtime().context, "__kernel void broken(").build()
+        except cl.Error as err:
+            return err
+        raise AssertionError("the broken program built")
+
+    raising = {"kernel_build": lambda: KernelBuildError("kernel k failed to build"),
+               "pyopencl": pyopencl_error,
+               "plain_runtime_error": lambda: RuntimeError("expected m1 and m2 to have the same dtype"),
+               "wrong_message": lambda: eager_error_type(RuntimeError)("not eager's message")}[error]
+    outcome = _mm_case(monkeypatch, raising)
+    assert outcome.kind == (OTHER_ERROR if error == "wrong_message" else INTERNAL), outcome
+    assert not outcome.agrees
+
+
+@pytest.mark.device
+def test_a_result_not_computed_on_the_device_is_no_agreement(monkeypatch):
+    """Where eager computes, eager's values from a graph that never reached the device (the
+    backend handing the graph back) do not count as ours."""
+    import types
+
+    import torch
+
+    from torch_adreno import backend
+    from torch_adreno.opinfo_errors import NOT_ON_DEVICE, SAME_RESULT, _Sample, run_case
+
+    op = types.SimpleNamespace(name="mm", variant_test_name="", op=torch.mm)
+    sample = _Sample(torch.randn(2, 3), (torch.randn(3, 2),), {})
+    assert run_case(op, "test", sample).kind == SAME_RESULT
+    monkeypatch.setenv("TORCH_ADRENO_COMPILE_CACHE", "0")
+    monkeypatch.setattr(backend, "compile_graph", lambda gm, *args, **kwargs: gm)  # the FX graph, run eagerly
+    assert run_case(op, "test", sample).kind == NOT_ON_DEVICE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_ran_on_device
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import torch_adreno
 import torch_adreno.backend as backend
 from torch_adreno.errors import OptionError, ShapeLimitError
 
@@ -38,12 +41,16 @@ def test_every_compile_holds_dynamos_compile_lock(monkeypatch, no_compile_cache)
     monkeypatch.setattr(backend, "trace_and_compile", spy)
     model = torch.nn.Linear(8, 4)
     compiled = torch.compile(model, backend="adreno")
-    for batch in (2, 3, 4, 5):
-        x = torch.randn(batch, 8)
-        torch.testing.assert_close(compiled(x), model(x))
+    with torch_adreno.profile() as prof:
+        for batch in (2, 3, 4, 5):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), model(x))
     # 2: Dynamo's static graph; 3: Dynamo's symbolic graph, compiled at its calls with 3, 4 and 5.
     assert len(held) == 4, held
     assert all(held), held
+    # Each of the four compiles gave a program that ran on the device (not the traced graph).
+    assert_ran_on_device(prof)
+    assert len(prof.graph_runs) == 4, [r.graph for r in prof.graph_runs]
 
 
 def test_compiled_model_runs_while_another_thread_traces(no_compile_cache):
@@ -72,7 +79,10 @@ def test_compiled_model_runs_while_another_thread_traces(no_compile_cache):
     try:
         assert inside.wait(60)
         assert torch.fx._symbolic_trace._is_fx_tracing_flag, "the other thread is inside an FX trace"
-        torch.testing.assert_close(compiled(x), model(x))
+        with torch_adreno.profile() as prof:
+            torch.testing.assert_close(compiled(x), model(x))
+        # The compiled program ran (on the device), not a traced or eager stand-in.
+        assert_ran_on_device(prof)
     finally:
         leave.set()
         tracer.join(60)
@@ -84,9 +94,12 @@ def test_compiled_model_runs_while_another_thread_traces(no_compile_cache):
 def test_shape_limit_is_its_own_error_naming_the_graph_and_the_shapes(monkeypatch, no_compile_cache):
     monkeypatch.setattr(backend, "MAX_SPECIALIZATIONS", 2)
     compiled = torch.compile(torch.nn.Linear(8, 4), backend="adreno")
-    compiled(torch.randn(2, 8))
-    compiled(torch.randn(3, 8))  # Dynamo's symbolic graph, specialised for 3 ...
-    compiled(torch.randn(4, 8))  # ... and for 4
+    with torch_adreno.profile() as prof:
+        compiled(torch.randn(2, 8))
+        compiled(torch.randn(3, 8))  # Dynamo's symbolic graph, specialised for 3 ...
+        compiled(torch.randn(4, 8))  # ... and for 4
+    assert_ran_on_device(prof)
+    assert len(prof.graph_runs) == 3
     with pytest.raises(ShapeLimitError) as caught:
         compiled(torch.randn(5, 8))
     message = str(caught.value)
@@ -104,9 +117,11 @@ def test_mkldnn_switch_is_left_alone_by_graphs_without_lstm(monkeypatch, no_comp
     upstream = torch._C._set_mkldnn_enabled
     monkeypatch.setattr(torch._C, "_set_mkldnn_enabled", lambda flag: (switched.append(flag), upstream(flag))[1])
     compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()), backend="adreno")
-    compiled(torch.randn(2, 8)).sum().backward()
-    compiled(torch.randn(3, 8)).sum().backward()
+    with torch_adreno.profile() as prof:
+        compiled(torch.randn(2, 8)).sum().backward()
+        compiled(torch.randn(3, 8)).sum().backward()
     assert switched == []
+    assert_ran_on_device(prof, graphs=("forward", "backward"))  # compiles that ran, not eager's graphs
     # What Dynamo records for an nn.LSTM (RNN tracing on) is recognised.
     graph = torch.fx.Graph()
     graph.output(graph.call_function(torch.lstm, (graph.placeholder("x"),)))
@@ -116,12 +131,17 @@ def test_mkldnn_switch_is_left_alone_by_graphs_without_lstm(monkeypatch, no_comp
 _THREADS_SCRIPT = textwrap.dedent("""
     import threading
     import torch
-    import torch_adreno  # noqa: F401
+    import torch_adreno
 
     errors = []
 
     def guarded(fn):
         def run():
+            # Every torch.compile'd module shares one code object (Dynamo's wrapper), so the
+            # models below exceed the default recompile limit of 8, past which Dynamo runs calls
+            # eagerly, silently (the graph-run counts printed below would miss them). Dynamo's
+            # config is per thread.
+            torch._dynamo.config.recompile_limit = 64
             try:
                 fn()
             except BaseException as err:
@@ -147,12 +167,16 @@ _THREADS_SCRIPT = textwrap.dedent("""
 
     threads = [threading.Thread(target=guarded(train), name="train"),
                threading.Thread(target=guarded(others), name="others")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    # The process still compiles afterwards.
-    guarded(lambda: torch.compile(torch.nn.Linear(3, 2), backend="adreno")(torch.randn(2, 3)).sum().backward())()
+    with torch_adreno.profile() as prof:  # the launch records of both threads
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        # The process still compiles afterwards.
+        guarded(lambda: torch.compile(torch.nn.Linear(3, 2), backend="adreno")(torch.randn(2, 3)).sum().backward())()
+    runs = [r.graph.split("_")[0] for r in prof.graph_runs]
+    print("RUNS", runs.count("forward"), runs.count("backward"), "LAUNCHES", prof.kernel_launches,
+          "HOST", len(prof.host_fallback_ops))
     print("ERRORS", len(errors))
     for error in errors:
         print(error[:2000])
@@ -171,3 +195,9 @@ def test_compiling_in_one_thread_while_another_trains_with_changing_batch_sizes(
                             timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ERRORS 0" in result.stdout, result.stdout[-4000:]
+    # Every call ran a compiled graph on the device: train's 80 forwards and 40 backwards, the
+    # others' 8 of each, and the last compile's one of each.
+    runs = re.search(r"RUNS (\d+) (\d+) LAUNCHES (\d+) HOST (\d+)", result.stdout)
+    assert runs, result.stdout[-4000:]
+    forwards, backwards, launches, host = map(int, runs.groups())
+    assert forwards >= 89 and backwards >= 49 and launches >= forwards + backwards and host == 0, runs.group(0)

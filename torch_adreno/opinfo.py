@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyopencl as cl
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torch_adreno.compile_cache import CompiledGraph
-from torch_adreno.errors import AdrenoError, UnsupportedOpError
+from torch_adreno.errors import AdrenoError, KernelBuildError, UnsupportedOpError
 from torch_adreno.runtime import Executable
 
 #: float32 comparison used for every sample (OpInfo's per-op overrides target other backends);
@@ -119,7 +120,10 @@ HALF_EXPECTED_FAILURES: dict[torch.dtype, dict[tuple[str, int | None], str]] = {
 #: What became of a sample (``Outcome.kind``). A *clear error* is one of ours (an AdrenoError
 #: naming the op or FX node and saying how to proceed); *not traceable* is Dynamo refusing the
 #: function before any graph reaches a backend (its own clear error, the same under any backend);
-#: an *internal error* is anything else raised while compiling or running: a bug to fix.
+#: an *internal error* is anything else raised while compiling or running, or graphs Dynamo handed
+#: the backend that were not compiled for the device (the sample's values are then eager's): a
+#: bug to fix. *No graph*: the sample ran and Dynamo captured no graph at all (nothing reached
+#: any backend): never a pass, and reported apart.
 PASS, CLEAR_ERROR, NOT_TRACEABLE, INTERNAL_ERROR, WRONG_RESULT, NO_GRAPH, SKIPPED = (
     "pass", "clear error", "not traceable", "internal error", "wrong result", "no graph", "skipped")
 KINDS = (PASS, CLEAR_ERROR, NOT_TRACEABLE, INTERNAL_ERROR, WRONG_RESULT, NO_GRAPH, SKIPPED)
@@ -274,6 +278,7 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
         return Outcome(name, index, False, f"{OTHER_DEVICE_OUT_OF_SCOPE} ({', '.join(sorted(elsewhere))})",
                        skipped=True)
     compiled = torch.compile(call, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)
+    captured = _dynamo_graphs()
     try:
         with _count_compiles() as compiles:
             ours_inputs = prepared()
@@ -283,8 +288,11 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
     except Exception as err:
         result = _failure(name, index, err)
     else:
-        result = _judge(name, index, compiles[0], call, tensors, grad, (out, grads), (expected_out, expected_grads),
-                        dtype)
+        if not compiles[0]:
+            result = _not_compiled(name, index, _dynamo_graphs() - captured)
+        else:
+            result = _judge(name, index, compiles[0], call, tensors, grad, (out, grads),
+                            (expected_out, expected_grads), dtype)
     if expected is not None and not result.passed:
         result.expected, result.reason = True, f"expected failure ({expected}): {result.reason}"
     return result
@@ -310,9 +318,39 @@ def _run_random(name: str, index: int, call: Callable[..., Any], prepared: Calla
     return Outcome(name, index, False, "random: ran, values not compared (see RANDOM_OPINFOS)", skipped=True)
 
 
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and the exceptions it was raised from or while handling."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _dynamo_graphs() -> int:
+    """Graphs Dynamo has captured (and handed a backend) in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _not_compiled(name: str, index: int, captured: int) -> Outcome:
+    """A sample that ran without any graph compiled for the device: an internal error where
+    Dynamo handed the backend ``captured`` graphs (they ran some other way), else no graph."""
+    if captured:
+        return Outcome(name, index, False, f"Dynamo handed the backend {captured} graph(s) and none was compiled "
+                                           "for the device: the results are not the device's", kind=INTERNAL_ERROR)
+    return Outcome(name, index, False, "no graph reached the backend (Dynamo captured none)", kind=NO_GRAPH)
+
+
 def _failure(name: str, index: int, err: BaseException) -> Outcome:
     """Classify an exception raised compiling or running a sample (see :data:`KINDS`)."""
     inner = err.inner_exception if isinstance(err, torch._dynamo.exc.BackendCompilerFailed) else err
+    build = next((e for e in _causes(inner) if isinstance(e, (KernelBuildError, cl.Error))), None)
+    if build is not None:  # a kernel we generated that the device refused, or another OpenCL failure: a bug
+        return Outcome(name, index, False, f"{type(build).__name__}: " + " ".join(str(build).split())[:200],
+                       kind=INTERNAL_ERROR)
     if isinstance(inner, UnsupportedOpError):
         return Outcome(name, index, False, "unsupported: " + str(inner).split("\n")[0], kind=CLEAR_ERROR)
     if isinstance(inner, AdrenoError):
@@ -336,7 +374,7 @@ def _judge(name: str, index: int, compiles: int, call: Callable[..., Any], tenso
     """Compare a compiled run's outputs and gradients with eager's (see :func:`_compare`)."""
     (out, grads), (expected_out, expected_grads) = ours, eager
     if compiles == 0:
-        return Outcome(name, index, False, "no graph reached the backend", kind=NO_GRAPH)
+        return _not_compiled(name, index, 0)
     exact = _Float64Reference(call, tensors, grad, dtype)
     tolerance = TOLERANCES[dtype]
     notes = []
