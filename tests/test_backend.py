@@ -68,10 +68,16 @@ def _fake_devices(*names):
 
     import pyopencl as cl
 
-    from torch_adreno.runtime.device import DeviceEntry
+    import torch_adreno.runtime.device as device
+    from torch_adreno.runtime.device import DeviceEntry, Probe
 
-    return [DeviceEntry(i, "Portable Computing Language", SimpleNamespace(name=name, type=cl.device_type.CPU))
-            for i, name in enumerate(names)]
+    entries = []
+    for i, name in enumerate(names):
+        handle = -1 - i  # no real device has it: its probe is recorded as built
+        device._probes[handle] = Probe(preferred_multiple=8)
+        fake = SimpleNamespace(name=name, type=cl.device_type.CPU, int_ptr=handle)
+        entries.append(DeviceEntry(i, "Portable Computing Language", fake))
+    return entries
 
 
 def test_a_device_name_matching_several_devices_is_refused_with_the_matches(monkeypatch):
