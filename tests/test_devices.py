@@ -64,10 +64,10 @@ def test_a_device_that_cannot_build_is_unusable_with_the_drivers_reason(broken) 
 
 @pytest.mark.device
 def test_the_default_skips_a_broken_device_and_logs_it_once(broken, caplog) -> None:
-    entries = device_module.list_devices()
+    working = [e for e in device_module.list_devices() if e.unusable is None]
     default = device_module.select_device(None)
     broken.add(default.index)
-    if len(entries) == 1:
+    if len(working) == 1:  # (on a Zen 5 the bundled PoCL is broken already)
         with pytest.raises(DeviceNotFoundError, match="no OpenCL device here can build a kernel") as error:
             device_module.select_device(None)
         assert "pip install intel-opencl-rt" in str(error.value)
@@ -99,7 +99,7 @@ def test_devices_lists_a_broken_device_with_its_reason_and_exits_0(broken, capsy
     out = capsys.readouterr().out
     assert f"[{entries[-1].index}] {entries[-1].label}" in out
     assert "unusable: its OpenCL driver cannot build a kernel: error: unknown target CPU 'generic'" in out
-    if len(entries) > 1:
+    if any(e.unusable is None for e in device_module.list_devices()):
         assert code == 0 and "* = default device" in out
     else:
         assert code == 1 and "pip install intel-opencl-rt" in out

@@ -73,9 +73,8 @@ def _lora_pair(x: torch.Tensor, a1: torch.Tensor, a2: torch.Tensor) -> torch.Ten
     return (n @ a1.t()).sum() + (n @ a2.t() * 2).sum()
 
 
-def _partitioned(fn, *inputs):
-    """The forward and backward FX graphs the backend gets, and the donation decided for them."""
-    captured: dict[str, object] = {}
+def _capturing_partition(captured: dict[str, object]):
+    """The backend's partitioner, keeping the graphs and the donation decided for them."""
 
     def partition(joint, joint_inputs, **kwargs):
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
@@ -83,6 +82,13 @@ def _partitioned(fn, *inputs):
         captured["fw"], captured["bw"] = fw, bw
         return fw, bw
 
+    return partition
+
+
+def _partitioned(fn, *inputs):
+    """The forward and backward FX graphs the backend gets, and the donation decided for them."""
+    captured: dict[str, object] = {}
+    partition = _capturing_partition(captured)
     compiled = aot_function(fn, fw_compiler=lambda gm, _: gm, bw_compiler=lambda gm, _: gm,
                             partition_fn=partition, decompositions=decomposition_table())
     with torch._functorch.config.patch(cse=False):  # as the backend partitions
@@ -122,13 +128,7 @@ def _lora_model_partitioned(layers: int = 2):
     from torch._dynamo.backends.common import aot_autograd
 
     captured: dict[str, object] = {}
-
-    def partition(joint, joint_inputs, **kwargs):
-        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
-        captured["donation"] = donatable_saved_tensors(fw, bw, kwargs["num_fwd_outputs"])
-        captured["fw"], captured["bw"] = fw, bw
-        return fw, bw
-
+    partition = _capturing_partition(captured)
     backend = aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=lambda gm, _: gm, partition_fn=partition,
                            decompositions=decomposition_table())
     torch.manual_seed(0)
