@@ -36,6 +36,20 @@ def test_sdpa_forward_and_gradients_match_eager(case):
     assert_matches_eager(attention, q, k, v)
 
 
+@pytest.mark.device
+@pytest.mark.parametrize(("heads", "kv_heads", "causal"), [(4, 2, True), (6, 1, False), (4, 4, True)])
+def test_grouped_query_attention_matches_eager(heads, kv_heads, causal):
+    """``enable_gqa=True`` (Llama 3.2, Qwen2.5, SmolLM): key/value heads shared by groups of query
+    heads; their gradients sum the group's shares (issue 28: it raised a broadcast error)."""
+    q = torch.randn(2, heads, 6, 8, generator=g)
+    k, v = (torch.randn(2, kv_heads, 6, 8, generator=g) for _ in range(2))
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    assert_matches_eager(attention, q, k, v)
+
+
 def test_backward_does_not_keep_the_attention_matrix():
     q, k, v = (t.requires_grad_() for t in _qkv(queries=16, keys=16))
     forward = capture_graphs(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)[0]

@@ -33,6 +33,30 @@ def _masked_scores(query: torch.Tensor, key: torch.Tensor, is_causal: bool, attn
     return scores, scale
 
 
+def _grouped(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query attention (``enable_gqa=True``): keys or values of fewer heads than the
+    queries, each shared by ``heads // t.shape[-3]`` consecutive query heads, repeated to ``heads``
+    (query head ``h`` reads key head ``h // group``, as eager's kernel does)."""
+    kv_heads = t.shape[-3]
+    if kv_heads == heads:
+        return t
+    if heads % kv_heads:
+        raise ValueError(f"scaled_dot_product_attention: {heads} query heads cannot share {kv_heads} key/value "
+                         "heads (enable_gqa needs the query heads to be a multiple of the key/value heads)")
+    group = heads // kv_heads
+    lead = t.shape[:-3]
+    return t.unsqueeze(-3).expand(*lead, kv_heads, group, *t.shape[-2:]).reshape(*lead, heads, *t.shape[-2:])
+
+
+def _ungrouped(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The gradient of :func:`_grouped`: the query heads' shares summed back per key/value head."""
+    heads = grad.shape[-3]
+    if heads == kv_heads:
+        return grad
+    lead = grad.shape[:-3]
+    return grad.reshape(*lead, kv_heads, heads // kv_heads, *grad.shape[-2:]).sum(-3)
+
+
 def _widened(t: Any) -> Any:
     """A 16-bit float tensor as float32 (the precision eager's CPU flash kernel computes in)."""
     if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16):
@@ -58,6 +82,9 @@ def flash_attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch
     _check_no_dropout(dropout_p)
     dtype = query.dtype
     query, key, value, attn_mask = (_widened(t) for t in (query, key, value, attn_mask))
+    heads = query.shape[-3] if query.dim() >= 3 else 1
+    if query.dim() >= 3:
+        key, value = _grouped(key, heads), _grouped(value, heads)
     scores, _ = _masked_scores(query, key, is_causal, attn_mask, scale)
     out = torch.matmul(torch.softmax(scores, dim=-1), value)
     return out.to(dtype), torch.logsumexp(scores, dim=-1).float()
@@ -79,6 +106,9 @@ def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     dtypes = query.dtype, key.dtype, value.dtype
     grad_out, query, key, value, out, attn_mask = (
         _widened(t) for t in (grad_out, query, key, value, out, attn_mask))
+    kv_heads = key.shape[-3] if key.dim() >= 3 else 1
+    if query.dim() >= 3:
+        key, value = _grouped(key, query.shape[-3]), _grouped(value, query.shape[-3])
     scores, scale = _masked_scores(query, key, is_causal, attn_mask, scale)
     probabilities = torch.exp(scores - logsumexp.unsqueeze(-1).to(scores.dtype))
     grad_value = torch.matmul(probabilities.transpose(-2, -1), grad_out)
@@ -87,6 +117,8 @@ def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     grad_scores = probabilities * (grad_probabilities - row_dot) * scale
     grad_query = torch.matmul(grad_scores, key)
     grad_key = torch.matmul(grad_scores.transpose(-2, -1), query)
+    if query.dim() >= 3:
+        grad_key, grad_value = _ungrouped(grad_key, kv_heads), _ungrouped(grad_value, kv_heads)
     return grad_query.to(dtypes[0]), grad_key.to(dtypes[1]), grad_value.to(dtypes[2])
 
 
