@@ -151,3 +151,13 @@ def test_the_installed_pip_driver_is_registered_in_this_process() -> None:
         pytest.skip("OCL_ICD_VENDORS was set by the user: the loader reads their drivers, not ours")
     labels = [e.label for e in device_module.list_devices()]
     assert any(label.startswith("Intel(R) OpenCL") for label in labels), labels
+
+
+def test_a_pip_driver_that_cannot_load_is_reported_not_silently_skipped(tmp_path: Path) -> None:
+    from torch_adreno.opencl_drivers import load_failures
+
+    broken_library = tmp_path / "libintelocl.so"
+    broken_library.write_bytes(b"not an ELF file")
+    failures = load_failures({"intel-opencl-rt": broken_library})
+    assert set(failures) == {"intel-opencl-rt"} and str(broken_library) in failures["intel-opencl-rt"]
+    assert load_failures({}) == {}

@@ -44,6 +44,20 @@ def pip_driver_libraries() -> dict[str, Path]:
     return found
 
 
+def load_failures(libraries: dict[str, Path] | None = None) -> dict[str, str]:
+    """Per pip driver whose library the dynamic linker cannot load, its error: the ICD loader
+    skips such a driver without a word (a missing sibling library, say), so ``devices`` says it."""
+    import ctypes
+
+    failures = {}
+    for distribution, library in (pip_driver_libraries() if libraries is None else libraries).items():
+        try:
+            ctypes.CDLL(str(library))
+        except OSError as error:
+            failures[distribution] = str(error)
+    return failures
+
+
 def _cache_dir(environ: MutableMapping[str, str]) -> Path:
     root = environ.get("TORCH_ADRENO_CACHE")
     return Path(root) if root else Path(environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_adreno"
@@ -96,4 +110,4 @@ def register_pip_drivers(environ: MutableMapping[str, str] | None = None,
     return directory
 
 
-__all__ = ["PIP_DRIVERS", "pip_driver_libraries", "register_pip_drivers", "vendor_entries"]
+__all__ = ["PIP_DRIVERS", "load_failures", "pip_driver_libraries", "register_pip_drivers", "vendor_entries"]
