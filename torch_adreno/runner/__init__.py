@@ -137,7 +137,10 @@ def choose_device(spec: str | int | None = None) -> cl.Device:
         if index >= len(devices):
             raise UnsupportedStepFile(f"device index {index}: there are {len(devices)} OpenCL devices")
         return devices[index]
-    named = [d for d in devices if str(spec).lower() in f"{d.platform.name} {d.name}".lower()]
+    # Names as torch_adreno's backend labels devices ("platform: device"), or platform and name.
+    wanted = str(spec).strip().lower()
+    named = [d for d in devices if wanted in f"{d.platform.name.strip()}: {d.name.strip()}".lower()
+             or wanted in f"{d.platform.name} {d.name}".lower()]
     if not named:
         raise UnsupportedStepFile(f"no OpenCL device named like {spec!r}; devices: {', '.join(d.name for d in devices)}")
     return named[0]
