@@ -50,7 +50,7 @@ def test_the_named_subset_passes_on_the_second_cpu_compiler() -> None:
         unusable = [f"{e.label} ({e.unusable})" for e in list_devices() if e.unusable]
         pytest.skip(f"only one OpenCL compiler builds kernels here ({suite.label}); unusable: {unusable or 'none'}")
     other = others[0]
-    env = {**os.environ, "TORCH_ADRENO_DEVICE": other.label, "TORCH_ADRENO_SECOND_COMPILER": "1"}
+    env = {**os.environ, "TORCH_ADRENO_DEVICE": other.label}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *SUBSET]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
