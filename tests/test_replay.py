@@ -377,6 +377,33 @@ def test_plan_step_memory_packs_by_lifetime() -> None:
     assert plan.lifetimes[3] == (3, 4)
 
 
+def test_the_step_verifier_accepts_the_planned_layout_and_rejects_one_sharing_live_bytes() -> None:
+    """Issue 25: the whole-step layout is proven against the recorded reads and writes."""
+    from types import SimpleNamespace
+
+    from torch_adreno.memory.verify import MemoryPlanError
+    from torch_adreno.runtime.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
+    from torch_adreno.runtime.step_memory import ArenaLayout, verify_step_memory
+
+    recorder = StepRecorder.__new__(StepRecorder)
+    recorder.identities = [MemoryIdentity(i, INTERNAL, 256, None, f"b{i}") for i in range(3)]
+
+    def launch(reads, writes):
+        names = [f"p{i}" for i in (*reads, *writes)]
+        source = SimpleNamespace(name=f"k{len(recorder.operations)}", params=tuple(names),
+                                 reads=tuple(f"p{i}" for i in reads), writes=tuple(f"p{i}" for i in writes))
+        return RecordedLaunch("g", None, source, (*reads, *writes))
+
+    recorder.operations = []
+    for reads, writes in [((), (0,)), ((0,), (1,)), ((1,), (2,))]:  # b0 -> b1 -> b2, b2 the loss
+        recorder.operations.append(launch(reads, writes))
+    plan = plan_step_memory(recorder, keep_to_end={2})
+    verify_step_memory(recorder, ArenaLayout.of(recorder, plan, False, 256), {2})
+    overlapping = ArenaLayout({0: 0, 1: 0, 2: 256}, 512, 256)  # b1 written over b0 while b0 is read
+    with pytest.raises(MemoryPlanError, match=r"k1 writes 1 into the replay's arena .* over 0"):
+        verify_step_memory(recorder, overlapping, {2})
+
+
 def test_replay_can_be_turned_off_and_steps_pickle_their_models() -> None:
     run = _Lockstep()
     run.step = torch_adreno.TrainingStep(run.model, _loss, run.opt, replay=False)
