@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, append_jsonl, run_context
 
 import torch_adreno
-from torch_adreno.runtime import host_sync
+from torch_adreno.training import host_sync
 
 
 class _PassThrough(TorchFunctionMode):

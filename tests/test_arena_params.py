@@ -20,9 +20,9 @@ from torch_adreno.kernels.arena_params import (
     place_in_arena,
 )
 from torch_adreno.kernels.program import assemble
-from torch_adreno.runtime import replay as replay_module
+from torch_adreno.training.replay import step as replay_module
 from torch_adreno.runtime.heap import placement
-from torch_adreno.runtime.launch_list import Copy
+from torch_adreno.training.replay.launch_list import Copy
 
 
 def _kernels():

@@ -18,7 +18,7 @@ from helpers import eager_training_step as _eager_step
 
 import torch_adreno
 from torch_adreno.models import MODELS
-from torch_adreno.runtime.step_memory import plan_step_memory
+from torch_adreno.training.replay.memory import plan_step_memory
 
 pytestmark = pytest.mark.device
 
@@ -362,7 +362,7 @@ def test_step_memory_plan_shares_only_disjoint_lifetimes() -> None:
 
 
 def test_plan_step_memory_packs_by_lifetime() -> None:
-    from torch_adreno.runtime.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
+    from torch_adreno.training.replay.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
 
     recorder = StepRecorder.__new__(StepRecorder)
     recorder.identities = [MemoryIdentity(i, INTERNAL, n, None, f"b{i}") for i, n in enumerate([400, 100, 300, 50])]
@@ -382,8 +382,8 @@ def test_the_step_verifier_accepts_the_planned_layout_and_rejects_one_sharing_li
     from types import SimpleNamespace
 
     from torch_adreno.memory.verify import MemoryPlanError
-    from torch_adreno.runtime.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
-    from torch_adreno.runtime.step_memory import ArenaLayout, verify_step_memory
+    from torch_adreno.training.replay.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
+    from torch_adreno.training.replay.memory import ArenaLayout, verify_step_memory
 
     recorder = StepRecorder.__new__(StepRecorder)
     recorder.identities = [MemoryIdentity(i, INTERNAL, 256, None, f"b{i}") for i in range(3)]
@@ -438,7 +438,7 @@ def test_two_steps_interleaved_keep_their_buffers_alive() -> None:
 
 
 def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -> None:
-    from torch_adreno.runtime.replay import IN_PLACE, UPLOADED
+    from torch_adreno.training.replay.step import IN_PLACE, UPLOADED
 
     batches = _batches(5)
     for options, mode in (({}, IN_PLACE), (COPY, UPLOADED)):
@@ -462,7 +462,7 @@ def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -
 def test_staged_batch_upload_is_bit_identical(monkeypatch, dropout) -> None:
     """Pinned staging is what a device with memory of its own uses; forced here on PoCL. The batch
     and the dropout seeds go up in one write from one pinned buffer."""
-    from torch_adreno.runtime import replay as replay_module
+    from torch_adreno.training.replay import step as replay_module
 
     monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.STAGED)
     batches = _batches(8)
@@ -544,7 +544,7 @@ def test_replayed_steps_leave_host_syncs_mode_in_place(monkeypatch) -> None:
     """A replay runs with torch functions disabled: host_sync's mode, armed after a step that left
     host copies out of date, is not taken off the stack and put back at every replayed step (each
     time a rebuild of the whole stack), and stays armed for the host's next read."""
-    from torch_adreno.runtime import host_sync
+    from torch_adreno.training import host_sync
 
     model = _mlp()
     step = torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
@@ -578,7 +578,7 @@ def _train_unprofiled(batches, replay: bool):
 
 
 def test_replay_through_the_c_loop_is_bit_identical_to_the_compiled_graphs() -> None:
-    from torch_adreno.runtime import launch_list
+    from torch_adreno.training.replay import launch_list
 
     if launch_list.native_loop() is None:
         pytest.fail(f"the C loop is not available here: {launch_list.native_loop_status()}")

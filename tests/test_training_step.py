@@ -14,7 +14,7 @@ from helpers import cross_entropy_loss as _loss
 from helpers import eager_training_step as _eager_step
 
 import torch_adreno
-from torch_adreno.training_gradients import GradientOnDevice
+from torch_adreno.training.gradients import GradientOnDevice
 
 pytestmark = pytest.mark.device
 
@@ -284,7 +284,7 @@ def test_gradient_clipping_matches_eager_clip_between_backward_and_step(options,
         assert norm > 5.0  # the clip did something
         reference_opt.step()
         torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-4)
-        assert any("training_gradients.py" in line for k in prof.kernels for line in k.source_lines)
+        assert any("training/gradients.py" in line for k in prof.kernels for line in k.source_lines)
         if options is COPY and i >= 2:
             minimum = x.numel() * x.element_size() + y.numel() * y.element_size() + loss.element_size()
             assert prof.bytes_host_to_device + prof.bytes_device_to_host <= 1.05 * minimum
@@ -329,7 +329,7 @@ def test_changing_batch_shapes_are_named_as_the_cause_of_a_recompile_limit() -> 
 
 
 def test_recompile_limit_messages_follow_what_changed() -> None:
-    from torch_adreno.training_state import batch_signature, recompile_limit_message
+    from torch_adreno.training.state import batch_signature, recompile_limit_message
 
     one = [batch_signature((torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)))]
     assert "tensor lr" in recompile_limit_message("optimizer step", one)
@@ -350,7 +350,7 @@ def test_the_first_read_of_an_out_of_date_host_copy_synchronizes(tmp_path) -> No
     current values (no NaN mark, no stale elements past the first), each a sync point of its own."""
     import io
 
-    from torch_adreno.runtime import host_sync
+    from torch_adreno.training import host_sync
 
     model, opt, reference, reference_opt = _setup("adam")
     step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
@@ -399,7 +399,7 @@ def test_read_trap_stays_out_of_steps_user_modes_and_compiled_code() -> None:
     reads the device copies without synchronizing."""
     from torch.overrides import TorchFunctionMode
 
-    from torch_adreno.runtime import host_sync
+    from torch_adreno.training import host_sync
 
     class Counting(TorchFunctionMode):
         calls = 0
@@ -462,7 +462,7 @@ def test_the_read_trap_follows_the_thread_that_stepped() -> None:
     the main thread's stack as it was."""
     import threading
 
-    from torch_adreno.runtime import host_sync
+    from torch_adreno.training import host_sync
 
     model, opt, reference, reference_opt = _setup()
     step = torch_adreno.TrainingStep(model, _loss, opt, options=COPY)
@@ -497,7 +497,7 @@ def test_the_read_trap_follows_the_thread_that_stepped() -> None:
 @pytest.mark.parametrize("norm_type", [0.5, 1.0, 2.0, 3.0, float("inf")])
 def test_the_clip_function_is_clip_grad_norm(norm_type: float) -> None:
     """The arithmetic compiled into the step, run eagerly, against torch's clip_grad_norm_."""
-    from torch_adreno.training_gradients import clip_function
+    from torch_adreno.training.gradients import clip_function
 
     generator = torch.Generator().manual_seed(0)
     grads = [torch.randn(7, 5, generator=generator) * 4, torch.randn(3, generator=generator)]

@@ -16,7 +16,7 @@ from torch_adreno.errors import (
 )
 from torch_adreno.profiler import profile
 from torch_adreno.runtime import DeviceTensor, list_devices
-from torch_adreno.training_step import TrainingStep
+from torch_adreno.training.step import TrainingStep
 
 __all__ = [
     "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "LoweringError", "OptionError",

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import torch_adreno
 from torch_adreno.models import MODELS
-from torch_adreno.training_step import TrainingStep
+from torch_adreno.training.step import TrainingStep
 
 #: A variant is "eager" or the options of torch.compile(backend="adreno").
 Variant = str | Mapping[str, Any]

@@ -84,8 +84,8 @@ def _refuse_bad_device(spec: str | int | None) -> bool:
 def cmd_devices(args: argparse.Namespace) -> int:
     from torch_adreno.opencl_drivers import load_failures
     from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
-    from torch_adreno.runtime.launch_list import native_loop_status
     from torch_adreno.target_profiles import TARGETS, match_device
+    from torch_adreno.training.replay.launch_list import native_loop_status
 
     entries = list_devices()
     for distribution, error in load_failures().items():

@@ -4,7 +4,7 @@
     step(x, y); step(x, y)          # the second call captures the step
     step.export("step.onnx")
 
-The model is the launch list of the step's replay (:mod:`torch_adreno.runtime.replay`), each
+The model is the launch list of the step's replay (:mod:`torch_adreno.training.replay.step`), each
 launch a node calling a model-local function (domain ``torch_adreno``) whose body is the standard
 ONNX ops of what the kernel fused (:mod:`.kernel_bodies`), each node carrying the kernel's OpenCL
 source, launch geometry and buffers, and the step's memory plan in the model's metadata. So
@@ -40,8 +40,8 @@ from torch_adreno.export.kernel_bodies import (
 )
 from torch_adreno.kernels.program import KernelSource, assemble
 from torch_adreno.runner import format as fmt
-from torch_adreno.runtime.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
-from torch_adreno.step_capture import state_tensors
+from torch_adreno.training.replay.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
+from torch_adreno.training.guards import state_tensors
 
 __all__ = ["ExportError", "export_step", "load_state", "step_model"]
 
@@ -84,8 +84,8 @@ class Prediction:
 def record_prediction(step: Any, example: torch.Tensor) -> Prediction:
     """Record the forward of ``step.model`` on ``example`` in eval mode without gradients (compiled
     for the step's device); the model's train/eval mode is restored after."""
-    from torch_adreno.runtime.capture import StepRecorder, recording_of
-    from torch_adreno.runtime.step_memory import plan_step_memory
+    from torch_adreno.training.replay.capture import StepRecorder, recording_of
+    from torch_adreno.training.replay.memory import plan_step_memory
 
     model = step.model
     runtime = step._residency.runtime
@@ -520,7 +520,7 @@ def export_reference_model(name: str, path: str | Path, batch: tuple[torch.Tenso
     SGD with momentum 0.9 or Adam) captured on ``batch``, with the model's initial state."""
     import torch.nn.functional as F
 
-    from torch_adreno.training_step import TrainingStep
+    from torch_adreno.training.step import TrainingStep
 
     model = make()
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}

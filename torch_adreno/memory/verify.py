@@ -14,7 +14,7 @@ launches over those storages, tracking which value each storage holds:
 The first violation raises :class:`MemoryPlanError` naming the launch, the storage and the two
 values. :func:`verify_accesses` is the engine; :func:`torch_adreno.kernels.verify.verify_program`
 checks one graph's rendered launches against its plan with it, and the replay its whole-step plan
-(:func:`torch_adreno.runtime.step_memory.verify_step_memory`). Both run on every compiled graph and every
+(:func:`torch_adreno.training.replay.memory.verify_step_memory`). Both run on every compiled graph and every
 captured step when the ``verify_memory`` option is on (the test suite turns it on).
 """
 

@@ -23,10 +23,10 @@ from torch_adreno.kernels.verify import verify_program
 from torch_adreno.lowering.context import IR_TO_TORCH
 from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
-from torch_adreno.runtime.capture import ACTIVE_RECORDER
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
+from torch_adreno.runtime.graph_calls import GraphCall, active_observer
 from torch_adreno.runtime.images import image_views
 from torch_adreno.runtime.residency import Residency, host_array, poison, shared_buffer, sync_shared
 from torch_adreno.runtime.tuning import TuningResult, tune_kernels
@@ -98,6 +98,10 @@ class Executable:
         self._checking_launches = sum(1 for s in self._steps if isinstance(s, _Launch) and not s.empty
                                       and s.source.checks_indices)
         self._input_positions = {name: pos for pos, name in enumerate(self.graph.inputs) if name is not None}
+        #: The graph's tensor constants, bound after the caller's arguments; pinned like parameters,
+        #: so that their device copies are made once (and a replay binds those).
+        self._constants = list(self.graph.constants.values())
+        self.static_inputs |= {self._input_positions[name] for name in self.graph.constants}
         # The allocations each call must bind anew (arena slots and inputs are bound above / by
         # _bind_inputs), in plan order: a call walks these, not every buffer of the graph.
         self._per_call_allocations = [(name, alloc) for name, alloc in plan.allocations.items()
@@ -170,8 +174,8 @@ class Executable:
 
     def __call__(self, args: list[Any]) -> list[Any]:
         self.runtime.graph_calls += 1
-        if self.graph.random_seeds:
-            args = [*args, *self._draw_random_seeds()]
+        if self._constants or self.graph.random_seeds:
+            args = [*args, *self._constants, *self._draw_random_seeds()]
         storage = dict(self._static)
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
@@ -220,9 +224,12 @@ class Executable:
         self.runtime.index_errors.launches += self._checking_launches
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)
-        recorder = ACTIVE_RECORDER.get()
-        if recorder is not None:
-            recorder.record_call(self, args, storage, host_outputs, outputs)
+        observer = active_observer()
+        if observer is not None:
+            observer.graph_called(GraphCall(
+                self.runtime, self.program, args, storage, host_outputs, outputs,
+                tuple((s.kernel, s.source) for s in self._steps if isinstance(s, _Launch) and not s.empty),
+                tuple(s for s in self._steps if isinstance(s, HostStep)), self._input_positions))
         self.residency.finish_transfers()
         self._last_call = storage
         self._last_images = images

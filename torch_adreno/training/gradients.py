@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torch_adreno.runtime.host_sync import METADATA_FUNCTIONS
+from torch_adreno.training.host_sync import METADATA_FUNCTIONS
 
 GRADIENTS_STAY_ON_THE_DEVICE = (
     "this parameter is trained by a torch_adreno.TrainingStep: its gradient existed on the device only, "

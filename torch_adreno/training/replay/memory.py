@@ -4,7 +4,7 @@
 activations, gradients, scratch, the loss) by one plan spanning the whole step: a saved
 activation's bytes are free after its last backward read, a gradient's after the optimizer's.
 :class:`ArenaLayout` puts that plan's slots, the step's seeds and (when copied) its batch at fixed
-byte offsets of one buffer, the replay's arena (:mod:`torch_adreno.runtime.replay`).
+byte offsets of one buffer, the replay's arena (:mod:`torch_adreno.training.replay.step`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
 from torch_adreno.memory.verify import Access, Placement, verify_accesses
-from torch_adreno.runtime.capture import BATCH, INTERNAL, SEED, RecordedLaunch, StepRecorder
+from torch_adreno.training.replay.capture import BATCH, INTERNAL, SEED, RecordedLaunch, StepRecorder
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,15 @@ recording is never replayed.
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyopencl as cl
 import torch
 
+from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.device import DeviceRuntime
-
-#: The recorder of the step running on this thread (None: not recording). An Executable call
-#: reads it once; with no recorder that is the whole cost.
-ACTIVE_RECORDER: contextvars.ContextVar[StepRecorder | None] = contextvars.ContextVar(
-    "torch_adreno_step_recorder", default=None)
+from torch_adreno.runtime.graph_calls import GraphCall, observing
 
 INTERNAL, BATCH, SEED, PERSISTENT = "internal", "batch", "seed", "persistent"
 
@@ -105,14 +101,15 @@ class StepRecorder:
     _outputs: dict[int, int] = field(default_factory=dict)
     _host_outputs: list[torch.Tensor] = field(default_factory=list)
     _held_buffers: list[cl.Buffer] = field(default_factory=list)
-    _token: Any = None
+    _observing: Any = None
 
     def __enter__(self) -> StepRecorder:
-        self._token = ACTIVE_RECORDER.set(self)
+        self._observing = observing(self)
+        self._observing.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        ACTIVE_RECORDER.reset(self._token)
+        self._observing.__exit__(*exc)
 
     # -- identities --------------------------------------------------------------------------
 
@@ -181,19 +178,14 @@ class StepRecorder:
 
     # -- what an Executable call reports ----------------------------------------------------
 
-    def record_call(self, executable: Any, args: list[Any], storage: dict[str, Any],
-                    host_outputs: dict[str, torch.Tensor], outputs: list[Any]) -> None:
-        """Called by ``executable`` after it enqueued everything for one call with ``args``."""
-        from torch_adreno.kernels import HostStep
-        from torch_adreno.memory import StorageKind
-
-        if executable.runtime is not self.runtime:
-            self.unsupported = f"{executable.graph.name} ran on another device than the step's"
+    def graph_called(self, call: GraphCall) -> None:
+        """What one graph call of the step enqueued (:class:`GraphCallObserver`)."""
+        if call.runtime is not self.runtime:
+            self.unsupported = f"{call.program.graph.name} ran on another device than the step's"
             return
-        graph = executable.graph
-        plan = executable.program.plan
+        graph, plan, args, storage = call.program.graph, call.program.plan, call.args, call.storage
         self.graphs.append(graph.name)
-        self.programs[graph.name] = executable.program
+        self.programs[graph.name] = call.program
         first_seed = len(args) - len(graph.random_seeds)
         identity: dict[str, int] = {}
         for pos, name in enumerate(graph.inputs):
@@ -206,18 +198,14 @@ class StepRecorder:
                 assert alloc.in_place_of is not None
                 identity[name] = identity[alloc.in_place_of]
             else:
-                identity[name] = self._internal(storage[name], f"{graph.name}.{name}", host_outputs.get(name),
+                identity[name] = self._internal(storage[name], f"{graph.name}.{name}", call.host_outputs.get(name),
                                                 arena=alloc.kind is StorageKind.ARENA)
-        for step in executable._steps:
-            if isinstance(step, HostStep):
-                self.unsupported = f"{graph.name} runs {step.node.target} on the host (fallback='host')"
-                continue
-            if step.empty:
-                continue
-            self.operations.append(RecordedLaunch(graph.name, step.kernel, step.source,
-                                                  tuple(identity[name] for name in step.source.params)))
+        for host_step in call.host_steps:
+            self.unsupported = f"{graph.name} runs {host_step.node.target} on the host (fallback='host')"
+        for kernel, source in call.launches:
+            self.operations.append(RecordedLaunch(graph.name, kernel, source, tuple(identity[name] for name in source.params)))
         for target, value in graph.mutations.items():
-            tensor = args[executable._input_positions[target]]
+            tensor = args[call.input_positions[target]]
             if plan.allocations[value].kind is not StorageKind.INPUT_ALIAS:
                 nbytes = graph.buffers[value].nbytes
                 if nbytes:
@@ -227,7 +215,7 @@ class StepRecorder:
                 self.updated.append((tensor, identity[target]))
             elif kind is not INTERNAL:  # memory made in the step (gradients clipped in place) is fine
                 self.unsupported = f"{graph.name} updates {target} in place, a {kind} input of the step"
-        for out, value in zip(graph.outputs, outputs, strict=True):
+        for out, value in zip(graph.outputs, call.outputs, strict=True):
             if out.buffer is not None and isinstance(value, torch.Tensor) and value.numel():
                 self._outputs[value.data_ptr()] = identity[out.buffer]
 
@@ -264,10 +252,6 @@ def recording_of(recorder: StepRecorder, loss: int) -> StepRecording:
                          tuple(recorder.seeds), dict(recorder.programs), loss, batch)
 
 
-def active_recorder() -> StepRecorder | None:
-    return ACTIVE_RECORDER.get()
-
-
-__all__ = ["ACTIVE_RECORDER", "BATCH", "INTERNAL", "PERSISTENT", "SEED", "MemoryIdentity", "RecordedCopy",
-           "RecordedLaunch", "StepRecorder", "StepRecording", "active_recorder", "recording_of"]
+__all__ = ["BATCH", "INTERNAL", "PERSISTENT", "SEED", "MemoryIdentity", "RecordedCopy",
+           "RecordedLaunch", "StepRecorder", "StepRecording", "recording_of"]
 

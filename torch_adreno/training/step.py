@@ -9,7 +9,7 @@ What it adds over compiling the loss and ``optimizer.step`` separately, on a dev
 its own (on unified-memory devices -- phones, PoCL -- nothing is copied either way): per step,
 only the batch goes up and the loss comes down. Gradients never leave the device (the optimizer
 graph reads them there; ``max_grad_norm=`` clips them there, between backward and step, see
-:mod:`torch_adreno.training_gradients`); after the step each ``.grad`` is a marker whose every use
+:mod:`torch_adreno.training.gradients`); after the step each ``.grad`` is a marker whose every use
 raises an error saying so. The new parameters and optimizer state are not written back to the host
 after every step.
 
@@ -18,7 +18,7 @@ Host copies of parameters and optimizer state are brought up to date -- the sync
 here, so checkpoints are right); ``step.close()`` (or leaving ``with step:``); and in copy mode,
 the first torch call reading an out-of-date host copy in the thread that ran the step (eager
 forward, ``clone``, slices, ``numpy()``, ``copy.deepcopy`` / ``torch.save`` of the model, an
-in-place edit), by the torch function mode of :mod:`torch_adreno.runtime.host_sync`. What that
+in-place edit), by the torch function mode of :mod:`torch_adreno.training.host_sync`. What that
 mode cannot see -- other threads, NumPy arrays or views taken before the step, C code -- reads
 host copies marked out of date by a NaN in their first element (floating point only: integer
 state such as ``num_batches_tracked`` carries no mark); a change made there to an out-of-date
@@ -48,21 +48,21 @@ from typing import Any
 
 import torch
 
-from torch_adreno import step_capture
 from torch_adreno.config import Config
-from torch_adreno.runtime import get_residency, get_runtime, host_sync
-from torch_adreno.runtime.capture import PERSISTENT, StepRecorder
+from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.events import BUS, StepRecord
-from torch_adreno.runtime.replay import CaptureError, ReplayedStep
-from torch_adreno.training_gradients import (
+from torch_adreno.training import guards, host_sync
+from torch_adreno.training.gradients import (
     GradientOnDevice,
     check_norm_type,
     clear_gradient_markers,
     gradient_clipper,
     mark_gradients_on_device,
 )
-from torch_adreno.training_scaler import DeviceGradScaling
-from torch_adreno.training_state import (
+from torch_adreno.training.replay.capture import PERSISTENT, StepRecorder
+from torch_adreno.training.replay.step import CaptureError, ReplayedStep
+from torch_adreno.training.scaler import DeviceGradScaling
+from torch_adreno.training.state import (
     REMEMBERED_SIGNATURES,
     batch_signature,
     name_of,
@@ -109,10 +109,10 @@ class TrainingStep:
         """``max_grad_norm``/``norm_type``: clip the gradients' norm on the device, between backward
         and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
         geometry on, run the step as the launch list recorded from the step before (see
-        :mod:`torch_adreno.runtime.replay`), not through Dynamo, AOTAutograd and autograd, while the
-        guards of :mod:`torch_adreno.step_capture` hold. ``grad_scaler``: a
+        :mod:`torch_adreno.training.replay.step`), not through Dynamo, AOTAutograd and autograd, while the
+        guards of :mod:`torch_adreno.training.guards` hold. ``grad_scaler``: a
         ``torch.amp.GradScaler("cpu")`` for float16 autocast; the step scales, unscales, skips
-        overflowing steps and updates the scale itself (:mod:`torch_adreno.training_scaler`); such
+        overflowing steps and updates the scale itself (:mod:`torch_adreno.training.scaler`); such
         steps are not replayed yet (the skip is decided on the host after the backward)."""
         config = Config.from_options(options)
         check_norm_type(norm_type)
@@ -159,7 +159,7 @@ class TrainingStep:
         self._heap_group = object()
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
-        self._replays: OrderedDict[Hashable, tuple[ReplayedStep, step_capture.Guard]] = OrderedDict()
+        self._replays: OrderedDict[Hashable, tuple[ReplayedStep, guards.Guard]] = OrderedDict()
         # Batch geometries that completed a step through the compiled graphs (compiled and warm).
         self._warm: set[Hashable] = set()
         # Batch geometries whose capture cannot be replayed, with the reason.
@@ -220,7 +220,7 @@ class TrainingStep:
                 return loss
         # The compiled graphs must not see host_sync's mode (Dynamo would trace it).
         host_sync.suspend(self._residency)
-        signature = step_capture.batch_signature(batch) if self._replay_enabled else None
+        signature = guards.batch_signature(batch) if self._replay_enabled else None
         self._before_step(batch)
         capture = signature is not None and signature in self._warm and signature not in self._unreplayable
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
@@ -249,7 +249,7 @@ class TrainingStep:
         replay and the loss; else Nones and the reason the guard gave (the replay is dropped; the
         caller runs the full path, which captures again). Called with torch functions disabled
         (see ``__call__``)."""
-        signature = step_capture.batch_signature(batch)
+        signature = guards.batch_signature(batch)
         entry = self._replays.get(signature)
         if entry is None:
             return None, None, None
@@ -275,7 +275,7 @@ class TrainingStep:
         return replay, loss, None
 
     def _build_replay(self, recorder: StepRecorder, loss: torch.Tensor,
-                      batch: tuple[Any, ...]) -> tuple[ReplayedStep, step_capture.Guard]:
+                      batch: tuple[Any, ...]) -> tuple[ReplayedStep, guards.Guard]:
         opt = self.optimizer
         optimizer_module = importlib.import_module("torch.optim.optimizer")
         hooks = [*optimizer_module._global_optimizer_pre_hooks.values(),
@@ -285,9 +285,9 @@ class TrainingStep:
             raise CaptureError("the optimizer has step hooks, which run Python code in every step")
         replay = ReplayedStep(recorder, loss, self._residency, heap_group=self._heap_group,
                               verify_memory=self._verify_memory)
-        names = step_capture.tensor_names(self.model, opt)
+        names = guards.tensor_names(self.model, opt)
         persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
-        return replay, step_capture.build_guard(batch, self.model, opt, persistent, names)
+        return replay, guards.build_guard(batch, self.model, opt, persistent, names)
 
     def _compiled_step(self, batch: tuple[Any, ...], recorder: StepRecorder | None) -> torch.Tensor:
         """The step through the compiled graphs (Dynamo, AOTAutograd, autograd), recorded when

@@ -1,6 +1,6 @@
 """What a replayed training step assumes, checked before every replay (the guards).
 
-A :class:`~torch_adreno.runtime.replay.ReplayedStep` runs the kernels one full step enqueued,
+A :class:`~torch_adreno.training.replay.step.ReplayedStep` runs the kernels one full step enqueued,
 bound to the buffers that step used. That is right only while everything the compiled graphs
 took as given at capture still holds. :func:`build_guard` writes those facts down as one Python
 function (generated source) that reads every watched fact into one tuple and compares it with the
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from torch_adreno.runtime.capture import MemoryIdentity
+from torch_adreno.training.replay.capture import MemoryIdentity
 
 Guard = Callable[[tuple[Any, ...]], "str | None"]
 

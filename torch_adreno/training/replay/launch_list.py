@@ -1,7 +1,7 @@
 """A fixed list of device operations on one queue, enqueued in order with as little host work as
 the driver allows.
 
-A replayed step (:mod:`torch_adreno.runtime.replay`) is such a list: launches of kernels whose
+A replayed step (:mod:`torch_adreno.training.replay.step`) is such a list: launches of kernels whose
 arguments are bound once, buffer copies and flushes. Enqueued from Python, each costs ~1-2 us of
 interpreter and pyopencl work (argument conversion, an event object per call) on top of the
 driver's own enqueue. So runs of them go to a small C loop (``launch_list.c``) in one ctypes call,

@@ -1,6 +1,6 @@
 """A recorded training step, replayed: one launch list over buffers fixed at capture.
 
-Built from a :class:`~torch_adreno.runtime.capture.StepRecorder` that watched one whole step
+Built from a :class:`~torch_adreno.training.replay.capture.StepRecorder` that watched one whole step
 (forward, backward, optimizer). Every kernel of the step gets its own kernel object with every
 argument bound once; memory made during the step (arena slots, saved activations, gradients,
 scratch, the loss) is laid out anew by one memory plan spanning the whole step, so a saved
@@ -25,7 +25,7 @@ of 648. A replay then:
 
 No Dynamo, AOTAutograd wrapper or autograd engine runs. What a replay assumes (the same batch
 geometry, the same tensors, hyperparameters, modes) is checked by its owner before each call
-(:mod:`torch_adreno.step_capture`). The enqueue loop is :meth:`ReplayedStep._enqueue_all`: the one
+(:mod:`torch_adreno.training.guards`). The enqueue loop is :meth:`ReplayedStep._enqueue_all`: the one
 place a driver-recorded queue (``cl_qcom_recordable_queues``) would replace.
 """
 
@@ -45,7 +45,11 @@ import torch
 from torch_adreno.kernels.arena_params import copy_ranges, place_in_arena
 from torch_adreno.kernels.program import KernelSource
 from torch_adreno.runtime.build import build_kernels
-from torch_adreno.runtime.capture import (
+from torch_adreno.runtime.events import BUS, LaunchRecord
+from torch_adreno.runtime.heap import device_heap, placement
+from torch_adreno.runtime.images import image_views
+from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
+from torch_adreno.training.replay.capture import (
     BATCH,
     INTERNAL,
     PERSISTENT,
@@ -54,12 +58,8 @@ from torch_adreno.runtime.capture import (
     StepRecorder,
     recording_of,
 )
-from torch_adreno.runtime.events import BUS, LaunchRecord
-from torch_adreno.runtime.heap import device_heap, placement
-from torch_adreno.runtime.images import image_views
-from torch_adreno.runtime.launch_list import Copy, Flush, Launch, LaunchList, Operation
-from torch_adreno.runtime.residency import Residency, host_array, shared_buffer
-from torch_adreno.runtime.step_memory import ArenaLayout, plan_step_memory, verify_step_memory
+from torch_adreno.training.replay.launch_list import Copy, Flush, Launch, LaunchList, Operation
+from torch_adreno.training.replay.memory import ArenaLayout, plan_step_memory, verify_step_memory
 
 REPLAY_GRAPH = "replayed_step"
 
@@ -324,7 +324,7 @@ class ReplayedStep:
         (None: bound as compiled) and the argument positions found in them. A rewritten kernel
         reaches each operand in a heap region (the arena, persistent tensors) at its constant
         offset in the region's slab, each slab one argument (the arena's first); the programs are
-        built one per occurrence of a kernel name. A kernel reading images stays as it was compiled
+        built one per occurrence of a kernel symbol. A kernel reading images stays as it was compiled
         (its images are made over buffers, bound through sub-buffers of the arena)."""
         launches = [op for op in recorder.operations if isinstance(op, RecordedLaunch)]
         rewritten: list[Any] = []
@@ -343,17 +343,19 @@ class ReplayedStep:
                                             {p: number[id(base)] for p, (base, _) in located.items()}))
             launch_bases.append(bases)
             launch_placed.append(set(located))
-        # Names repeat where a graph runs twice in a step: the n-th occurrences share a program.
+        # A program holds each symbol (C function name) once. Symbols repeat where a graph runs
+        # twice in a step, and where two graphs differ only in their number (a symbol drops it):
+        # the n-th occurrence of a symbol goes into program n. (Names differ where symbols do.)
         programs: list[dict[str, Any]] = []
         occurrence: list[int] = []
         for source in rewritten:
             if source is None:
                 occurrence.append(-1)
                 continue
-            index = next((i for i, program in enumerate(programs) if source.name not in program), len(programs))
+            index = next((i for i, program in enumerate(programs) if source.symbol not in program), len(programs))
             if index == len(programs):
                 programs.append({})
-            programs[index][source.name] = source
+            programs[index][source.symbol] = source
             occurrence.append(index)
         built = [build_kernels(self.runtime, list(program.values())) for program in programs]
         kernels: list[tuple[cl.Kernel, list[cl.Buffer] | None, set[int]]] = []
