@@ -1,4 +1,6 @@
-"""IR expressions: element types, scalar expressions, and the index-arithmetic simplifier.
+"""IR expressions: scalar expressions over the ops of :mod:`.ops`, and the index-arithmetic simplifier.
+
+Element types live in :mod:`.dtype` and what each op means in :mod:`.ops`; both are re-exported here.
 
 Invariant: index arithmetic (``DType.INDEX``) is done on non-negative values wherever a result is
 used; a negative intermediate may only appear under a ``where`` that discards it.
@@ -6,70 +8,16 @@ used; a negative intermediate may only appear under a ``where`` that discards it
 
 from __future__ import annotations
 
-import enum
 import math
-import struct
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from torch_adreno.ir.dtype import DType, round_to
+from torch_adreno.ir.ops import OPS, OpInfo
 
-class DType(enum.Enum):
-    """Element types the IR computes in. ``INDEX`` is the integer type of loop variables."""
-
-    F32 = "f32"
-    #: 16-bit floats: stored in 16 bits, computed in float32 registers (see :func:`round_to`).
-    F16 = "f16"
-    BF16 = "bf16"
-    I64 = "i64"
-    I32 = "i32"
-    BOOL = "b8"
-    U8 = "u8"
-    INDEX = "idx"
-
-    @property
-    def itemsize(self) -> int:
-        return {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "b8": 1, "u8": 1, "idx": 8}[self.value]
-
-    @property
-    def is_float(self) -> bool:
-        return self in (DType.F32, DType.F16, DType.BF16)
-
-    @property
-    def is_half(self) -> bool:
-        """A 16-bit float: its values live in float32 registers and are rounded when formed."""
-        return self in (DType.F16, DType.BF16)
-
-    @property
-    def compute(self) -> DType:
-        """The type arithmetic on values of this type is done in: float32 for 16-bit floats."""
-        return DType.F32 if self.is_half else self
-
-    @property
-    def is_integer(self) -> bool:
-        return self in (DType.I64, DType.I32, DType.U8, DType.INDEX)
-
-
-def round_to(value: float, dtype: DType) -> float:
-    """``value`` rounded to the nearest ``dtype`` value (ties to even), as a Python float.
-
-    Float32 constants are kept as they are (the kernel's C literal rounds them); 16-bit constants
-    are rounded here, so that an expression of a 16-bit type always holds a value of that type.
-    """
-    if not dtype.is_half or math.isnan(value) or math.isinf(value):
-        return value
-    if dtype is DType.F16:
-        try:
-            return float(struct.unpack("<e", struct.pack("<e", value))[0])
-        except OverflowError:
-            return math.copysign(math.inf, value)
-    try:
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
-    except OverflowError:
-        return math.copysign(math.inf, value)
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0])
+__all__ = ["OPS", "Call", "Const", "DType", "Expr", "Load", "OpInfo", "Var", "bounds", "call", "cast", "const", "index",
+           "linear_terms", "loads", "loop_var", "rewrite", "round_to", "substitute", "walk", "where"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,7 +140,7 @@ class Load(Expr):
 
 
 class Call(Expr):
-    """``op`` applied to ``args``; ``op`` is a key of :data:`OPS`."""
+    """``op`` applied to ``args``; ``op`` is a key of :data:`OPS` (``ir/ops.py``: what it means)."""
 
     def __init__(self, op: str, args: tuple[Expr, ...], result_dtype: DType) -> None:
         self._init(op=op, args=tuple(args), result_dtype=result_dtype)
@@ -224,48 +172,6 @@ class Call(Expr):
         return self._text
 
 
-@dataclass(frozen=True)
-class OpInfo:
-    """What the IR knows of an operation: arity and how its result type is formed."""
-
-    arity: int
-    result: str  # "same" (type of first arg), "bool", "float", "index", "where" (type of 2nd arg), "given" (cast)
-
-
-#: Every operation an expression may use. ``kernels/expressions.py`` holds one rendering each.
-OPS: dict[str, OpInfo] = {
-    **{name: OpInfo(1, "same") for name in (
-        "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "sin", "cos",
-        "floor", "ceil", "round", "trunc", "sign", "reciprocal", "erf", "log1p", "expm1",
-        "log2", "exp2", "bitwise_not",
-    )},
-    **{name: OpInfo(2, "same") for name in (
-        "add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum", "fmod",
-        "remainder", "atan2", "bitwise_and", "bitwise_or", "bitwise_xor",
-    )},
-    **{name: OpInfo(2, "bool") for name in (
-        "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    )},
-    "logical_not": OpInfo(1, "bool"),
-    # uniform(seed, counter): a float in [0, 1), a pure function of its arguments (counter-based
-    # generator), so recomputing it in several kernels gives the same numbers.
-    "uniform": OpInfo(2, "float"),
-    "isnan": OpInfo(1, "bool"),
-    # checked_index(value, size, site, wraps): a loaded tensor value used as an index into a
-    # dimension of ``size``, checked on the device (see ``Graph.index_checks[site]``); ``wraps``
-    # (1/0) says whether -size <= value < 0 counts from the end. Always in [0, size): a value out of
-    # range is recorded as an error for the host and replaced by 0, so nothing is read out of bounds.
-    "checked_index": OpInfo(4, "index"),
-    "where": OpInfo(3, "where"),
-    "cast": OpInfo(1, "given"),
-}
-
-#: Ops whose result is one of their arguments' values or an integer: on 16-bit floats they need
-#: no rounding. Every other op with a 16-bit result is computed in float32 and rounded (a cast).
-EXACT_ON_HALF = frozenset({"neg", "abs", "relu", "maximum", "minimum", "floor", "ceil", "round", "trunc", "sign",
-                           "where"})
-
-
 def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
     """Build ``op(args)`` with its result type; index arithmetic is simplified on the way."""
     info = OPS.get(op)
@@ -277,15 +183,13 @@ def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
         if dtype is None:
             raise ValueError("cast needs a target dtype")
         return cast(args[0], dtype)
+    result = info.result_dtype([a.dtype for a in args])
     if info.result == "bool":
         folded = _fold_logical(op, args)
-        return folded if folded is not None else Call(op, args, DType.BOOL)
-    if info.result == "float":
-        return Call(op, args, DType.F32)
-    if info.result == "index":
-        return Call(op, args, DType.INDEX)
-    result = args[1].dtype if info.result == "where" else args[0].dtype
-    if result.is_half and op not in EXACT_ON_HALF:
+        return folded if folded is not None else Call(op, args, result)
+    if info.result in ("float", "index"):
+        return Call(op, args, result)
+    if result.is_half and not info.exact_on_half:
         # Invariant: an expression of a 16-bit type holds a value of that type. Eager rounds each
         # op's result to it; so does this (computed in float32 registers, then rounded).
         wide = tuple(cast(a, DType.F32) if a.dtype.is_half else a for a in args)
@@ -332,7 +236,7 @@ def _exactly_half(value: Expr, dtype: DType) -> Expr | None:
     such a value: a widened 16-bit value, or an exact op (relu, max, ...) of such values."""
     if isinstance(value, Call) and value.op == "cast" and value.args[0].dtype is dtype:
         return value.args[0]
-    if isinstance(value, Call) and value.op in EXACT_ON_HALF and value.dtype.is_float:
+    if isinstance(value, Call) and OPS[value.op].exact_on_half and value.dtype.is_float:
         args: list[Expr] = []
         for arg in value.args:
             if isinstance(arg, Const) and arg.dtype.is_float:
