@@ -1,15 +1,19 @@
-"""The expression table: how each IR op and constant is written in OpenCL C.
+"""How IR ops, constants, loads and stores are written in OpenCL C.
 
 This is the only place where IR operations become C text; the code writer composes these
-renderings. Every op of :data:`torch_adreno.ir.OPS` has an entry (a test checks it).
+renderings. What each op's C expression is lives in the op table (``opencl`` of
+:data:`torch_adreno.ir.ops.OPS`): this module fills in its patterns, with the names only kernels
+know (C types, the rounding helpers, the index-check arguments).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from torch_adreno.ir import DType
+from torch_adreno.ir.ops import OPS
 
 #: C type of values of each dtype inside a kernel (booleans compute as int, are stored as uchar;
 #: 16-bit floats compute as float, see ``half.cl``).
@@ -59,41 +63,6 @@ def literal(value: float | int | bool, dtype: DType) -> str:
     return f"({v})" if v < 0 else str(v)
 
 
-def _fmt(pattern: str) -> Renderer:
-    return lambda a, t, r: pattern.format(*a)
-
-
-def _by_kind(float_pattern: str, int_pattern: str) -> Renderer:
-    def render(a: Sequence[str], t: Sequence[DType], r: DType) -> str:
-        kind = t[0] if t else r
-        return (float_pattern if kind.is_float else int_pattern).format(*a)
-
-    return render
-
-
-def _index_or_value(index_pattern: str, value_render: Renderer) -> Renderer:
-    def render(a: Sequence[str], t: Sequence[DType], r: DType) -> str:
-        if all(x is DType.INDEX for x in t):
-            return index_pattern.format(*a)
-        return value_render(a, t, r)
-
-    return render
-
-
-def _int_floordiv(a: Sequence[str], t: Sequence[DType], r: DType) -> str:
-    # C division truncates; floor division subtracts one when the signs differ and a remainder exists.
-    x, y = a
-    return f"(({x}) / ({y}) - ((({x}) % ({y}) != 0) && ((({x}) < 0) != (({y}) < 0))))"
-
-
-def _cast(a: Sequence[str], t: Sequence[DType], r: DType) -> str:
-    if r is DType.BOOL:
-        return f"(({a[0]}) != 0)"
-    if r.is_half:
-        return f"{ROUND_FUNCTION[r]}((float)({a[0]}))"
-    return f"(({value_ctype(r)})({a[0]}))"
-
-
 #: The function rounding a float to the nearest value of each 16-bit type (ties to even).
 ROUND_FUNCTION = {DType.F16: "adreno_round_half", DType.BF16: "adreno_round_bf16"}
 
@@ -120,85 +89,28 @@ def store_text(dtype: DType, pointer: str, offset: str, value: str) -> str:
     return f"{pointer}[{offset}] = ({STORAGE_CTYPE[dtype]})({value});"
 
 
-EXPRESSIONS: dict[str, Renderer] = {
-    "add": _fmt("({0} + {1})"),
-    "sub": _fmt("({0} - {1})"),
-    "mul": _fmt("({0} * {1})"),
-    "div": _fmt("({0} / {1})"),
-    "neg": _fmt("(-{0})"),
-    "abs": _by_kind("fabs({0})", "(({0}) < 0 ? -({0}) : ({0}))"),
-    "exp": _fmt("exp({0})"),
-    "log": _fmt("log({0})"),
-    "sqrt": _fmt("sqrt({0})"),
-    "rsqrt": _fmt("rsqrt({0})"),
-    "tanh": _fmt("tanh({0})"),
-    "sigmoid": _fmt("(1.0f / (1.0f + exp(-({0}))))"),
-    # (x < 0 ? 0 : x) keeps NaN, like torch.relu.
-    "relu": _by_kind("(({0}) < 0.0f ? 0.0f : ({0}))", "(({0}) < 0 ? 0 : ({0}))"),
-    "sin": _fmt("sin({0})"),
-    "cos": _fmt("cos({0})"),
-    "floor": _by_kind("floor({0})", "({0})"),
-    "ceil": _by_kind("ceil({0})", "({0})"),
-    # rint rounds half to even, as torch.round does.
-    "round": _by_kind("rint({0})", "({0})"),
-    "trunc": _by_kind("trunc({0})", "({0})"),
-    "sign": _by_kind("(isnan({0}) ? ({0}) : (float)((({0}) > 0.0f) - (({0}) < 0.0f)))",
-                     "((({0}) > 0) - (({0}) < 0))"),
-    "reciprocal": _fmt("(1.0f / ({0}))"),
-    "erf": _fmt("erf({0})"),
-    "log1p": _fmt("log1p({0})"),
-    "expm1": _fmt("expm1({0})"),
-    "log2": _fmt("log2({0})"),
-    "exp2": _fmt("exp2({0})"),
-    # On booleans (0/1 ints in a kernel) bitwise not is logical not: ~1 would be -2, i.e. true.
-    "bitwise_not": lambda a, t, r: f"(!({a[0]}))" if t[0] is DType.BOOL else f"(~({a[0]}))",
-    "floordiv": _index_or_value("({0} / {1})", lambda a, t, r: f"floor(({a[0]}) / ({a[1]}))"
-                                if r.is_float else _int_floordiv(a, t, r)),
-    "mod": _index_or_value("({0} % {1})", lambda a, t, r: EXPRESSIONS["remainder"](a, t, r)),
-    "pow": _by_kind("pow({0}, {1})", "((long)pown((float)({0}), (int)({1})))"),
-    # maximum/minimum propagate NaN (fmax would drop it).
-    "maximum": _by_kind("((isnan({0}) || isnan({1})) ? NAN : fmax({0}, {1}))", "max({0}, {1})"),
-    "minimum": _by_kind("((isnan({0}) || isnan({1})) ? NAN : fmin({0}, {1}))", "min({0}, {1})"),
-    "fmod": _by_kind("fmod({0}, {1})", "(({0}) % ({1}))"),
-    # Python-style remainder: the sign follows the divisor.
-    "remainder": _by_kind("(({0}) - floor(({0}) / ({1})) * ({1}))", "(((({0}) % ({1})) + ({1})) % ({1}))"),
-    "atan2": _fmt("atan2({0}, {1})"),
-    "bitwise_and": _fmt("({0} & {1})"),
-    "bitwise_or": _fmt("({0} | {1})"),
-    "bitwise_xor": _fmt("({0} ^ {1})"),
-    "eq": _fmt("({0} == {1})"),
-    "ne": _fmt("({0} != {1})"),
-    "lt": _fmt("({0} < {1})"),
-    "le": _fmt("({0} <= {1})"),
-    "gt": _fmt("({0} > {1})"),
-    "ge": _fmt("({0} >= {1})"),
-    "logical_and": _fmt("({0} && {1})"),
-    "logical_or": _fmt("({0} || {1})"),
-    "logical_xor": _fmt("((!({0})) != (!({1})))"),
-    "logical_not": _fmt("(!({0}))"),
-    "isnan": _by_kind("isnan({0})", "0"),
-    "where": _fmt("({0} ? {1} : {2})"),
-    "cast": _cast,
-    # Defined in random.cl, which a program includes when one of its kernels calls it.
-    "uniform": _fmt("adreno_uniform((ulong)({0}), (ulong)({1}))"),
-    # Defined in index_check.cl; reads the two kernel arguments every checking kernel ends with.
-    "checked_index": lambda a, t, r: (
-        f"((INDEX_T)adreno_checked_index((long)({a[0]}), {a[1]}L, {a[2]}, {a[3]}, "
-        f"{INDEX_ERROR_ARG}, {INDEX_CHECK_TOKEN_ARG}))"),
-}
-
 #: Helper functions some renderings call, with the ``.cl`` file that defines each.
 HELPER_SOURCES = {"adreno_uniform(": "random.cl", "adreno_checked_index(": "index_check.cl", "adreno_round_half(": "half.cl", "adreno_round_bf16(": "half.cl",
                   "adreno_bf16_load(": "half.cl", "adreno_bf16_bits(": "half.cl"}
 
-#: Arguments of these ops that are only evaluated when the op needs them (C short-circuit and the
-#: conditional operator). The code writer must not hoist loads out of them: the guard is what keeps
-#: an out-of-bounds read (a padded convolution tap, say) from happening.
-GUARDED_ARGS: dict[str, tuple[int, ...]] = {"where": (1, 2), "logical_and": (1,), "logical_or": (1,)}
+#: Arguments of these ops that are only evaluated when the op needs them (the table's
+#: ``lazy_args``). The code writer must not hoist loads out of them: the guard is what keeps an
+#: out-of-bounds read (a padded convolution tap, say) from happening.
+GUARDED_ARGS: dict[str, tuple[int, ...]] = {name: op.lazy_args for name, op in OPS.items() if op.lazy_args}
 
 
 def render_op(op: str, args: Sequence[str], arg_dtypes: Sequence[DType], result: DType) -> str:
-    return EXPRESSIONS[op](args, arg_dtypes, result)
+    """C text of IR op ``op`` on arguments ``args`` (C texts) of types ``arg_dtypes``: the table's
+    form for those types, with the kernels' names filled in."""
+    pattern = OPS[op].opencl.pick(arg_dtypes, result)
+    return pattern.format(*args, ctype=value_ctype(result), round=ROUND_FUNCTION.get(result, ""),
+                          index_ctype=INDEX_CTYPE, index_error=INDEX_ERROR_ARG,
+                          index_check_token=INDEX_CHECK_TOKEN_ARG)
+
+
+#: One renderer per op, ``render_op`` bound to its name (derived from the table, for callers that
+#: look renderings up by op).
+EXPRESSIONS: dict[str, Renderer] = {name: partial(render_op, name) for name in OPS}
 
 
 # -- reductions ---------------------------------------------------------------------------------
