@@ -1,7 +1,8 @@
 """The standard ONNX ops one of our kernels computes: the body of its model-local function.
 
 A kernel computes IR nodes (pointwise, reduction, GEMM) of one graph. Each node becomes ops over a
-grid of its loop variables: a loop variable is a ``Range`` along its own axis, index arithmetic is
+grid of its loop variables: a loop variable is a ``Range`` along its own axis, an IR op is the ONNX
+body its op-table entry gives (``onnx`` of :data:`torch_adreno.ir.ops.OPS`), index arithmetic is
 int64 arithmetic, a load is a ``Gather`` from the flat input at the flat index (clamped into the
 buffer where the IR cannot bound it: an index only a ``where`` discards may point anywhere), a
 reduction reduces the grid's reduction axes, a GEMM is a ``MatMul`` of its operand grids. Every
@@ -14,8 +15,9 @@ op it cannot express raises :class:`ExportError` naming the op and the kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,7 @@ from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from torch_adreno import ir
 from torch_adreno.ir import DType
+from torch_adreno.ir.ops import OPS, Arg, CastTo, IfFlag, Lit, OnnxBody, OnnxOp, Recipe, Target
 
 ONNX_TYPE = {DType.F32: TensorProto.FLOAT, DType.I64: TensorProto.INT64, DType.I32: TensorProto.INT32,
              DType.BOOL: TensorProto.BOOL, DType.U8: TensorProto.UINT8, DType.INDEX: TensorProto.INT64}
@@ -33,16 +36,6 @@ NUMPY_TYPE = {DType.F32: np.float32, DType.I64: np.int64, DType.I32: np.int32, D
 
 class ExportError(ValueError):
     """A step that cannot be written as ONNX; the message names what and where."""
-
-
-_UNARY = {"neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh",
-          "sigmoid": "Sigmoid", "sin": "Sin", "cos": "Cos", "erf": "Erf", "reciprocal": "Reciprocal"}
-_FLOAT_ONLY_ROUNDING = {"floor": "Floor", "ceil": "Ceil", "round": "Round"}
-_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "minimum": "Min"}
-_COMPARE = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
-_LOGICAL = {"logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}
-_BITWISE = {"bitwise_and": ("And", "BitwiseAnd"), "bitwise_or": ("Or", "BitwiseOr"),
-            "bitwise_xor": ("Xor", "BitwiseXor")}
 
 
 @dataclass
@@ -144,116 +137,95 @@ class Grid:
         assert isinstance(expr, ir.Call), expr
         return self._call(expr)
 
-    def _args(self, expr: ir.Call, dtype: DType | None = None) -> list[str]:
-        """The arguments, cast to ``dtype``'s ONNX type where theirs differs."""
-        out = []
-        for arg in expr.args:
-            value = self.emit(arg)
-            if dtype is not None and ONNX_TYPE[arg.dtype] != ONNX_TYPE[dtype]:
-                value = self.body.cast(value, dtype)
-            out.append(value)
-        return out
-
-    def _index(self, arg: ir.Expr) -> str:
-        value = self.emit(arg)
-        return value if ONNX_TYPE[arg.dtype] == ONNX_TYPE[DType.INDEX] else self.body.cast(value, DType.INDEX)
-
     def _call(self, expr: ir.Call) -> str:
-        b, op, result = self.body, expr.op, expr.dtype
-        first = expr.args[0].dtype
-        if op in _UNARY:
-            return b.op(_UNARY[op], self._args(expr, result), op)
-        if op == "cast":
-            (value,) = self._args(expr)
-            return b.cast(value, result) if ONNX_TYPE[first] != ONNX_TYPE[result] else value
-        if op == "relu":
-            (x,) = self._args(expr, result)
-            return b.op("Where", [b.op("Less", [x, b.constant(0, result)]), b.constant(0, result), x], "relu")
-        if op in _FLOAT_ONLY_ROUNDING or op == "trunc":
-            (x,) = self._args(expr, result)
-            if not result.is_float:
-                return x
-            if op == "trunc":
-                return b.op("Where", [b.op("Less", [x, b.constant(0, result)]), b.op("Ceil", [x]), b.op("Floor", [x])],
-                            "trunc")
-            return b.op(_FLOAT_ONLY_ROUNDING[op], [x], op)
-        if op == "sign":
-            (x,) = self._args(expr, result)
-            return b.op("Sign", [x], "sign")
-        if op == "rsqrt":
-            (x,) = self._args(expr, result)
-            return b.op("Reciprocal", [b.op("Sqrt", [x])], "rsqrt")
-        if op in ("log1p", "expm1", "log2", "exp2"):
-            (x,) = self._args(expr, result)
-            one = b.constant(1.0, result)
-            if op == "log1p":
-                return b.op("Log", [b.op("Add", [x, one])], op)
-            if op == "expm1":
-                return b.op("Sub", [b.op("Exp", [x]), one], op)
-            if op == "log2":
-                return b.op("Div", [b.op("Log", [x]), b.constant(math.log(2.0), result)], op)
-            return b.op("Pow", [b.constant(2.0, result), x], op)
-        if op in _BINARY:
-            return b.op(_BINARY[op], self._args(expr, result), op)
-        if op == "floordiv":
-            x, y = self._args(expr, result)
-            if result is DType.INDEX:  # non-negative (the IR's invariant): truncation is floor
-                return b.op("Div", [x, y], "floordiv")
-            if result.is_float:
-                return b.op("Floor", [b.op("Div", [x, y])], "floordiv")
-            return b.op("Div", [b.op("Sub", [x, b.op("Mod", [x, y], fmod=0)]), y], "floordiv")
-        if op in ("mod", "remainder"):
-            x, y = self._args(expr, result)
-            if result.is_float:  # x - floor(x / y) * y, as the kernels compute it
-                return b.op("Sub", [x, b.op("Mul", [b.op("Floor", [b.op("Div", [x, y])]), y])], op)
-            return b.op("Mod", [x, y], op, fmod=0)  # the sign follows the divisor
-        if op == "fmod":
-            return b.op("Mod", self._args(expr, result), "fmod", fmod=1)
-        if op == "pow":
-            if result.is_float:
-                return b.op("Pow", self._args(expr, result), "pow")
-            x, y = self._args(expr, DType.F32)
-            return b.cast(b.op("Pow", [x, y]), result)
-        if op in _COMPARE or op == "ne":
-            common = DType.F32 if first.is_float or expr.args[1].dtype.is_float else DType.I64
-            x, y = self._args(expr, common)
-            if op == "ne":
-                return b.op("Not", [b.op("Equal", [x, y])], "ne")
-            return b.op(_COMPARE[op], [x, y], op)
-        if op in _LOGICAL:
-            return b.op(_LOGICAL[op], self._args(expr, DType.BOOL), op)
-        if op == "logical_not":
-            return b.op("Not", self._args(expr, DType.BOOL), op)
-        if op in _BITWISE:
-            logical, bitwise = _BITWISE[op]
-            return b.op(logical if result is DType.BOOL else bitwise, self._args(expr, result), op)
-        if op == "bitwise_not":
-            return b.op("Not" if result is DType.BOOL else "BitwiseNot", self._args(expr, result), op)
-        if op == "isnan":
-            if not first.is_float:
-                return b.constant(False, DType.BOOL)
-            return b.op("IsNaN", self._args(expr), op)
-        if op == "where":
-            cond = self.emit(expr.args[0])
-            if ONNX_TYPE[expr.args[0].dtype] != TensorProto.BOOL:
-                cond = b.cast(cond, DType.BOOL)
-            x = self.emit(expr.args[1])
-            y = self.emit(expr.args[2])
-            if ONNX_TYPE[expr.args[2].dtype] != ONNX_TYPE[expr.args[1].dtype]:
-                y = b.cast(y, expr.args[1].dtype)
-            return b.op("Where", [cond, x, y], "where")
-        if op == "checked_index":
-            # As the kernel computes it: negatives count from the end where ``wraps``; a value out of
-            # range becomes 0 (the kernel also records it for the host, which ONNX cannot express).
-            value, size = (self._index(arg) for arg in expr.args[:2])
-            wraps = expr.args[3]
-            zero = b.constant(0, DType.INDEX)
-            if not (isinstance(wraps, ir.Const) and not wraps.value):
-                value = b.op("Where", [b.op("Less", [value, zero]), b.op("Add", [value, size]), value], "wrap")
-            inside = b.op("And", [b.op("GreaterOrEqual", [value, zero]), b.op("Less", [value, size])])
-            return b.op("Where", [inside, value, zero], "checked_index")
-        raise ExportError(f"kernel {self.kernel}: IR op {op!r} has no translation to standard ONNX ops "
-                          "(random numbers and atan2 are not exportable yet)")
+        info = OPS.get(expr.op)
+        if info is None or info.onnx is None:
+            raise ExportError(f"kernel {self.kernel}: IR op {expr.op!r} has no translation to standard ONNX ops "
+                              "(random numbers and atan2 are not exportable yet)")
+        form = info.onnx.pick([a.dtype for a in expr.args], expr.dtype)
+        return _Translation(self, expr, form).value()
+
+
+class _Translation:
+    """One op's ONNX body (its table entry's recipe) over the values of its arguments.
+
+    Built in the order the body's values are needed: the arguments it reads (in argument order,
+    each cast to its operand type), its constants, then its nodes, each after its inputs. A recipe
+    that occurs more than once in the body is one value.
+    """
+
+    def __init__(self, grid: Grid, expr: ir.Call, form: OnnxBody) -> None:
+        self.grid, self.body, self.expr, self.form = grid, grid.body, expr, form
+        self._memo: dict[Recipe, str] = {}
+
+    def value(self) -> str:
+        root = self._resolve(self.form.value)
+        parts = list(_parts(root))
+        for position in sorted({p.position for p in parts if isinstance(p, Arg)}):
+            self._memo[Arg(position)] = self._argument(position)
+        for lit in parts:
+            if isinstance(lit, Lit):
+                self._build(lit, root)
+        return self._build(root, root)
+
+    def _resolve(self, recipe: Recipe) -> Recipe:
+        """``recipe`` with every flag decided by this call's (constant) arguments."""
+        if isinstance(recipe, IfFlag):
+            flag = self.expr.args[recipe.position]
+            clear = isinstance(flag, ir.Const) and not flag.value
+            return self._resolve(recipe.when_clear if clear else recipe.when_set)
+        if isinstance(recipe, OnnxOp):
+            return dataclasses.replace(recipe, inputs=tuple(self._resolve(r) for r in recipe.inputs))
+        if isinstance(recipe, CastTo):
+            return CastTo(self._resolve(recipe.value), recipe.to)
+        return recipe
+
+    def _dtype(self, target: Target) -> DType | None:
+        """The type ``target`` names for this call (None: an argument's own)."""
+        if target is None or isinstance(target, DType):
+            return target
+        args = self.expr.args
+        if target == "common":
+            return DType.F32 if any(a.dtype.is_float for a in args) else DType.I64
+        return args[1].dtype if target == "arg1" else self.expr.dtype
+
+    def _argument(self, position: int) -> str:
+        arg = self.expr.args[position]
+        value = self.grid.emit(arg)
+        target = self._dtype(self.form.operand(position))
+        if target is not None and ONNX_TYPE[arg.dtype] != ONNX_TYPE[target]:
+            value = self.body.cast(value, target)
+        return value
+
+    def _build(self, recipe: Recipe, root: Recipe) -> str:
+        cached = self._memo.get(recipe)
+        if cached is not None:
+            return cached
+        b = self.body
+        if isinstance(recipe, Lit):
+            value = b.constant(recipe.value, recipe.dtype or self.expr.dtype)
+        elif isinstance(recipe, OnnxOp):
+            inputs = [self._build(r, root) for r in recipe.inputs]
+            hint = recipe.hint if recipe.hint is not None else self.expr.op if recipe is root else ""
+            value = b.op(recipe.op_type, inputs, hint, **dict(recipe.attrs))
+        elif isinstance(recipe, CastTo):
+            target = self._dtype(recipe.to)
+            assert target is not None, recipe
+            value = b.cast(self._build(recipe.value, root), target)
+        else:  # an argument is built first; a flag is resolved
+            raise AssertionError(recipe)
+        self._memo[recipe] = value
+        return value
+
+
+def _parts(recipe: Recipe) -> Iterator[Recipe]:
+    """``recipe`` and everything in it, depth first, inputs left to right."""
+    yield recipe
+    if isinstance(recipe, OnnxOp):
+        for r in recipe.inputs:
+            yield from _parts(r)
+    elif isinstance(recipe, CastTo):
+        yield from _parts(recipe.value)
 
 
 def full(body: Body, value: str, shape: Sequence[int]) -> str:
