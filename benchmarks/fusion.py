@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import RESULTS, append_jsonl, device_arg, run_context
 
-from torch_adreno.benchmark import compare_variants
+from torch_adreno.bench.measure import compare_variants
 from torch_adreno.models import MODELS
 
 

@@ -23,7 +23,7 @@ from torch_adreno.kernels.workgroup import linear_local_size, reduction_local_si
 from torch_adreno.memory import StorageKind, check_allocation
 from torch_adreno.models import MODELS
 from torch_adreno.target import REFERENCE_PROFILE
-from torch_adreno.target_profiles import (
+from torch_adreno.target.profiles import (
     SOURCES,
     TARGETS,
     AdrenoTarget,

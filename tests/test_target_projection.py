@@ -12,7 +12,7 @@ import pytest
 
 from torch_adreno.cli import main
 from torch_adreno.profiler.roofline import project_step
-from torch_adreno.target_profiles import get_target
+from torch_adreno.target.profiles import get_target
 
 ADRENO740 = get_target("adreno740")  # 63 GB/s, 3700 GFLOP/s fp32
 
@@ -66,7 +66,7 @@ def test_devices_shows_the_matched_profile_and_the_targets(capsys):
 
 @pytest.mark.device
 def test_project_profiles_a_replayed_step_compiled_for_the_target(capsys, tmp_path, monkeypatch):
-    from torch_adreno import projection
+    from torch_adreno.bench import projection
 
     profiled = []
     profile_step = projection.profile_step

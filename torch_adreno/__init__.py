@@ -13,9 +13,10 @@ from torch_adreno.opencl_drivers import register_pip_drivers as _register_pip_dr
 
 _register_pip_drivers()
 
-__version__ = "0.1.0"
+from torch_adreno.config import BACKEND_NAME as BACKEND_NAME  # noqa: E402  (config needs no torch, no OpenCL)
+from torch_adreno.config import VERSION  # noqa: E402
 
-BACKEND_NAME = "adreno"
+__version__ = VERSION
 
 # Where PyTorch is not installed (a phone), the package still imports, for torch_adreno.runner:
 # training exported steps needs numpy, pyopencl and onnx only. Everything else needs torch.

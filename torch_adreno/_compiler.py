@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from torch_adreno.backend import adreno_backend
-from torch_adreno.config import OPTIONS, Config
+from torch_adreno.config import BACKEND_NAME, OPTIONS, Config
 from torch_adreno.errors import (
     AdrenoError,
     DeviceNotFoundError,
@@ -22,7 +22,6 @@ __all__ = [
     "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "LoweringError", "OptionError",
     "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
 ]
-from torch_adreno import BACKEND_NAME
 
 
 def _register() -> None:

@@ -42,7 +42,7 @@ from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_
 from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.images import images_enabled
-from torch_adreno.target_profiles import profile_for
+from torch_adreno.target.profiles import profile_for
 
 aten = torch.ops.aten
 

@@ -38,7 +38,7 @@ from torch_adreno.kernels import HostStep, KernelProgram, gemm
 from torch_adreno.runtime import Executable, get_residency, get_runtime
 from torch_adreno.runtime.binary_cache import device_identity
 from torch_adreno.target import DeviceProfile
-from torch_adreno.target_profiles import profile_for
+from torch_adreno.target.profiles import profile_for
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,11 @@ from typing import Any
 
 from torch_adreno.errors import OptionError
 
+#: This package's version (the exported ONNX files record it).
+VERSION = "0.1.0"
+#: The name ``torch.compile`` knows the backend by.
+BACKEND_NAME = "adreno"
+
 
 def _device_value(value: Any) -> str | int | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
@@ -61,8 +66,8 @@ def _fraction(value: Any) -> float:
 
 
 def _target(value: Any) -> str | None:
-    """An Adreno profile name of :mod:`torch_adreno.target_profiles`, or None (the device itself)."""
-    from torch_adreno.target_profiles import get_target
+    """An Adreno profile name of :mod:`torch_adreno.target.profiles`, or None (the device itself)."""
+    from torch_adreno.target.profiles import get_target
 
     if value is None:
         return None

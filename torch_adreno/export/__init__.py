@@ -30,6 +30,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from torch_adreno import ir
+from torch_adreno.config import VERSION
 from torch_adreno.export.kernel_bodies import (
     ONNX_TYPE,
     Body,
@@ -58,7 +59,7 @@ def export_step(step: Any, path: str | Path, predict: torch.Tensor | None = None
     state before the step), which the runner uses to measure accuracy."""
     replay = step.replay
     if replay is None:
-        reasons = "; ".join(sorted(set(step._unreplayable.values())))
+        reasons = "; ".join(sorted(set(step.unreplayable_reasons)))
         raise ExportError("export needs a captured step: call the TrainingStep at least twice with batches of one "
                           "geometry first (the second call captures it)" + (f"; not captured: {reasons}" if reasons else ""))
     recording = replay.recording
@@ -312,9 +313,7 @@ def _add_prediction(g: _StepGraph, prediction: Prediction, at_input: dict[int, _
 
 
 def _version() -> str:
-    from torch_adreno import __version__
-
-    return __version__
+    return VERSION
 
 
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
@@ -512,31 +511,3 @@ def reset_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, initia
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     value.zero_()
-
-
-def export_reference_model(name: str, path: str | Path, batch: tuple[torch.Tensor, ...], make: Any,
-                           lr: float, optimizer: str = "sgd", options: dict[str, Any] | None = None) -> onnx.ModelProto:
-    """Export the training step of ``make()`` (cross-entropy loss, a tensor learning rate ``lr``,
-    SGD with momentum 0.9 or Adam) captured on ``batch``, with the model's initial state."""
-    import torch.nn.functional as F
-
-    from torch_adreno.training.step import TrainingStep
-
-    model = make()
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    rate = torch.tensor(lr)
-    opt: torch.optim.Optimizer = (torch.optim.Adam(model.parameters(), lr=rate) if optimizer == "adam"
-                                  else torch.optim.SGD(model.parameters(), lr=rate, momentum=0.9))
-
-    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(m(x), y)
-
-    with TrainingStep(model, loss_fn, opt, options) as step:
-        step(*batch)
-        step(*batch)  # captured
-        if step.replay is None:
-            raise ExportError(f"the training step of {name} was not captured: "
-                              + "; ".join(sorted(set(step._unreplayable.values()))))
-        step.synchronize()
-        reset_state(model, opt, initial)
-        return export_step(step, path, predict=batch[0])

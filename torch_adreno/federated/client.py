@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 import torch_adreno
 from torch_adreno.federated.data import Partition
+from torch_adreno.training.optimizers import make_optimizer
 
 OPTIMIZER_STATE_MODES = ("reset", "keep")
 
@@ -82,7 +83,7 @@ class AdrenoClient(NumPyClient):
         self.batch_size = batch_size
         self.optimizer_state = optimizer_state
         self.fail_at_round = fail_at_round
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.optimizer = make_optimizer("adam", model.parameters(), lr=lr)
         self.step = torch_adreno.TrainingStep(model, _loss, self.optimizer, options)
         self._predict = torch.compile(model, backend="adreno", options=dict(options or {}), dynamic=False)
         self._generator = torch.Generator().manual_seed(seed * 1000 + client_index)

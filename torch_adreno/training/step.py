@@ -170,6 +170,12 @@ class TrainingStep:
         """The replay of the batch geometry captured last (None before any was captured)."""
         return next(reversed(self._replays.values()))[0] if self._replays else None
 
+    @property
+    def unreplayable_reasons(self) -> tuple[str, ...]:
+        """Why the batch geometries that cannot be replayed cannot (one reason each, in the order
+        they were met; empty while every captured step replays)."""
+        return tuple(self._unreplayable.values())
+
     def _before_step(self, batch: tuple[Any, ...]) -> None:
         host_sync.suspend(self._residency)  # the step's compiled code must not trace it
         try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torch_adreno.benchmark import SUITE_VARIANTS, StepStats, compare_variants, cuda_step
+from torch_adreno.bench.measure import SUITE_VARIANTS, StepStats, compare_variants, cuda_step
 from torch_adreno.runtime import get_runtime
 
 

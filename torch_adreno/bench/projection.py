@@ -9,7 +9,7 @@ target's bandwidth, its FLOPs over the target's fp32 peak, the larger of the two
 per-launch cost; the copies the step makes (the batch in, the loss out) move DRAM bytes too.
 
 What this is not: a measurement. The peaks are published or estimated figures
-(:mod:`torch_adreno.target_profiles`), kernels rarely reach a roofline (the projection is a lower
+(:mod:`torch_adreno.target.profiles`), kernels rarely reach a roofline (the projection is a lower
 bound on device time with the launch cost as assumed), and the texture cache, clocks under thermal
 limits and the driver's real dispatch cost are not modelled.
 """
@@ -27,7 +27,8 @@ from torch import nn
 import torch_adreno
 from torch_adreno.models import MODELS
 from torch_adreno.profiler.roofline import ASSUMED_LAUNCH_US, SEED_GEMM_GFLOPS, StepProjection, project_step
-from torch_adreno.target_profiles import AdrenoTarget
+from torch_adreno.target.profiles import AdrenoTarget
+from torch_adreno.training.optimizers import make_optimizer
 
 #: The seed's own workload: an MLP 784-256-128-16 trained on MNIST-shaped batches of 32.
 SEED_MLP = "seed_mlp"
@@ -70,7 +71,7 @@ def profile_step(model_name: str, target: AdrenoTarget, device: str | int | None
     options: dict[str, Any] = {"target": target.name}
     if device is not None:
         options["device"] = device
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = make_optimizer("sgd", model.parameters(), momentum=0.0)  # the projection's step since it was written
     with torch_adreno.TrainingStep(model, _loss, opt, options) as step:
         for _ in range(3):  # compile, capture, replay
             step(x, y)

@@ -34,7 +34,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torch_adreno.errors import AdrenoError, KernelBuildError
-from torch_adreno.opinfo import (
+from torch_adreno.runtime.index_check import DeviceIndexOutOfRange
+from torch_adreno.testing.opinfo import (
     RANDOM_OPINFOS,
     UNWRAPPED,
     _causes,
@@ -43,7 +44,6 @@ from torch_adreno.opinfo import (
     _opinfo_name,
     claimed_opinfos,
 )
-from torch_adreno.runtime.index_check import DeviceIndexOutOfRange
 
 #: What became of a case (``ErrorOutcome.kind``).
 SAME_ERROR = "same error"  # eager and ours raise the same exception type (and eager's stable message)

@@ -54,7 +54,7 @@ class DeviceProfile:
     #: the ``images`` option is "auto": Adreno GPUs (MNN, TVM and tinygrad's QCOM backend all read
     #: weights through image2d objects there).
     prefers_images: bool = False
-    #: The Adreno target this profile was narrowed to (``torch_adreno.target_profiles``), or "" for
+    #: The Adreno target this profile was narrowed to (``torch_adreno.target.profiles``), or "" for
     #: the present device as its driver reports it.
     target: str = ""
 

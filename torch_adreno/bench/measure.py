@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import torch_adreno
 from torch_adreno.models import MODELS
+from torch_adreno.training.optimizers import make_optimizer
 from torch_adreno.training.step import TrainingStep
 
 #: A variant is "eager" or the options of torch.compile(backend="adreno").
@@ -72,8 +73,8 @@ class _Runner:
         self.step_loss: Callable[..., torch.Tensor] = _loss if self.eager else torch.compile(
             _loss, backend="adreno", options=self.options, dynamic=False)
         params = list(self.model.parameters())
-        self.opt: torch.optim.Optimizer = (torch.optim.SGD(params, lr=0.01) if optimizer == "sgd"
-                                           else torch.optim.Adam(params, lr=1e-3))
+        # The suite's SGD has no momentum (as in every result it recorded); other optimizers as named.
+        self.opt = make_optimizer(optimizer, params, **({"momentum": 0.0} if optimizer == "sgd" else {}))
         self.opt_step: Callable[[], Any] = (torch.compile(self.opt.step, backend="adreno", options=self.options,
                                                           dynamic=False)
                                             if on_device else self.opt.step)
@@ -164,7 +165,7 @@ def cuda_step(model_name: str, steps: int, compiled: bool, seed: int = 0) -> Ste
     torch.manual_seed(seed)
     model = spec.make().cuda()
     x, y = (t.cuda() for t in spec.batch(torch.Generator().manual_seed(seed)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = make_optimizer("sgd", model.parameters(), momentum=0.0)  # as the suite's steps
     loss_fn = torch.compile(_loss) if compiled else _loss
     start = time.perf_counter()
     for _ in range(3):

@@ -1,0 +1,36 @@
+"""The command line, ``python -m torch_adreno <command>``: devices, ops, train (the digits demo),
+bench (the fusion-gain suite), project (step times on Adreno targets), export (a training step as
+ONNX), opinfo (PyTorch's OpInfo samples through the backend) and federated (Flower).
+
+Each command lives in a module of this package that registers its parser (``register``) and runs
+it (``cmd_<command>``). Every argument is checked when it is parsed
+(:mod:`torch_adreno.cli.arguments`), and a device named on the command line is looked up before
+any work starts, so bad input ends in one line saying what was wrong, with exit status 2, never
+in a traceback or in a result computed from nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from torch_adreno.cli import bench, federated, info, opinfo, train
+
+DESCRIPTION = "torch_adreno, a torch.compile backend for OpenCL GPUs: its devices, ops, demo and benchmarks."
+EPILOG = "Run `python -m torch_adreno <command> --help` for a command's options and their defaults."
+
+#: The command modules, in the order ``--help`` lists their commands.
+COMMANDS = (info, train, bench, opinfo, federated)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_adreno", description=DESCRIPTION, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    for command in COMMANDS:
+        command.register(sub)
+    args = parser.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""``devices``, ``ops`` and ``project``: what this machine has, what the backend lowers, and projected step times on Adreno targets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from torch_adreno.bench.projection import (
+    SEED_MLP,
+    format_table,
+    kernel_table,
+    project_model,
+    summary_row,
+    workloads,
+)
+from torch_adreno.cli.arguments import DEVICE_HELP, bounded, device_spec, refuse_bad_device
+from torch_adreno.lowering import supported_ops
+from torch_adreno.opencl_drivers import load_failures
+from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
+from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
+from torch_adreno.target.profiles import TARGETS, get_target, match_device, target_names
+from torch_adreno.training.replay.launch_list import native_loop_status
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """The ``devices``, ``ops`` and ``project`` commands."""
+    sub.add_parser("devices", help="list OpenCL devices and their capabilities").set_defaults(fn=cmd_devices)
+    sub.add_parser("ops", help="list the ATen ops the backend lowers").set_defaults(fn=cmd_ops)
+    project = sub.add_parser("project", help="project training-step times onto Adreno targets' rooflines")
+    project.add_argument("--target", nargs="+", choices=target_names(), default=["adreno740"], metavar="TARGET",
+                         help=f"Adreno profiles, of: {', '.join(target_names())} (default: %(default)s)")
+    project.add_argument("--model", nargs="+", choices=sorted(workloads()), default=None, metavar="MODEL",
+                         help=f"models, of: {', '.join(sorted(workloads()))} (default: mlp lenet resnet_mini "
+                              f"transformer {SEED_MLP}; {SEED_MLP} is the seed's MLP 784-256-128-16, batch 32)")
+    project.add_argument("--launch-us", type=bounded(float, "a number", 0.0), default=10.0,
+                         help="assumed cost of one kernel launch on the target, microseconds (default: %(default)s)")
+    project.add_argument("--kernels", action="store_true", help="also print each model's kernels by projected time")
+    project.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    project.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and target")
+    project.set_defaults(fn=cmd_project)
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    entries = list_devices()
+    for distribution, error in load_failures().items():
+        print(f"Installed OpenCL driver {distribution} cannot load, so the ICD loader skips it: {error}")
+    if not entries:
+        print(f"No OpenCL device found. {INSTALL_HINT}")
+        return 1
+    working = [e for e in entries if e.unusable is None]
+    default = select_device(None) if working else None
+    for e in entries:
+        mark = "*" if default is not None and e.index == default.index else " "
+        print(f"{mark}[{e.index}] {e.label}")
+        if e.unusable is not None:
+            print(f"      unusable: {e.unusable}")
+            continue
+        p = get_runtime(e.index).profile
+        print(f"      {p.opencl_version}, driver {p.driver}, {'GPU' if p.is_gpu else 'CPU'}, "
+              f"{p.compute_units} compute units")
+        print(f"      work-group <= {p.max_work_group_size} (preferred multiple {p.preferred_work_group_multiple}), "
+              f"local memory {p.local_mem_bytes // 1024} KiB")
+        print(f"      global memory {p.global_mem_bytes / 2**30:.1f} GiB, largest allocation "
+              f"{p.max_alloc_bytes / 2**20:.0f} MiB, base alignment {p.base_addr_align_bytes} B")
+        print(f"      fp16 {'yes' if p.fp16 else 'no'}, images {'yes' if p.images else 'no'}, "
+              f"unified memory {'yes' if p.unified_memory else 'no'}")
+        print(f"      recordable queues (cl_qcom_recordable_queues) {'yes' if p.recordable_queues else 'no'}, "
+              f"command buffers (cl_khr_command_buffer) {'yes' if p.command_buffers else 'no'}")
+        matched = match_device(p.name, p.opencl_version)
+        print(f"      Adreno profile: {matched.name + ' (' + matched.gpu + ', ' + matched.soc + ')' if matched else 'none'}")
+    if default is None:
+        print(f"No device here can build a kernel. {INSTALL_HINT}")
+        return 1
+    print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
+    # Built on first use (once per machine): the line says whether replays get the C loop.
+    print(f"Replayed TrainingStep launch loop: {native_loop_status()}")
+    print("Adreno targets (compile for one on any device: options={'target': ...} or TORCH_ADRENO_TARGET; "
+          "`python -m torch_adreno project` projects step times):")
+    for t in TARGETS.values():
+        print(f"  {t.name}: {t.gpu} ({t.soc}), work-group <= {t.max_work_group_size}, waves {t.wave_sizes}, "
+              f"local {t.local_mem_bytes // 1024} KiB, largest allocation {t.max_alloc_bytes >> 20} MiB, "
+              f"{t.peak_fp32_gflops / 1e3:.1f} TFLOP/s fp32, {t.bandwidth_gbs:.0f} GB/s")
+    return 0
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    if refuse_bad_device(args.device):
+        return 2
+    targets = [get_target(name) for name in args.target]
+    models = args.model or ["mlp", "lenet", "resnet_mini", "transformer", SEED_MLP]
+    rows = []
+    for model in models:
+        for projected in project_model(model, targets, args.launch_us, args.device):
+            rows.append(summary_row(projected))
+            if args.kernels:
+                print(f"== {model} on {projected.projection.target}: kernels by projected time")
+                print(kernel_table(projected))
+    print(format_table(rows))
+    low, high = SEED_GEMM_GFLOPS
+    print(f"Assumed: each launch costs {args.launch_us:g} us; kernels reach the target's roofline (bytes / "
+          f"bandwidth, FLOPs / fp32 peak); a copy reads and writes DRAM. Seed's figures: GPU GEMM {low:.0f}-"
+          f"{high:.0f} GFLOP/s on Snapdragon 8-series; data movement {SEED_DATA_MOVEMENT_SHARE:.0%} of an MNN "
+          "training step. Nothing here was measured on an Adreno.")
+    if args.jsonl:
+        args.jsonl.parent.mkdir(parents=True, exist_ok=True)
+        with args.jsonl.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    ops = supported_ops()
+    print("\n".join(ops))
+    print(f"{len(ops)} ATen ops lowered (after decomposition to the core ATen op set)")
+    return 0
