@@ -46,7 +46,6 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 import torch_adreno
 from torch_adreno.models import MODELS
 from torch_adreno.runtime import get_runtime, launch_list
-from torch_adreno.training.replay import step as replay_module
 from torch_adreno.training.replay.launch_list import Flush, Launch, LaunchList
 
 
@@ -286,13 +285,9 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
             consecutive_phases[phase].append(replayed.replay.last_phases[phase])
     # The replay's kernels as compiled (each operand its own argument) against the same replay with
     # kernels addressing its arena, alternating step by step.
-    replay_module.ARENA_KERNELS = False
-    try:
-        plain = _step(name, options, replay=True)[1]
-        for _ in range(3):
-            plain(x, y)
-    finally:
-        replay_module.ARENA_KERNELS = True
+    plain = _step(name, {**options, "replay_arena_kernels": False}, replay=True)[1]
+    for _ in range(3):
+        plain(x, y)
     assert plain.replay is not None and replayed.replay is not None
     by_variant: dict[str, list[float]] = {"arena": [], "plain": []}
     for index in range(rounds * steps):
@@ -309,7 +304,7 @@ def measure(name: str, options: dict[str, Any], rounds: int, steps: int) -> dict
     busy, idle = bare_enqueue_us(replay.runtime, replay.kernel_launches)
     bar_us = 100 + 1.25 * busy * replay.kernel_launches
     return {
-        "model": name, "launches": replay.kernel_launches, "batch_mode": replay.batch_mode,
+        "model": name, "launches": replay.kernel_launches, "batch_mode": replay.batch_mode.value,
         "rounds": rounds, "steps_per_round": steps,
         "full_ms": statistics.median(round_medians[False]) * 1e3,
         "replay_ms": statistics.median(round_medians[True]) * 1e3,

@@ -20,7 +20,6 @@ from torch_adreno.kernels.arena_params import (
     place_in_arena,
 )
 from torch_adreno.kernels.program import assemble
-from torch_adreno.training.replay import step as replay_module
 from torch_adreno.runtime.heap import placement
 from torch_adreno.training.replay.launch_list import Copy
 
@@ -110,23 +109,19 @@ def test_bad_offsets_and_positions_are_refused_with_the_kernel_named():
 
 
 def _losses_and_state(arena: bool, zero_copy, steps: int = 6):
-    replay_module.ARENA_KERNELS = arena
-    try:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Dropout(0.25),
-                                    torch.nn.Linear(32, 8))
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
-        step = torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt,
-                                         options={"zero_copy": zero_copy})
-        generator = torch.Generator().manual_seed(1)
-        torch.manual_seed(2)  # the dropout masks
-        losses = [step(torch.randn(16, 12, generator=generator), torch.randint(0, 8, (16,), generator=generator))
-                  for _ in range(steps)]
-        step.synchronize()
-        assert step.replayed_steps == steps - 2
-        return torch.stack(losses), [p.detach().clone() for p in model.parameters()], step.replay
-    finally:
-        replay_module.ARENA_KERNELS = True
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Dropout(0.25),
+                                torch.nn.Linear(32, 8))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt,
+                                     options={"zero_copy": zero_copy, "replay_arena_kernels": arena})
+    generator = torch.Generator().manual_seed(1)
+    torch.manual_seed(2)  # the dropout masks
+    losses = [step(torch.randn(16, 12, generator=generator), torch.randint(0, 8, (16,), generator=generator))
+              for _ in range(steps)]
+    step.synchronize()
+    assert step.replayed_steps == steps - 2
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], step.replay
 
 
 @pytest.mark.device
@@ -164,23 +159,19 @@ def test_batch_norm_write_backs_are_one_launch_and_bit_identical() -> None:
     (losses, parameters and running statistics) as the kernels and copies as compiled."""
     results = []
     for arena in (True, False):
-        replay_module.ARENA_KERNELS = arena
-        try:
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
-                                        torch.nn.Linear(32, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                                        torch.nn.Linear(16, 8))
-            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-            step = torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt,
-                                             options={"zero_copy": False})
-            generator = torch.Generator().manual_seed(1)
-            losses = [step(torch.randn(16, 12, generator=generator), torch.randint(0, 8, (16,), generator=generator))
-                      for _ in range(6)]
-            step.synchronize()
-            assert step.replayed_steps == 4
-            results.append((torch.stack(losses), [t.clone() for t in model.state_dict().values()], step.replay))
-        finally:
-            replay_module.ARENA_KERNELS = True
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 8))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        step = torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt,
+                                         options={"zero_copy": False, "replay_arena_kernels": arena})
+        generator = torch.Generator().manual_seed(1)
+        losses = [step(torch.randn(16, 12, generator=generator), torch.randint(0, 8, (16,), generator=generator))
+                  for _ in range(6)]
+        step.synchronize()
+        assert step.replayed_steps == 4
+        results.append((torch.stack(losses), [t.clone() for t in model.state_dict().values()], step.replay))
     (arena_losses, arena_state, arena_replay), (plain_losses, plain_state, plain_replay) = results
     assert torch.equal(arena_losses, plain_losses)
     assert all(torch.equal(a, b) for a, b in zip(arena_state, plain_state, strict=True))

@@ -438,10 +438,10 @@ def test_two_steps_interleaved_keep_their_buffers_alive() -> None:
 
 
 def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -> None:
-    from torch_adreno.training.replay.step import IN_PLACE, UPLOADED
+    from torch_adreno.training.replay.batch import BatchMode
 
     batches = _batches(5)
-    for options, mode in (({}, IN_PLACE), (COPY, UPLOADED)):
+    for options, mode in (({}, BatchMode.IN_PLACE), (COPY, BatchMode.UPLOADED)):
         _, _, prof, step = _train(_mlp, lambda p: torch.optim.SGD(p, lr=0.1), batches, replay=True,
                                        options=options)
         assert prof.replayed_steps == 3
@@ -454,7 +454,7 @@ def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -
         copied = replayed.transfer_bytes("h2d", "input", copied=True)
         shared = replayed.transfer_bytes("h2d", "input", copied=False)
         per_step = batch_bytes // 3
-        assert (copied, shared) == ((0, per_step) if mode == IN_PLACE else (per_step, 0))
+        assert (copied, shared) == ((0, per_step) if mode is BatchMode.IN_PLACE else (per_step, 0))
         step.close()
 
 
@@ -464,14 +464,14 @@ def test_staged_batch_upload_is_bit_identical(monkeypatch, dropout) -> None:
     and the dropout seeds go up in one write from one pinned buffer."""
     from torch_adreno.training.replay import step as replay_module
 
-    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.STAGED)
+    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
     batches = _batches(8)
     opt = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
     full = _train(lambda: _mlp(dropout), opt, batches, replay=False, options=COPY, seed=3)
     staged = _train(lambda: _mlp(dropout), opt, batches, replay=True, options=COPY, seed=3)
     replay = staged[3].replay
-    assert replay.batch_mode == replay_module.STAGED and len(replay._staging_buffers) == 1
-    assert len(replay._seed_slots) == (1 if dropout else 0)
+    assert replay.batch_mode is replay_module.BatchMode.STAGED and replay.staging_buffers == 1
+    assert replay.staged_seeds == (1 if dropout else 0)
     assert staged[3].replayed_steps == 6
     _assert_bit_identical(full, staged)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_adreno.errors import OptionError
+from torch_adreno.target.profiles import get_target
 
 #: This package's version (the exported ONNX files record it).
 VERSION = "0.1.0"
@@ -67,8 +68,6 @@ def _fraction(value: Any) -> float:
 
 def _target(value: Any) -> str | None:
     """An Adreno profile name of :mod:`torch_adreno.target.profiles`, or None (the device itself)."""
-    from torch_adreno.target.profiles import get_target
-
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -170,6 +169,25 @@ OPTIONS: dict[str, OptionSpec] = {
             "suite turns it on)",
         ),
         OptionSpec(
+            "replay_arena_kernels", _bool, True, "TORCH_ADRENO_REPLAY_ARENA_KERNELS",
+            "a replayed TrainingStep rebuilds its kernels to reach the step's memory and the persistent "
+            "tensors at constant offsets of a few slabs, each one argument (default True: fewer arguments "
+            "per enqueue); False binds them as compiled, to sub-buffers (the comparison benchmarks/replay.py "
+            "measures; results are bit-identical)",
+        ),
+        OptionSpec(
+            "replay_merge_copies", _bool, True, "TORCH_ADRENO_REPLAY_MERGE_COPIES",
+            "a replayed TrainingStep does each run of copies between heap regions (batch norm's running "
+            "statistics written back) with one kernel instead of one enqueue per copy (default True; "
+            "needs replay_arena_kernels)",
+        ),
+        OptionSpec(
+            "heap_copies", _bool, True, "TORCH_ADRENO_HEAP_COPIES",
+            "a TrainingStep's device copies of parameters and optimizer state are regions of a few large "
+            "device buffers (slabs) that its replay addresses through one argument each (default True); "
+            "False gives each its own buffer",
+        ),
+        OptionSpec(
             "target", _target, None, "TORCH_ADRENO_TARGET",
             "compile for an Adreno GPU's limits and preferences while running on the present device: "
             "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them); work-group "
@@ -196,6 +214,9 @@ class Config:
     native_half: bool = False
     compile_cache: bool = True
     verify_memory: bool = False
+    replay_arena_kernels: bool = True
+    replay_merge_copies: bool = True
+    heap_copies: bool = True
     target: str | None = None
 
     @classmethod

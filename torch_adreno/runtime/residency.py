@@ -31,9 +31,6 @@ from torch_adreno.runtime.events import BUS
 from torch_adreno.runtime.heap import device_heap
 
 TRANSIENT_SLOTS = 16
-#: Whether device copies are regions of the device heap (read at each allocation; False: buffers of
-#: their own, which benchmarks/replay.py compares).
-HEAP_COPIES = True
 
 # Copies are trusted by version: GradScaler's unscale must bump the versions it changes.
 amp_versions.install()
@@ -156,6 +153,9 @@ class Residency:
         #: The device heap group new parameter copies are placed in (set by a TrainingStep around its
         #: own graph calls, so that its replay's slab holds its own tensors only).
         self.heap_group: Any = None
+        #: Whether parameter copies made now are heap regions (False: buffers of their own); set with
+        #: :attr:`heap_group` by a TrainingStep from its ``heap_copies`` option.
+        self.heap_copies = True
         #: How many times :meth:`synchronize` ran (a replayed step re-defers its updates after one).
         self.synchronizations = 0
         _ALL_RESIDENCIES[:] = [ref for ref in _ALL_RESIDENCIES if ref() is not None]
@@ -257,7 +257,7 @@ class Residency:
         else:
             if same_object and entry is not None:
                 device_buffer = entry.buffer
-            elif HEAP_COPIES and pinned:
+            elif self.heap_copies and pinned:
                 # A region of the device heap, in the slabs of the current group (a TrainingStep's):
                 # its replay reaches every parameter in one slab through one kernel argument.
                 # (Batches stay buffers of their own: each live sub-buffer of a slab adds to the

@@ -60,7 +60,7 @@ from torch_adreno.training.gradients import (
     mark_gradients_on_device,
 )
 from torch_adreno.training.replay.capture import PERSISTENT, StepRecorder
-from torch_adreno.training.replay.step import CaptureError, ReplayedStep
+from torch_adreno.training.replay.step import CaptureError, ReplayedStep, ReplayOptions
 from torch_adreno.training.scaler import DeviceGradScaling
 from torch_adreno.training.state import (
     REMEMBERED_SIGNATURES,
@@ -142,7 +142,9 @@ class TrainingStep:
         #: Each parameter's ``.grad`` as the last replay left it (its marker; None: frozen).
         self._marked: tuple[Any, ...] | None = None
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
-        self._verify_memory = config.verify_memory
+        self._replay_options = ReplayOptions(config.replay_arena_kernels, config.replay_merge_copies,
+                                             config.verify_memory)
+        self._heap_copies = config.heap_copies
         hook = _SyncHook(self)
         self._hooks = [
             *(module.register_state_dict_pre_hook(hook) for module in model.modules()),
@@ -290,7 +292,7 @@ class TrainingStep:
         if hooks:
             raise CaptureError("the optimizer has step hooks, which run Python code in every step")
         replay = ReplayedStep(recorder, loss, self._residency, heap_group=self._heap_group,
-                              verify_memory=self._verify_memory)
+                              options=self._replay_options)
         names = guards.tensor_names(self.model, opt)
         persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
         return replay, guards.build_guard(batch, self.model, opt, persistent, names)
@@ -302,6 +304,7 @@ class TrainingStep:
         versions_before = self._residency.deferred_versions()
         self._residency.deferring = True
         self._residency.heap_group = self._heap_group  # its parameters' copies in slabs of its own
+        self._residency.heap_copies = self._heap_copies
         try:
             # An eager fallback of the optimizer step would read gradients that never reached the host.
             with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
@@ -337,6 +340,7 @@ class TrainingStep:
         finally:
             self._residency.deferring = False
             self._residency.heap_group = None
+            self._residency.heap_copies = True
             self._after_step()
         return loss.detach()
 

@@ -25,6 +25,7 @@ recording is never replayed.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,20 @@ from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.graph_calls import GraphCall, observing
 
-INTERNAL, BATCH, SEED, PERSISTENT = "internal", "batch", "seed", "persistent"
+
+class IdentityKind(str, enum.Enum):
+    """What a memory identity is (see the module docstring); its value is how an export names it."""
+
+    INTERNAL = "internal"
+    BATCH = "batch"
+    SEED = "seed"
+    PERSISTENT = "persistent"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+INTERNAL, BATCH, SEED, PERSISTENT = IdentityKind.INTERNAL, IdentityKind.BATCH, IdentityKind.SEED, IdentityKind.PERSISTENT
 
 
 @dataclass
@@ -43,7 +57,7 @@ class MemoryIdentity:
     """What one or more bound buffers hold during the step (see the module docstring)."""
 
     index: int
-    kind: str
+    kind: IdentityKind
     nbytes: int
     #: The buffer as the capture bound it (persistent: the residency's buffer, replayed as is).
     buffer: cl.Buffer
@@ -113,7 +127,7 @@ class StepRecorder:
 
     # -- identities --------------------------------------------------------------------------
 
-    def _new(self, kind: str, buffer: cl.Buffer, nbytes: int, label: str, **fields: Any) -> int:
+    def _new(self, kind: IdentityKind, buffer: cl.Buffer, nbytes: int, label: str, **fields: Any) -> int:
         index = len(self.identities)
         self.identities.append(MemoryIdentity(index, kind, nbytes, buffer, label, **fields))
         self._map_buffer(buffer, index)
@@ -252,6 +266,17 @@ def recording_of(recorder: StepRecorder, loss: int) -> StepRecording:
                          tuple(recorder.seeds), dict(recorder.programs), loss, batch)
 
 
-__all__ = ["BATCH", "INTERNAL", "PERSISTENT", "SEED", "MemoryIdentity", "RecordedCopy",
-           "RecordedLaunch", "StepRecorder", "StepRecording", "recording_of"]
+__all__ = [
+    "BATCH",
+    "INTERNAL",
+    "PERSISTENT",
+    "SEED",
+    "IdentityKind",
+    "MemoryIdentity",
+    "RecordedCopy",
+    "RecordedLaunch",
+    "StepRecorder",
+    "StepRecording",
+    "recording_of",
+]
 

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import pyopencl as cl
-import pyopencl._cl as _cl
 
 from torch_adreno.config import cache_root
+from torch_adreno.runtime.enqueue import copy_buffer_call
 
 __all__ = ["Copy", "Flush", "Launch", "LaunchError", "LaunchList", "native_loop", "native_loop_status"]
 
@@ -204,8 +204,8 @@ def _python_call(queue: cl.CommandQueue, operation: Operation) -> Callable[[], A
     if isinstance(operation, Copy):
         # pyopencl's enqueue_copy picks the call by its arguments' types in Python on each call
         # (~2.5 us more on PoCL's host): the buffer-to-buffer call itself (source first).
-        return functools.partial(_cl._enqueue_copy_buffer, queue, operation.source, operation.destination,
-                                 operation.nbytes, operation.source_offset, operation.destination_offset, None)
+        return copy_buffer_call(queue, operation.source, operation.destination, operation.nbytes,
+                                operation.source_offset, operation.destination_offset)
     if isinstance(operation, Flush):
         return queue.flush
     return functools.partial(operation, queue)

@@ -1,0 +1,39 @@
+"""Buffer transfers enqueued without pyopencl's argument dispatch, for the per-step hot paths.
+
+``pyopencl.enqueue_copy`` chooses which OpenCL call to make from its arguments' types, in Python,
+on every call (~2.5 us on PoCL's host, more than the enqueue itself for a small transfer). A
+replayed training step knows each transfer's kind when it is built, so it calls the one entry
+point directly. These are pyopencl's own bindings of those entry points (``pyopencl._cl``): the
+one module that reaches past pyopencl's public API, so that a pyopencl upgrade that moves them
+breaks here, in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyopencl as cl
+import pyopencl._cl as _cl
+
+
+def write_buffer(queue: cl.CommandQueue, buffer: cl.Buffer, host: Any, offset: int = 0,
+                 blocking: bool = False) -> cl.Event:
+    """Copy the bytes of ``host`` (a buffer-protocol object) into ``buffer`` from byte ``offset``.
+    Not blocking: ``host`` must stay alive and unchanged until the queue has run the write."""
+    return _cl._enqueue_write_buffer(queue, buffer, host, offset, None, blocking)
+
+
+def read_buffer(queue: cl.CommandQueue, buffer: cl.Buffer, host: Any, offset: int = 0,
+                blocking: bool = True) -> cl.Event:
+    """Copy ``buffer``'s bytes from ``offset`` into ``host`` (as many as ``host`` holds)."""
+    return _cl._enqueue_read_buffer(queue, buffer, host, offset, None, blocking)
+
+
+def copy_buffer_call(queue: cl.CommandQueue, source: cl.Buffer, destination: cl.Buffer, nbytes: int,
+                     source_offset: int = 0, destination_offset: int = 0) -> Callable[[], cl.Event]:
+    """A call enqueueing the device copy of ``nbytes`` from ``source`` to ``destination``."""
+    def enqueue() -> cl.Event:
+        return _cl._enqueue_copy_buffer(queue, source, destination, nbytes, source_offset, destination_offset, None)
+
+    return enqueue

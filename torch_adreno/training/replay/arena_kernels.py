@@ -1,0 +1,139 @@
+"""The kernel objects of a replayed step: each launch rebuilt to reach its operands at constant
+offsets of a few slabs (the arena, the heap's slabs of the persistent tensors), and runs of
+copies between heap regions merged into one kernel each.
+
+A driver's enqueue costs time per argument (NVIDIA's ~0.45 us each with the device busy); a
+kernel rebuilt by :func:`~torch_adreno.kernels.arena_params.place_in_arena` takes each slab once.
+Invariants: a rebuilt kernel computes what the compiled one did, bit for bit (only where its
+operands are found changes); every launch gets a kernel object of its own, so binding its
+arguments once never rebinds another caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyopencl as cl
+
+from torch_adreno.kernels.arena_params import copy_ranges, place_in_arena
+from torch_adreno.kernels.program import KernelSource
+from torch_adreno.runtime.build import build_kernels
+from torch_adreno.runtime.device import DeviceRuntime
+from torch_adreno.training.replay.capture import RecordedCopy, RecordedLaunch, StepRecorder
+
+#: Where an identity's bytes are: (slab, byte offset), or None where they are in no heap region.
+Locate = Callable[[int], "tuple[cl.Buffer, int] | None"]
+
+
+@dataclass
+class ReplayKernel:
+    """A launch's kernel object: ``slabs`` are the slabs it takes first (None: bound as compiled),
+    ``placed`` the argument positions of the compiled kernel found in them."""
+
+    kernel: cl.Kernel
+    slabs: list[cl.Buffer] | None
+    placed: set[int]
+
+
+def numbered_slabs(slabs: list[cl.Buffer], arena_base: cl.Buffer) -> tuple[list[cl.Buffer], dict[int, int]]:
+    """The distinct buffers of ``slabs`` in the order a kernel takes them (the arena's first, the
+    others as they come), and each one's argument number by ``id``."""
+    distinct = sorted({id(slab): slab for slab in slabs}.values(), key=lambda slab: slab is not arena_base)
+    return distinct, {id(slab): n for n, slab in enumerate(distinct)}
+
+
+def arena_kernels(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate, arena_base: cl.Buffer,
+                  rewrite: bool) -> list[ReplayKernel]:
+    """A kernel object per launch of the recording, in order. With ``rewrite``, a kernel that has
+    operands in heap regions is rebuilt to find them at their constant offsets in the regions'
+    slabs, each slab one argument (the arena's first); the rebuilt programs are one per occurrence
+    of a kernel name. A kernel reading images stays as it was compiled (its images are made over
+    buffers, bound through sub-buffers of the arena)."""
+    launches = [op for op in recorder.operations if isinstance(op, RecordedLaunch)]
+    rewritten: list[KernelSource | None] = []
+    launch_slabs: list[list[cl.Buffer] | None] = []
+    launch_placed: list[set[int]] = []
+    for op in launches:
+        located = {position: where for position, index in enumerate(op.args) if (where := locate(index)) is not None}
+        if op.source.images or not rewrite or not located:
+            rewritten.append(None)
+            launch_slabs.append(None)
+            launch_placed.append(set())
+            continue
+        slabs, number = numbered_slabs([slab for slab, _ in located.values()], arena_base)
+        rewritten.append(place_in_arena(op.source, {p: at for p, (_, at) in located.items()},
+                                        {p: number[id(slab)] for p, (slab, _) in located.items()}))
+        launch_slabs.append(slabs)
+        launch_placed.append(set(located))
+    # Names repeat where a graph runs twice in a step: the n-th occurrences share a program.
+    programs: list[dict[str, KernelSource]] = []
+    occurrence: list[int] = []
+    for source in rewritten:
+        if source is None:
+            occurrence.append(-1)
+            continue
+        index = next((i for i, program in enumerate(programs) if source.name not in program), len(programs))
+        if index == len(programs):
+            programs.append({})
+        programs[index][source.name] = source
+        occurrence.append(index)
+    built = [build_kernels(runtime, list(program.values())) for program in programs]
+    kernels: list[ReplayKernel] = []
+    for op, index, taken, placed in zip(launches, occurrence, launch_slabs, launch_placed, strict=True):
+        template = op.kernel if index < 0 else built[index][op.source.name]
+        kernels.append(ReplayKernel(cl.Kernel(template.program, template.function_name), taken, placed))
+    return kernels
+
+
+@dataclass
+class MergedCopies:
+    """Runs of copies done by one kernel each: by the position of a run's first copy, its kernel
+    (bound) and source; the run's other positions map to None. ``slabs``: the buffers the kernels
+    take (a kernel argument holds no reference)."""
+
+    by_position: dict[int, tuple[cl.Kernel, KernelSource] | None]
+    slabs: list[cl.Buffer]
+
+
+def merged_copies(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate, arena_base: cl.Buffer) -> MergedCopies:
+    """Runs of two or more consecutive copies between heap regions (a graph call writing back the
+    inputs it updated: batch norm's running statistics), each done by one kernel. A run ends
+    before a copy whose bytes overlap a destination of the run, or whose destination overlaps a
+    source (the copies of one kernel run in no order)."""
+    Placed = tuple[cl.Buffer, int]
+
+    def overlaps(a: Placed, n: int, b: Placed, m: int) -> bool:
+        return a[0] is b[0] and a[1] < b[1] + m and b[1] < a[1] + n
+
+    runs: list[list[tuple[int, RecordedCopy, Placed, Placed]]] = [[]]
+    for position, op in enumerate(recorder.operations):
+        to = locate(op.destination) if isinstance(op, RecordedCopy) else None
+        of = locate(op.source) if isinstance(op, RecordedCopy) else None
+        if not isinstance(op, RecordedCopy) or to is None or of is None:
+            runs.append([])
+            continue
+        if any(overlaps(to, op.nbytes, d, c.nbytes) or overlaps(to, op.nbytes, f, c.nbytes)
+               or overlaps(of, op.nbytes, d, c.nbytes) for _, c, d, f in runs[-1]):
+            runs.append([])
+        runs[-1].append((position, op, to, of))
+    merged: dict[int, tuple[cl.Kernel, KernelSource] | None] = {}
+    sources: list[tuple[list[Any], list[cl.Buffer], KernelSource]] = []
+    for run in (r for r in runs if len(r) >= 2):
+        slabs, number = numbered_slabs([b for _, _, d, f in run for b, _ in (d, f)], arena_base)
+        names = [f"{recorder.identities[c.destination].label} <- {recorder.identities[c.source].label}"
+                 for _, c, _, _ in run]
+        sources.append((run, slabs, copy_ranges(
+            f"replay_copies_{len(sources)}",
+            [(number[id(d[0])], d[1], number[id(f[0])], f[1], c.nbytes) for _, c, d, f in run], names)))
+    built = build_kernels(runtime, [source for _, _, source in sources])
+    taken: list[cl.Buffer] = []
+    for run, slabs, source in sources:
+        kernel = cl.Kernel(built[source.name].program, built[source.name].function_name)
+        for position, slab in enumerate(slabs):
+            kernel.set_arg(position, slab)
+        taken += [slab for slab in slabs if all(slab is not b for b in taken)]
+        merged[run[0][0]] = (kernel, source)
+        merged.update(dict.fromkeys((position for position, _, _, _ in run[1:]), None))
+    return MergedCopies(merged, taken)

@@ -1,0 +1,193 @@
+"""How a replayed step puts each new batch, and fresh random seeds, where its kernels read them.
+
+Three ways (:class:`BatchMode`), chosen per device and residency when the replay is built:
+
+- ``IN_PLACE`` (unified memory, zero-copy): each replay makes a host-pointer buffer over the batch's
+  own memory and binds it to the kernels that read it; nothing is copied;
+- ``STAGED`` (a device with memory of its own): the batch is copied into pinned staging memory,
+  mapped once for the replay's lifetime, and uploaded asynchronously with the seeds in one write
+  (a driver stages pageable memory itself, synchronously, and charges each write's enqueue);
+- ``UPLOADED`` (zero-copy off on unified memory): each argument is written from its own memory.
+
+Invariant: the bytes a replay's kernels read for a batch argument are that replay's batch (the
+caller has checked the batch's geometry against the capture's), and the seeds are drawn from
+torch's default generator in the capture's order, as the compiled path draws them.
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import torch
+
+from torch_adreno.runtime.device import DeviceRuntime
+from torch_adreno.runtime.enqueue import write_buffer
+from torch_adreno.runtime.events import BUS
+from torch_adreno.runtime.residency import host_array, shared_buffer
+
+#: The graph name a replay's own transfers and launches are reported under.
+REPLAY_GRAPH = "replayed_step"
+
+
+class BatchMode(enum.Enum):
+    IN_PLACE = "in place"
+    STAGED = "staged"
+    UPLOADED = "uploaded"
+
+
+def batch_mode(zero_copy: bool, unified_memory: bool) -> BatchMode:
+    """How a replay puts the batch in place on a device (see the module docstring)."""
+    if unified_memory:
+        return BatchMode.IN_PLACE if zero_copy else BatchMode.UPLOADED
+    return BatchMode.STAGED
+
+
+@dataclass
+class BatchBinding:
+    """One batch identity of the recording: which argument, and where a replay puts it."""
+
+    position: int
+    #: as_strided geometry when the bound view differs from the batch argument itself.
+    view: tuple[tuple[int, ...], tuple[int, ...], int] | None
+    nbytes: int
+    label: str
+    #: The replay's own device buffer the batch is uploaded into (None: bound in place), and
+    #: where in it.
+    buffer: cl.Buffer | None
+    offset: int = 0
+    #: Staged: the pinned staging memory, mapped for the replay's lifetime, as bytes.
+    staging: np.ndarray | None = None
+    #: In place: the (kernel, argument index) pairs that read the batch.
+    consumers: list[tuple[cl.Kernel, int]] = field(default_factory=list)
+
+    def tensor_of(self, batch: tuple[Any, ...]) -> torch.Tensor:
+        tensor = batch[self.position]
+        return tensor if self.view is None else tensor.as_strided(*self.view)
+
+
+def _unmap_all(maps: list[Any], queue: cl.CommandQueue) -> None:
+    for mapping in maps:
+        mapping.release(queue)
+    queue.finish()
+
+
+class BatchInput:
+    """The batch arguments and seeds of one replayed step (see the module docstring).
+
+    ``bindings`` come from the recording; ``seed_offsets`` are the seeds' byte offsets in
+    ``arena``. Staged, the batch and seeds are placed after the step's own slots, and one pinned
+    buffer mirrors the arena's bytes from the first of them to the last."""
+
+    def __init__(self, runtime: DeviceRuntime, queue: cl.CommandQueue, mode: BatchMode,
+                 bindings: list[BatchBinding], arena: cl.Buffer, seed_offsets: list[int]) -> None:
+        self.runtime = runtime
+        self.mode = mode
+        self.bindings = bindings
+        self._queue = queue
+        self._arena = arena
+        self._seeds = seed_offsets
+        self._staging_buffers: list[cl.Buffer] = []
+        self._staging_maps: list[Any] | None = None
+        # In place: the host-pointer buffers bound by the last replay, with the memory under them;
+        # kept until the next replay binds others, so no kernel points at a released buffer.
+        self._bound: list[tuple[cl.Buffer, Any]] = []
+        self._tail: np.ndarray | None = None
+        self._tail_start = 0
+        self._seed_slots: list[torch.Tensor] = []
+        if mode is BatchMode.STAGED:
+            spans = [(b.offset, b.nbytes) for b in bindings if b.nbytes] + [(at, 8) for at in seed_offsets]
+            if spans:
+                self._tail_start = min(at for at, _ in spans)
+                self._tail = self._staging(max(at + n for at, n in spans) - self._tail_start)
+                for binding in bindings:
+                    if binding.nbytes:
+                        at = binding.offset - self._tail_start
+                        binding.staging = self._tail[at:at + binding.nbytes]
+                self._seed_slots = [torch.from_numpy(self._tail[at - self._tail_start:at - self._tail_start + 8]
+                                                     .view(np.int64)).reshape(()) for at in seed_offsets]
+
+    @property
+    def staging_buffers(self) -> int:
+        return len(self._staging_buffers)
+
+    @property
+    def staged_seeds(self) -> int:
+        return len(self._seed_slots)
+
+    def _staging(self, nbytes: int) -> np.ndarray:
+        """Pinned host memory of ``nbytes``: a host-allocated buffer mapped once. A write from it
+        is a DMA the host does not wait for; one from pageable memory is staged by the driver."""
+        buffer = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+        flags: Any = cl.map_flags.WRITE | cl.map_flags.READ
+        mapped: Any = cl.enqueue_map_buffer(self._queue, buffer, flags, 0,
+                                            (nbytes,), np.dtype(np.uint8), is_blocking=True)
+        self._staging_buffers.append(buffer)
+        array: np.ndarray = mapped[0]
+        if self._staging_maps is None:
+            self._staging_maps = []
+            # Unmapped when the replay goes (a recapture, an evicted geometry), not left to the
+            # order in which the collector frees buffer and mapping.
+            weakref.finalize(self, _unmap_all, self._staging_maps, self._queue)
+        self._staging_maps.append(array.base)
+        return array
+
+    def bind(self, batch: tuple[Any, ...], queue: cl.CommandQueue, keep: list[Any]) -> None:
+        """Put ``batch`` (and, staged, fresh seeds) where the kernels read it, on ``queue``; host
+        memory the enqueued writes still read is appended to ``keep``."""
+        record = BUS.active
+        if self.mode is BatchMode.IN_PLACE:
+            bound: list[tuple[cl.Buffer, Any]] = []
+            for binding in self.bindings:
+                view = binding.tensor_of(batch)
+                # A buffer made over the memory as it is now (what a device caches of host memory
+                # is defined at creation): nothing is copied on a unified-memory device. (This was
+                # once turned off after crashes in long PoCL runs; their cause was the capture
+                # taking a released buffer's reused handle for another identity, since fixed:
+                # tests/test_replay.py's fresh-tensor, dropout and interleaved tests guard it.)
+                buffer = shared_buffer(self.runtime, view)
+                bound.append((buffer, view))
+                for kernel, position in binding.consumers:
+                    kernel.set_arg(position, buffer)
+                if record:
+                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", copied=False)
+            self._bound = bound  # the previous replay's buffers are released here, unused
+            return
+        if self._tail is not None:
+            # Staged. The previous replay's upload has finished (its loss read waited for the queue).
+            for binding in self.bindings:
+                if binding.staging is not None:
+                    np.copyto(binding.staging, host_array(binding.tensor_of(batch)).reshape(-1).view(np.uint8))
+            for slot in self._seed_slots:
+                # As the full path draws them (Executable), into the pinned bytes the write sends.
+                torch.randint(0, 2**62, (), dtype=torch.int64, out=slot)
+            written: cl.Event | None = write_buffer(queue, self._arena, self._tail, self._tail_start)
+            if record:
+                for binding in self.bindings:
+                    BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=written)
+                    written = None  # (the one write's time is reported once)
+                for _ in self._seed_slots:
+                    BUS.transfer(REPLAY_GRAPH, "h2d", 8, "seed", "input")
+            return
+        for binding in self.bindings:
+            array = host_array(binding.tensor_of(batch))
+            keep.append(array)
+            assert binding.buffer is not None  # not in place
+            event = write_buffer(queue, binding.buffer, array, binding.offset)
+            if record:
+                BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
+
+    def upload_seeds(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
+        """Fresh seeds into their arena slots (staged: already sent with the batch)."""
+        if self._tail is not None:
+            return
+        for offset in self._seeds:
+            # As the full path draws them (Executable): torch.manual_seed(n) makes replays repeat too.
+            seed = host_array(torch.randint(0, 2**62, (), dtype=torch.int64))
+            keep.append(seed)
+            write_buffer(queue, self._arena, seed, offset)
+            BUS.transfer(REPLAY_GRAPH, "h2d", seed.nbytes, "seed", "input")

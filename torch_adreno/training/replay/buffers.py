@@ -1,0 +1,80 @@
+"""Where each memory identity of a replayed step lives: the arena (allocated here), the
+persistent tensors' buffers, or a batch binding.
+
+The arena holds the memory made during the step, the seeds and (unless bound in place) the batch,
+each at its fixed offset (:class:`~torch_adreno.training.replay.memory.ArenaLayout`). Where the
+persistent tensors are device copies (heap regions), the arena is a region of the same heap group,
+so that the kernels reach it and them in one slab through one argument. Otherwise it is a buffer of
+its own: with zero-copy the parameters are host memory, and a slab would only reserve memory (a
+phone's). A replay binding kernels as compiled (images, or arena kernels off) binds sub-buffers of
+its arena: then too the arena is a buffer of its own, their parent (on the H200, NVIDIA's driver
+crashed releasing such sub-buffers made over a slab; over a buffer of their own it does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import pyopencl as cl
+
+from torch_adreno.runtime.device import DeviceRuntime
+from torch_adreno.runtime.heap import device_heap, placement
+from torch_adreno.training.replay.capture import IdentityKind, StepRecorder
+from torch_adreno.training.replay.memory import ArenaLayout
+
+
+class StepBuffers:
+    """The buffers of one replayed step's identities. ``buffers`` maps each persistent identity to
+    its buffer and each batch identity to its own buffer (None: bound by each replay, or in the
+    arena); internal identities and seeds are in the arena."""
+
+    def __init__(self, runtime: DeviceRuntime, recorder: StepRecorder, layout: ArenaLayout, in_heap: bool,
+                 heap_group: Hashable) -> None:
+        self.layout = layout
+        if in_heap:
+            self.arena = device_heap(runtime).allocate(layout.nbytes, heap_group)
+            located = placement(self.arena)
+            assert located is not None
+            self.arena_base, self.arena_start = located
+        else:
+            self.arena = cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, max(layout.nbytes, 1))
+            self.arena_base, self.arena_start = self.arena, 0
+        self.buffers: dict[int, cl.Buffer | None] = {
+            i.index: i.buffer for i in recorder.identities if i.kind is IdentityKind.PERSISTENT}
+        self._persistent = {i.index for i in recorder.identities if i.kind is IdentityKind.PERSISTENT}
+        self._nbytes = {identity.index: identity.nbytes for identity in recorder.identities}
+        self._sub_buffers: dict[int, cl.Buffer] = {}
+
+    def located(self, index: int) -> tuple[cl.Buffer, int] | None:
+        """Where identity ``index``'s bytes are as (slab, byte offset), if in a heap region (the
+        arena, a persistent tensor's device copy); None for any other buffer (a batch bound in
+        place, host memory shared in place)."""
+        if index in self.layout.offset_of:
+            return self.arena_base, self.arena_start + self.layout.offset_of[index]
+        if index in self._persistent:
+            buffer = self.buffers[index]
+            assert buffer is not None
+            return placement(buffer)
+        return None
+
+    def place(self, index: int) -> tuple[cl.Buffer, int]:
+        """The buffer holding identity ``index`` and its byte offset there."""
+        if index in self.layout.offset_of:
+            return self.arena, self.layout.offset_of[index]
+        buffer = self.buffers[index]
+        if buffer is None:
+            raise ValueError("a batch argument bound in place is copied within the step")
+        return buffer, 0
+
+    def buffer(self, index: int) -> cl.Buffer:
+        """A buffer of identity ``index`` alone (a sub-buffer of the arena where it lives there)."""
+        if index not in self.layout.offset_of:
+            buffer = self.buffers[index]
+            assert buffer is not None
+            return buffer
+        if index not in self._sub_buffers:
+            nbytes = max(self._nbytes[index], 1)
+            # (A sub-buffer of the slab: OpenCL makes none of a sub-buffer.)
+            self._sub_buffers[index] = self.arena_base.get_sub_region(
+                self.arena_start + self.layout.offset_of[index], nbytes)
+        return self._sub_buffers[index]
