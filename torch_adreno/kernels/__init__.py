@@ -21,6 +21,7 @@ from torch_adreno.fusion import (
     ReductionKernel,
     SegmentedKernel,
 )
+from torch_adreno.ir.ops import OPS
 from torch_adreno.kernels.expressions import INDEX_CHECK_CALL
 from torch_adreno.kernels.gemm import gemm_candidates, render_gemm
 from torch_adreno.kernels.generated import (
@@ -77,12 +78,15 @@ def _describe(group: FusionGroup) -> str:
 
 
 def _float_ops(expr: ir.Expr) -> int:
-    return sum(1 for e in ir.walk(expr) if isinstance(e, ir.Call) and e.dtype.is_float and e.op != "cast")
+    """Float operations of one evaluation of ``expr``: each distinct call with a float result costs
+    its op's ``flops`` (the op table's rule, :mod:`torch_adreno.ir.ops`); other calls cost none."""
+    return sum(OPS[e.op].flops for e in ir.walk(expr) if isinstance(e, ir.Call) and e.dtype.is_float)
 
 
 def estimate_flops(group: FusionGroup) -> int:
     """Float operations of one launch: 2mnk per GEMM (plus its epilogue), per-element expression
-    ops times the elements of pointwise and reduction loops."""
+    ops (:func:`_float_ops`) times the elements of pointwise and reduction loops, one more per
+    element a reduction folds in."""
     spec = group.spec
     if isinstance(spec, GemmKernel):
         g = spec.gemm
