@@ -10,73 +10,44 @@ host by request, and the memory of every compiled graph run::
     print(prof.kernel_launches, prof.bytes_host_to_device, prof.host_fallback_ops)
     print(prof.table(sort_by="device_time", group_by="module"))
     prof.export_chrome_trace("step.json")     # open in Perfetto or chrome://tracing
+
+The profile collects records and keeps the totals; ``records.py`` turns launches into
+:class:`KernelRecord` s and reads their device times, ``report.py`` computes the grouped rows,
+the table and the Chrome trace from them, ``roofline.py`` measures the device's peaks.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyopencl as cl
-
+from torch_adreno.profiler.records import KernelRecord, resolve_kernel_times, resolve_transfer_times
+from torch_adreno.profiler.report import (
+    GROUPS,
+    SORT_KEYS,
+    Row,
+    check_choice,
+    chrome_trace,
+    group_kernels,
+    roofline_cells,
+    row_lines,
+    summary_lines,
+)
 from torch_adreno.profiler.roofline import DevicePeaks, device_peaks
 from torch_adreno.runtime import events
 from torch_adreno.runtime.events import GraphRunRecord, HostOpRecord, LaunchRecord, StepRecord, TransferRecord
 
 __all__ = ["DevicePeaks", "KernelRecord", "profile"]
 
-GROUPS = ("kernel", "op", "module", "graph")
-SORT_KEYS = {"device_time": "time", "calls": "calls", "bytes": "bytes", "flops": "flops"}
-
-
-@dataclass
-class KernelRecord:
-    """One kernel launch as the profile reports it."""
-
-    name: str
-    graph: str
-    kind: str
-    fx_nodes: tuple[str, ...]
-    aten_ops: tuple[str, ...]
-    modules: tuple[str, ...]
-    source_lines: tuple[str, ...]
-    bytes_read: int
-    bytes_written: int
-    flops: int
-    global_size: tuple[int, ...]
-    local_size: tuple[int, ...]
-    device_time_us: float | None = None
-    start_ns: int | None = None
-    end_ns: int | None = None
-    _event: Any = field(default=None, repr=False)
-
-    @property
-    def bytes(self) -> int:
-        return self.bytes_read + self.bytes_written
-
-    @property
-    def achieved_gbs(self) -> float | None:
-        return self.bytes / (self.device_time_us * 1e3) if self.device_time_us else None
-
-    @property
-    def achieved_gflops(self) -> float | None:
-        return self.flops / (self.device_time_us * 1e3) if self.device_time_us else None
-
-
-def _event_times(event: Any) -> tuple[int, int] | None:
-    try:
-        event.wait()
-        return int(event.profile.start), int(event.profile.end)
-    except (cl.Error, AttributeError):
-        return None
-
 
 class profile:  # named like torch.profiler.profile
-    """Context manager recording launches, transfers, graph memory and host fallbacks."""
+    """Context manager recording launches, transfers, graph memory and host fallbacks.
+
+    Invariant: ``_transfer_times[i]`` holds the device times of ``transfers[i]`` for each ``i`` read
+    so far; kernel times are read into the records themselves. Both are read when the profile is
+    left, and again by whatever needs times of records added since."""
 
     def __init__(self) -> None:
         self.kernels: list[KernelRecord] = []
@@ -97,15 +68,7 @@ class profile:  # named like torch.profiler.profile
         self.graph_runs.append(record)
 
     def on_launch(self, record: LaunchRecord) -> None:
-        k = record.kernel
-        self.kernels.append(KernelRecord(
-            name=k.name, graph=record.graph, kind=k.kind, fx_nodes=k.fx_nodes,
-            aten_ops=tuple(dict.fromkeys(o.op for o in k.origins)),
-            modules=tuple(dict.fromkeys(o.module for o in k.origins if o.module)),
-            source_lines=tuple(dict.fromkeys(o.source for o in k.origins if o.source)),
-            bytes_read=k.bytes_read, bytes_written=k.bytes_written, flops=k.flops,
-            global_size=k.global_size, local_size=k.local_size, _event=record.event,
-        ))
+        self.kernels.append(KernelRecord.from_launch(record))
 
     def on_transfer(self, record: TransferRecord) -> None:
         self.transfers.append(record)
@@ -131,16 +94,8 @@ class profile:  # named like torch.profiler.profile
         self._resolve_times()
 
     def _resolve_times(self) -> None:
-        for k in self.kernels:
-            if k._event is not None and k.device_time_us is None:
-                times = _event_times(k._event)
-                if times is not None:
-                    k.start_ns, k.end_ns = times
-                    k.device_time_us = (times[1] - times[0]) / 1e3
-                k._event = None
-        while len(self._transfer_times) < len(self.transfers):
-            t = self.transfers[len(self._transfer_times)]
-            self._transfer_times.append(_event_times(t.event) if t.event is not None else None)
+        resolve_kernel_times(self.kernels)
+        resolve_transfer_times(self.transfers, self._transfer_times)
 
     # -- totals ---------------------------------------------------------------------------------
 
@@ -243,85 +198,32 @@ class profile:  # named like torch.profiler.profile
 
     # -- summaries --------------------------------------------------------------------------------
 
-    def _keys(self, k: KernelRecord, group_by: str) -> list[str]:
-        if group_by == "kernel":
-            return [k.name]
-        if group_by == "graph":
-            return [k.graph]
-        if group_by == "op":
-            return list(k.aten_ops) or ["(none)"]
-        return list(k.modules) or ["(no module)"]
-
     def grouped(self, group_by: str = "kernel") -> dict[str, dict[str, Any]]:
         """Totals per kernel, ATen op, module path or graph. A kernel fused from several ops or
         modules is attributed to each of them, its time and bytes split evenly."""
-        if group_by not in GROUPS:
-            raise ValueError(f"group_by must be one of {', '.join(map(repr, GROUPS))}, got {group_by!r}")
+        check_choice("group_by", group_by, GROUPS)
         if self._active:
             self._resolve_times()
-        rows: dict[str, dict[str, Any]] = defaultdict(
-            lambda: {"calls": 0, "time": 0.0, "bytes": 0.0, "flops": 0.0, "kernels": set(), "sources": set()})
-        for k in self.kernels:
-            keys = self._keys(k, group_by)
-            share = 1.0 / len(keys)
-            for key in keys:
-                row = rows[key]
-                row["calls"] += 1
-                row["time"] += (k.device_time_us or 0.0) * share
-                row["bytes"] += k.bytes * share
-                row["flops"] += k.flops * share
-                row["kernels"].add(k.name)
-                row["sources"].update(k.source_lines)
-        return dict(rows)
+        return group_kernels(self.kernels, group_by)
 
     def table(self, sort_by: str = "device_time", group_by: str = "kernel", row_limit: int = 30,
               roofline: bool = False) -> str:
         """A readable summary: totals, then rows grouped by ``group_by`` sorted by ``sort_by``
         ("device_time", "calls", "bytes", "flops"). ``roofline=True`` adds each kernel's achieved
         GB/s and GFLOP/s and whether it is memory- or compute-bound (group_by="kernel")."""
-        key = SORT_KEYS.get(sort_by)
-        if key is None:
-            raise ValueError(f"sort_by must be one of {', '.join(map(repr, SORT_KEYS))}, got {sort_by!r}")
+        check_choice("sort_by", sort_by, SORT_KEYS)
+        key = SORT_KEYS[sort_by]
         rows = self.grouped(group_by)
         ordered = sorted(rows.items(), key=lambda kv: -kv[1][key])
-        lines = [
-            f"kernel launches: {self.kernel_launches}   device time: {self.device_time_us / 1e3:.3f} ms   "
-            f"wall: {self.wall_time_us / 1e3:.3f} ms (host overhead {self.host_overhead_us / 1e3:.3f} ms)",
-            f"kernel bytes read/written: {self.bytes_kernel_read}/{self.bytes_kernel_written}   "
-            f"GFLOP: {self.flops / 1e9:.3f}",
-            f"host->device: {self.bytes_host_to_device} B   device->host: {self.bytes_device_to_host} B   "
-            f"shared in place: {self.bytes_shared} B   "
-            f"host fallback ops: {len(self.host_ops)} {sorted(set(self.host_fallback_ops)) or ''}",
-            "",
-        ]
+        lines = summary_lines(self)
+        # Only a roofline table needs the peaks: measured on the device the first time, then cached.
         peaks = self.device_peaks() if roofline else None
-        header = f"{group_by:<44} {'calls':>6} {'time us':>10} {'bytes':>12} {'MFLOP':>9}"
-        if peaks is not None:
-            header += f" {'GB/s':>8} {'GFLOP/s':>8}  bound (of roof)"
-        lines.append(header + "  source")
-        for name, row in ordered[:row_limit]:
-            line = (f"{name[:44]:<44} {row['calls']:>6} {row['time']:>10.1f} {row['bytes']:>12.0f} "
-                    f"{row['flops'] / 1e6:>9.2f}")
-            if peaks is not None:
-                line += " " + self._roofline_cells(row, peaks)
-            source = sorted(row["sources"])[0].split("/")[-1] if row["sources"] else ""
-            lines.append(f"{line}  {source[:70]}")
-        if len(ordered) > row_limit:
-            lines.append(f"... {len(ordered) - row_limit} more")
+        lines += row_lines(ordered, group_by, row_limit, peaks)
         return "\n".join(lines)
 
     @staticmethod
-    def _roofline_cells(row: dict[str, Any], peaks: DevicePeaks) -> str:
-        seconds = row["time"] * 1e-6
-        if not seconds:
-            return f"{'':>8} {'':>8}  -"
-        gbs, gflops = row["bytes"] / seconds / 1e9, row["flops"] / seconds / 1e9
-        intensity = row["flops"] / row["bytes"] if row["bytes"] else float("inf")
-        if intensity < peaks.ridge:
-            bound, fraction = "memory", gbs / peaks.bandwidth_gbs
-        else:
-            bound, fraction = "compute", gflops / peaks.gflops
-        return f"{gbs:>8.1f} {gflops:>8.2f}  {bound} ({fraction:.0%})"
+    def _roofline_cells(row: Row, peaks: DevicePeaks) -> str:
+        return roofline_cells(row, peaks)
 
     def device_peaks(self) -> DevicePeaks:
         """Bandwidth and FLOP/s peaks of the device, measured once and cached (the roofline)."""
@@ -335,32 +237,6 @@ class profile:  # named like torch.profiler.profile
         """Write a trace Perfetto and chrome://tracing open: a lane of kernels and a lane of copies
         on the device's clock, each event carrying its FX nodes, ops, modules and bytes."""
         self._resolve_times()
-        starts = [k.start_ns for k in self.kernels if k.start_ns is not None]
-        starts += [t[0] for t in self._transfer_times if t is not None]
-        origin = min(starts) if starts else 0
-        trace: list[dict[str, Any]] = [
-            {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "OpenCL device"}},
-            {"ph": "M", "pid": 0, "tid": 0, "name": "thread_name", "args": {"name": "kernels"}},
-            {"ph": "M", "pid": 0, "tid": 1, "name": "thread_name", "args": {"name": "copies"}},
-        ]
-        for k in self.kernels:
-            if k.start_ns is None or k.end_ns is None:
-                continue
-            trace.append({
-                "name": k.name, "cat": k.kind, "ph": "X", "pid": 0, "tid": 0,
-                "ts": (k.start_ns - origin) / 1e3, "dur": max((k.end_ns - k.start_ns) / 1e3, 0.001),
-                "args": {"graph": k.graph, "fx_nodes": list(k.fx_nodes), "aten_ops": list(k.aten_ops),
-                         "modules": list(k.modules), "source": list(k.source_lines), "bytes": k.bytes,
-                         "flops": k.flops, "global_size": list(k.global_size), "local_size": list(k.local_size)},
-            })
-        for t, times in zip(self.transfers, self._transfer_times, strict=True):
-            if times is None:
-                continue
-            trace.append({
-                "name": f"{t.direction} {t.reason}", "cat": "copy", "ph": "X", "pid": 0, "tid": 1,
-                "ts": (times[0] - origin) / 1e3, "dur": max((times[1] - times[0]) / 1e3, 0.001),
-                "args": {"graph": t.graph, "buffer": t.buffer, "bytes": t.nbytes},
-            })
         out = Path(path)
-        out.write_text(json.dumps({"traceEvents": trace, "displayTimeUnit": "ms"}))
+        out.write_text(json.dumps(chrome_trace(self.kernels, self.transfers, self._transfer_times)))
         return out
