@@ -29,8 +29,12 @@ from torch_adreno.runtime import amp_versions
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS
 from torch_adreno.runtime.heap import device_heap
+from torch_adreno.runtime.host_memory import host_array, poison, shared_buffer, sync_shared, version_of
 
 TRANSIENT_SLOTS = 16
+
+# (The host-memory helpers are imported from here by the executable and the replay.)
+__all__ = ["TRANSIENT_SLOTS", "Residency", "host_array", "poison", "shared_buffer", "sync_shared", "version_of"]
 
 # Copies are trusted by version: GradScaler's unscale must bump the versions it changes.
 amp_versions.install()
@@ -77,51 +81,6 @@ class _Deferred:
 
     def release(self) -> None:
         """Nothing to release: the buffer belongs to the tensor's residency entry."""
-
-
-def host_array(tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a contiguous CPU tensor's elements (a copy if it is not contiguous)."""
-    t = tensor.detach()
-    if t.dtype == torch.bool:
-        t = t.view(torch.uint8)
-    elif t.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits
-        t = t.view(torch.int16)
-    return t.contiguous().numpy()
-
-
-def poison(tensor: torch.Tensor) -> None:
-    """Mark a host copy that is not current: a NaN in its first element (floating point only), so
-    that using it by mistake shows in any result computed from it. Written through NumPy, so the
-    tensor's version counter does not move."""
-    if tensor.numel() and tensor.is_floating_point():
-        first = host_array(tensor).reshape(-1)
-        # (bfloat16 is seen through its bits: 0x7FC0 is its quiet NaN)
-        first[0] = 0x7FC0 if tensor.dtype == torch.bfloat16 else np.nan
-
-
-def version_of(tensor: torch.Tensor) -> int | None:
-    try:
-        return int(tensor._version)
-    except RuntimeError:  # inference tensors carry no version counter
-        return None
-
-
-def sync_shared(runtime: DeviceRuntime, buffer: cl.Buffer, nbytes: int, write: bool) -> None:
-    """Make a host-pointer buffer coherent: after host writes (``write``) or before host reads."""
-    if nbytes == 0:
-        return
-    flags = cl.map_flags.WRITE if write else cl.map_flags.READ
-    result: Any = cl.enqueue_map_buffer(runtime.queue, buffer, flags, 0, (nbytes,), np.dtype(np.uint8),
-                                        is_blocking=True)
-    result[0].base.release(runtime.queue)
-
-
-def shared_buffer(runtime: DeviceRuntime, tensor: torch.Tensor) -> cl.Buffer:
-    """An OpenCL buffer over the tensor's own memory (the tensor must be contiguous)."""
-    array = host_array(tensor)
-    if array.nbytes == 0:
-        return cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 1)
-    return cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=array)
 
 
 class Residency:
