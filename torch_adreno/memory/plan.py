@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from torch_adreno import ir
 from torch_adreno.errors import DeviceMemoryError
 from torch_adreno.fusion import FusedGraph, PointwiseKernel, SegmentedKernel
+from torch_adreno.memory.intervals import Interval, PresetSlot, pack_intervals
 from torch_adreno.target import DeviceProfile
 
 
@@ -175,41 +176,21 @@ def _in_place_candidates(fused: FusedGraph, arena: set[str], ranges: dict[str, t
 
 def _place(items: list[tuple[str, int, int, int]], donors: list[tuple[str, int, int]],
            in_donor: dict[str, str]) -> tuple[dict[str, tuple[int | str, int]], list[int]]:
-    """Assign buffers to storage slots, largest first: a slot (one device buffer) is shared by
-    buffers whose lifetimes do not overlap. A donated input is a slot that becomes free after its
-    last read. Every buffer starts at its slot's first byte, so no two views of one allocation
-    ever overlap partially (some drivers fault on overlapping sub-buffers).
-    Returns name -> (slot index or donor, 0) and the slot sizes."""
+    """Assign buffers to storage slots (:func:`~torch_adreno.memory.intervals.pack_intervals`): a
+    slot (one device buffer) is shared by buffers whose lifetimes do not overlap; a donated input
+    is a preset slot, busy until its last read. Returns name -> (slot index or donor, 0) and the
+    slot sizes."""
+    presets = {name: PresetSlot(name, size, [(-1, last_use)]) for name, size, last_use in donors}
     placed: dict[str, tuple[int | str, int]] = {}
-    slots: list[tuple[int, list[tuple[int, int]]]] = []  # (size, [(first, last)])
-    donor_busy = {name: [(-1, last_use)] for name, _, last_use in donors}
-    donor_size = {name: size for name, size, _ in donors}
-
-    def free(busy: list[tuple[int, int]], first: int, last: int) -> bool:
-        return all(last < start or end < first for start, end in busy)
-
     for name, _, first, last in items:
         if name in in_donor:  # written in place over the donor's last read
-            donor_busy[in_donor[name]].append((first, last))
+            presets[in_donor[name]].busy.append((first, last))
             placed[name] = (in_donor[name], 0)
-    for name, nbytes, first, last in sorted(items, key=lambda t: (-t[1], t[2], t[0])):
-        if name in placed:
-            continue
-        fitting = [d for d in donor_busy if donor_size[d] >= nbytes and free(donor_busy[d], first, last)]
-        if fitting:
-            donor = min(fitting, key=lambda d: (donor_size[d], d))
-            donor_busy[donor].append((first, last))
-            placed[name] = (donor, 0)
-            continue
-        for index, (size, busy) in enumerate(slots):
-            if size >= nbytes and free(busy, first, last):
-                busy.append((first, last))
-                placed[name] = (index, 0)
-                break
-        else:
-            slots.append((nbytes, [(first, last)]))
-            placed[name] = (len(slots) - 1, 0)
-    return placed, [size for size, _ in slots]
+    packing = pack_intervals([Interval(name, nbytes, first, last) for name, nbytes, first, last in items
+                              if name not in placed], list(presets.values()))
+    for key, slot in packing.slot_of.items():
+        placed[str(key)] = (slot, 0)
+    return placed, list(packing.sizes)
 
 
 def _donor_free_after(donor: str, aliases: Sequence[str], ranges: dict[str, tuple[int, int]]) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
+from torch_adreno.memory.intervals import Interval, pack_intervals
 from torch_adreno.memory.verify import Access, Placement, verify_accesses
 from torch_adreno.training.replay.capture import BATCH, INTERNAL, SEED, RecordedLaunch, StepRecorder
 
@@ -39,8 +40,9 @@ class StepMemoryPlan:
 
 
 def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemoryPlan:
-    """Lifetimes of the step's internal identities over its operations, packed into slots: the
-    largest first, each into the smallest slot that is big enough and free for its whole lifetime."""
+    """Lifetimes of the step's internal identities over its operations, packed into slots by the
+    memory stage's packer (:func:`~torch_adreno.memory.intervals.pack_intervals`), as a compiled
+    graph's buffers are."""
     lifetimes: dict[int, tuple[int, int]] = {}
     end = len(recorder.operations)
     for position, op in enumerate(recorder.operations):
@@ -52,22 +54,10 @@ def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemor
         first, _ = lifetimes.get(index, (0, end))
         lifetimes[index] = (first, end)
     internal = [i for i in lifetimes if recorder.identities[i].kind is INTERNAL]
-    slots: list[list[tuple[int, int]]] = []
-    sizes: list[int] = []
-    slot_of: dict[int, int] = {}
-    for index in sorted(internal, key=lambda i: (-recorder.identities[i].nbytes, i)):
-        first, last = lifetimes[index]
-        nbytes = recorder.identities[index].nbytes
-        free = [s for s, spans in enumerate(slots) if sizes[s] >= nbytes
-                and all(last < a or first > b for a, b in spans)]
-        if free:
-            slot = min(free, key=lambda s: sizes[s])
-        else:
-            slot = len(slots)
-            slots.append([])
-            sizes.append(nbytes)
-        slots[slot].append((first, last))
-        slot_of[index] = slot
+    # (Ties among equal sizes by identity number: the order the step's plan has always used.)
+    packing = pack_intervals([Interval(i, recorder.identities[i].nbytes, *lifetimes[i], rank=i) for i in internal])
+    slot_of = {i: packing.packed_slot(i) for i in internal}
+    sizes = list(packing.sizes)
     arenas = {i for i in internal if recorder.identities[i].arena}
     escaping = [i for i in internal if i not in arenas]
     peak = max((sum(recorder.identities[i].nbytes for i in escaping
