@@ -37,12 +37,10 @@ itself; those of one residency reading a host copy another deferred synchronize 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import operator
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -59,8 +57,9 @@ from torch_adreno.training.gradients import (
     gradient_clipper,
     mark_gradients_on_device,
 )
-from torch_adreno.training.replay.capture import PERSISTENT, StepRecorder
-from torch_adreno.training.replay.step import CaptureError, ReplayedStep, ReplayOptions
+from torch_adreno.training.replay.capture import StepRecorder
+from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
+from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
 from torch_adreno.training.scaler import DeviceGradScaling
 from torch_adreno.training.state import (
     REMEMBERED_SIGNATURES,
@@ -116,18 +115,10 @@ class TrainingStep:
         steps are not replayed yet (the skip is decided on the host after the backward)."""
         config = Config.from_options(options)
         check_norm_type(norm_type)
-        if any(group.get("fused") for group in optimizer.param_groups):
-            raise ValueError("TrainingStep needs an optimizer step it can compile; fused=True optimizers run "
-                             "their own kernels on the host: use fused=False")
+        check_can_train(model, optimizer)
         self.model = model
         self.optimizer = optimizer
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
-        in_optimizer = {id(p) for p in self._params}
-        outside = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in in_optimizer]
-        if outside:
-            raise ValueError(f"TrainingStep needs every parameter that requires grad in the optimizer (their "
-                             f"gradients stay on the device); not in it: {', '.join(outside[:5])}. Freeze them "
-                             "with requires_grad_(False) or add them to the optimizer")
         self._loss = torch.compile(lambda *batch: loss_fn(model, *batch), backend="adreno",
                                    options=dict(options or {}), dynamic=False, fullgraph=True)
         # Static: a hyperparameter given as a float and changed (lr, momentum) is a recompile
@@ -161,22 +152,18 @@ class TrainingStep:
         self._heap_group = object()
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
-        self._replays: OrderedDict[Hashable, tuple[ReplayedStep, guards.Guard]] = OrderedDict()
-        # Batch geometries that completed a step through the compiled graphs (compiled and warm).
-        self._warm: set[Hashable] = set()
-        # Batch geometries whose capture cannot be replayed, with the reason.
-        self._unreplayable: dict[Hashable, str] = {}
+        self._replays = Replays(MAX_REPLAYS)
 
     @property
     def replay(self) -> ReplayedStep | None:
         """The replay of the batch geometry captured last (None before any was captured)."""
-        return next(reversed(self._replays.values()))[0] if self._replays else None
+        return self._replays.latest
 
     @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
         """Why the batch geometries that cannot be replayed cannot (one reason each, in the order
         they were met; empty while every captured step replays)."""
-        return tuple(self._unreplayable.values())
+        return self._replays.reasons
 
     def _before_step(self, batch: tuple[Any, ...]) -> None:
         host_sync.suspend(self._residency)  # the step's compiled code must not trace it
@@ -190,17 +177,7 @@ class TrainingStep:
     def _check_can_step(self, batch: tuple[Any, ...]) -> None:
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        if any(p.grad is not None and type(p.grad) is not GradientOnDevice for p in self._params):
-            raise ValueError(
-                "TrainingStep computes and clears the gradients itself, but some parameters already have a "
-                ".grad: call optimizer.zero_grad(set_to_none=True) before the first step, and do not call "
-                "backward() on the model outside the step"
-            )
-        if any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in self._params):
-            raise ValueError("TrainingStep keeps gradients on the device, where parameter hooks cannot see them: "
-                             "remove the gradient hooks of the parameters")
-        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):
-            raise ValueError("TrainingStep takes batches that do not require gradients (only parameters get them)")
+        check_can_step(self._params, batch)
         signature = batch_signature(batch)
         if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
             self._batch_signatures[signature] = None
@@ -230,24 +207,19 @@ class TrainingStep:
         host_sync.suspend(self._residency)
         signature = guards.batch_signature(batch) if self._replay_enabled else None
         self._before_step(batch)
-        capture = signature is not None and signature in self._warm and signature not in self._unreplayable
+        capture = signature is not None and self._replays.should_capture(signature)
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
         loss = self._compiled_step(batch, recorder)
         kind = "full"
         if recorder is not None and signature is not None:
-            try:
-                self._replays[signature] = self._build_replay(recorder, loss, batch)
-                kind = "capture"
-            except CaptureError as err:
-                reason = f"its capture cannot be replayed: {err}"
-                self._unreplayable[signature] = reason
-                _log.warning("TrainingStep: this step is not replayed: %s", err)
-            while len(self._replays) > MAX_REPLAYS:
-                self._replays.popitem(last=False)
-        elif signature is not None and signature in self._unreplayable:
-            reason = self._unreplayable[signature]
+            reason = self._replays.add(signature, lambda: build_replay(
+                recorder, loss, batch, self.model, self.optimizer, self._residency, self._heap_group,
+                self._replay_options))
+            kind = "capture" if reason is None else kind
+        elif signature is not None:
+            reason = self._replays.unreplayable(signature)
         if signature is not None:
-            self._warm.add(signature)
+            self._replays.warm(signature)
         BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason))
         return loss
 
@@ -257,16 +229,8 @@ class TrainingStep:
         replay and the loss; else Nones and the reason the guard gave (the replay is dropped; the
         caller runs the full path, which captures again). Called with torch functions disabled
         (see ``__call__``)."""
-        signature = guards.batch_signature(batch)
-        entry = self._replays.get(signature)
-        if entry is None:
-            return None, None, None
-        replay, guard = entry
-        # The guard holds what _check_can_step checks (the batch needs no grad, no gradient hooks).
-        reason = guard(batch)
-        if reason is not None:
-            del self._replays[signature]
-            _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
+        replay, reason = self._replays.valid_for(batch)
+        if replay is None:
             return None, None, reason
         try:
             loss = replay(batch, started)
@@ -281,21 +245,6 @@ class TrainingStep:
         self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
         self.replayed_steps += 1
         return replay, loss, None
-
-    def _build_replay(self, recorder: StepRecorder, loss: torch.Tensor,
-                      batch: tuple[Any, ...]) -> tuple[ReplayedStep, guards.Guard]:
-        opt = self.optimizer
-        optimizer_module = importlib.import_module("torch.optim.optimizer")
-        hooks = [*optimizer_module._global_optimizer_pre_hooks.values(),
-                 *optimizer_module._global_optimizer_post_hooks.values(),
-                 *opt._optimizer_step_pre_hooks.values(), *opt._optimizer_step_post_hooks.values()]
-        if hooks:
-            raise CaptureError("the optimizer has step hooks, which run Python code in every step")
-        replay = ReplayedStep(recorder, loss, self._residency, heap_group=self._heap_group,
-                              options=self._replay_options)
-        names = guards.tensor_names(self.model, opt)
-        persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
-        return replay, guards.build_guard(batch, self.model, opt, persistent, names)
 
     def _compiled_step(self, batch: tuple[Any, ...], recorder: StepRecorder | None) -> torch.Tensor:
         """The step through the compiled graphs (Dynamo, AOTAutograd, autograd), recorded when

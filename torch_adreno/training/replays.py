@@ -1,0 +1,138 @@
+"""A :class:`~torch_adreno.TrainingStep`'s replays, one per batch geometry, and the checks a step
+makes of its model, optimizer and batch.
+
+A geometry's first step compiles (and warms) the graphs; its second runs them under a recorder
+and becomes a :class:`~torch_adreno.training.replay.step.ReplayedStep` with its guard; later steps
+replay while the guard holds. Invariants: at most ``limit`` replays are kept (the oldest goes
+first); a geometry whose capture could not be replayed is never captured again, and its reason is
+kept; a replay whose guard fails is dropped (the step runs the compiled graphs and captures again).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+
+from torch_adreno.runtime.residency import Residency
+from torch_adreno.training import guards
+from torch_adreno.training.gradients import GradientOnDevice
+from torch_adreno.training.replay.capture import PERSISTENT, StepRecorder
+from torch_adreno.training.replay.step import CaptureError, ReplayedStep, ReplayOptions
+
+_log = logging.getLogger("torch_adreno")
+
+Replay = tuple[ReplayedStep, guards.Guard]
+
+
+class Replays:
+    """The replays of one step by batch signature (see the module docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._replays: OrderedDict[Hashable, Replay] = OrderedDict()
+        # Batch geometries that completed a step through the compiled graphs (compiled and warm).
+        self._warm: set[Hashable] = set()
+        # Batch geometries whose capture cannot be replayed, with the reason.
+        self._unreplayable: dict[Hashable, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._replays)
+
+    @property
+    def latest(self) -> ReplayedStep | None:
+        """The replay of the geometry captured last (None before any was captured)."""
+        return next(reversed(self._replays.values()))[0] if self._replays else None
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(self._unreplayable.values())
+
+    def should_capture(self, signature: Hashable) -> bool:
+        return signature in self._warm and signature not in self._unreplayable
+
+    def warm(self, signature: Hashable) -> None:
+        self._warm.add(signature)
+
+    def unreplayable(self, signature: Hashable) -> str | None:
+        return self._unreplayable.get(signature)
+
+    def add(self, signature: Hashable, build: Callable[[], Replay]) -> str | None:
+        """Keep the replay ``build`` makes for ``signature``; if the capture cannot be replayed,
+        remember why and return the reason."""
+        try:
+            self._replays[signature] = build()
+        except CaptureError as err:
+            reason = f"its capture cannot be replayed: {err}"
+            self._unreplayable[signature] = reason
+            _log.warning("TrainingStep: this step is not replayed: %s", err)
+            return reason
+        finally:
+            while len(self._replays) > self._limit:
+                self._replays.popitem(last=False)
+        return None
+
+    def valid_for(self, batch: tuple[Any, ...]) -> tuple[ReplayedStep | None, str | None]:
+        """The replay of ``batch``'s geometry if its guard holds; else None and why (a replay whose
+        guard failed is dropped; None, None: no replay of that geometry)."""
+        signature = guards.batch_signature(batch)
+        entry = self._replays.get(signature)
+        if entry is None:
+            return None, None
+        replay, guard = entry
+        # The guard holds what check_can_step checks (the batch needs no grad, no gradient hooks).
+        reason = guard(batch)
+        if reason is not None:
+            del self._replays[signature]
+            _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
+            return None, reason
+        return replay, None
+
+
+def build_replay(recorder: StepRecorder, loss: torch.Tensor, batch: tuple[Any, ...], model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, residency: Residency, heap_group: Hashable,
+                 options: ReplayOptions) -> Replay:
+    """The replay of a recorded step and the guard of what it assumes; :class:`CaptureError` where
+    the step cannot be replayed."""
+    optimizer_module = importlib.import_module("torch.optim.optimizer")
+    hooks = [*optimizer_module._global_optimizer_pre_hooks.values(),
+             *optimizer_module._global_optimizer_post_hooks.values(),
+             *optimizer._optimizer_step_pre_hooks.values(), *optimizer._optimizer_step_post_hooks.values()]
+    if hooks:
+        raise CaptureError("the optimizer has step hooks, which run Python code in every step")
+    replay = ReplayedStep(recorder, loss, residency, heap_group=heap_group, options=options)
+    names = guards.tensor_names(model, optimizer)
+    persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
+    return replay, guards.build_guard(batch, model, optimizer, persistent, names)
+
+
+def check_can_step(params: Sequence[torch.nn.Parameter], batch: tuple[Any, ...]) -> None:
+    """What a step needs of its parameters and batch, checked before it runs."""
+    if any(p.grad is not None and type(p.grad) is not GradientOnDevice for p in params):
+        raise ValueError(
+            "TrainingStep computes and clears the gradients itself, but some parameters already have a "
+            ".grad: call optimizer.zero_grad(set_to_none=True) before the first step, and do not call "
+            "backward() on the model outside the step"
+        )
+    if any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
+        raise ValueError("TrainingStep keeps gradients on the device, where parameter hooks cannot see them: "
+                         "remove the gradient hooks of the parameters")
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):
+        raise ValueError("TrainingStep takes batches that do not require gradients (only parameters get them)")
+
+
+def check_can_train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """What a step needs of its model and optimizer, checked when it is made."""
+    if any(group.get("fused") for group in optimizer.param_groups):
+        raise ValueError("TrainingStep needs an optimizer step it can compile; fused=True optimizers run "
+                         "their own kernels on the host: use fused=False")
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    outside = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in in_optimizer]
+    if outside:
+        raise ValueError(f"TrainingStep needs every parameter that requires grad in the optimizer (their "
+                         f"gradients stay on the device); not in it: {', '.join(outside[:5])}. Freeze them "
+                         "with requires_grad_(False) or add them to the optimizer")
