@@ -43,6 +43,10 @@ class Replays:
     def __bool__(self) -> bool:
         return bool(self._replays)
 
+    def values(self) -> list[Replay]:
+        """The replays kept and their guards, oldest first."""
+        return list(self._replays.values())
+
     @property
     def latest(self) -> ReplayedStep | None:
         """The replay of the geometry captured last (None before any was captured)."""

@@ -212,11 +212,11 @@ class TrainingStep:
         loss = self._compiled_step(batch, recorder)
         kind = "full"
         if recorder is not None and signature is not None:
-            reason = self._replays.add(signature, lambda: build_replay(
+            refused = self._replays.add(signature, lambda: build_replay(
                 recorder, loss, batch, self.model, self.optimizer, self._residency, self._heap_group,
                 self._replay_options))
-            kind = "capture" if reason is None else kind
-        elif signature is not None:
+            kind, reason = ("capture", reason) if refused is None else (kind, refused)
+        elif signature is not None and self._replays.unreplayable(signature) is not None:
             reason = self._replays.unreplayable(signature)
         if signature is not None:
             self._replays.warm(signature)
