@@ -18,6 +18,7 @@ import torch
 from torch.fx import Node
 
 from torch_adreno import ir
+from torch_adreno.ir.torch_dtypes import TORCH_TO_IR
 from torch_adreno.config import Config
 from torch_adreno.errors import LoweringError, UnsupportedOpError
 
@@ -27,16 +28,7 @@ Lowering = Callable[..., Value]
 
 LOWERINGS: dict[Any, Lowering] = {}
 
-_TORCH_TO_IR = {
-    torch.float32: ir.DType.F32,
-    torch.float16: ir.DType.F16,
-    torch.bfloat16: ir.DType.BF16,
-    torch.int64: ir.DType.I64,
-    torch.int32: ir.DType.I32,
-    torch.bool: ir.DType.BOOL,
-    torch.uint8: ir.DType.U8,
-}
-IR_TO_TORCH = {v: k for k, v in _TORCH_TO_IR.items()}
+_TORCH_TO_IR = TORCH_TO_IR
 
 
 def register(*ops: Any) -> Callable[[Lowering], Lowering]:

@@ -9,7 +9,6 @@ the host.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +17,13 @@ import pyopencl as cl
 import torch
 
 from torch_adreno import ir
+from torch_adreno.ir.torch_dtypes import IR_TO_TORCH
 from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
-from torch_adreno.kernels.verify import verify_program
-from torch_adreno.lowering.context import IR_TO_TORCH
 from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned
+from torch_adreno.runtime.donated_inputs import DonatedInputs
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
 from torch_adreno.runtime.graph_calls import GraphCall, active_observer
 from torch_adreno.runtime.images import image_views
@@ -111,9 +110,8 @@ class Executable:
         self._last_call: dict[str, Any] = {}
         self._images = image_views(runtime)
         self._last_images: list[Any] = []
-        self._donors = sorted({a.donor for a in plan.allocations.values() if a.donor is not None})
         self.verify_memory = verify_memory
-        self._verified_sharing: set[tuple[int, ...]] = set()
+        self._donors = DonatedInputs(program, self._input_positions, verify_memory)
 
     @property
     def kernel_launches(self) -> int:
@@ -147,27 +145,6 @@ class Executable:
                                                         version_bumped=pos in self.version_bumped_inputs)
         return bound
 
-    def _run_host_step(self, step: HostStep, storage: dict[str, Any]) -> None:
-        node = step.node
-        self.runtime.queue.finish()
-        inputs = []
-        for view in node.inputs:
-            buf = self.graph.buffers[view.buffer]
-            tensor, _ = download(self.runtime, storage[view.buffer], buf.shape, IR_TO_TORCH[buf.dtype])
-            BUS.transfer(self.graph.name, "d2h", buf.nbytes, view.buffer, "host_fallback")
-            inputs.append(tensor)
-        results = node.run(*inputs)
-        tensors = [r for r in results if r is not None]
-        for name, tensor in zip(node.outputs, tensors, strict=True):
-            buf = self.graph.buffers[name]
-            if buf.nbytes:
-                cl.enqueue_copy(self.runtime.queue, storage[name], host_array(tensor.to(IR_TO_TORCH[buf.dtype])),
-                                is_blocking=True)
-            BUS.transfer(self.graph.name, "h2d", buf.nbytes, name, "host_fallback")
-        if BUS.active:
-            for o in node.origins:
-                BUS.host_op(HostOpRecord(self.graph.name, node.target, o.node))
-
     def _draw_random_seeds(self) -> list[torch.Tensor]:
         # From torch's default generator: torch.manual_seed(n) makes every random op repeat.
         return [torch.randint(0, 2**62, (), dtype=torch.int64) for _ in self.graph.random_seeds]
@@ -180,16 +157,14 @@ class Executable:
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
         blocks: dict[str, Any] = {}
-        sharing = self._input_sharing(args, self.verify_memory) if self._donors or self.verify_memory else {}
-        if self.verify_memory:
-            self._verify(args, sharing)
+        sharing = self._donors.sharing(args)
         for name, alloc in self._per_call_allocations:
             if alloc.kind is StorageKind.PER_CALL:
                 blocks[name] = self.runtime.pool.allocate(alloc.nbytes)
                 storage[name] = blocks[name].buffer
             elif alloc.kind is StorageKind.DONATED:
                 assert alloc.donor is not None
-                storage[name] = self._donor_storage(alloc.donor, args, storage, blocks, sharing)
+                storage[name] = self._donors.storage(alloc.donor, args, storage, blocks, sharing, self.runtime.pool)
             elif alloc.kind is StorageKind.HOST:
                 buf = self.graph.buffers[name]
                 host_outputs[name] = torch.empty(buf.shape, dtype=IR_TO_TORCH[buf.dtype])
@@ -207,7 +182,7 @@ class Executable:
                                      self.allocated_bytes + plan.per_call_bytes, plan.per_call_bytes))
         for step in self._steps:
             if isinstance(step, HostStep):
-                self._run_host_step(step, storage)
+                run_host_step(self.runtime, self.graph, step, storage)
                 continue
             if step.empty:
                 continue
@@ -233,69 +208,8 @@ class Executable:
         self.residency.finish_transfers()
         self._last_call = storage
         self._last_images = images
-        for donor in self._donors:
-            arg = args[self._input_positions[donor]]
-            if isinstance(arg, DeviceTensor):
-                arg.consumed_by = self.graph.name
+        self._donors.mark_consumed(args)
         return outputs
-
-    def _input_sharing(self, args: Sequence[Any], host_too: bool) -> dict[str, Any]:
-        """Per input, a key of the memory it is bound to: equal keys share memory (saved views of
-        one device buffer, host views of one storage). Without ``host_too`` only device tensors
-        are keyed (what a donation can collide with: only a device tensor's bytes are reused)."""
-        keys: dict[str, Any] = {}
-        for name, pos in self._input_positions.items():
-            value = args[pos]
-            if isinstance(value, DeviceTensor):
-                keys[name] = ("device", id(value.block))
-            elif not host_too:
-                continue
-            elif isinstance(value, torch.Tensor) and value.numel():
-                # The storage's first byte, from data_ptr(): asking for untyped_storage() of a
-                # deferred parameter made the residency see it as changed on the host.
-                keys[name] = ("host", value.data_ptr() - value.storage_offset() * value.element_size())
-            else:
-                keys[name] = ("own", name)
-        return keys
-
-    def _shares_unplanned(self, donor: str, sharing: dict[str, Any]) -> bool:
-        """Whether an input the plan does not know to view ``donor``'s bytes is bound to them."""
-        key = sharing.get(donor)
-        known = {donor, *self.program.plan.donor_aliases.get(donor, ())}
-        return any(k == key and name not in known for name, k in sharing.items())
-
-    def _verify(self, args: Sequence[Any], sharing: dict[str, Any]) -> None:
-        groups: dict[Any, int] = {}
-        pattern = tuple(groups.setdefault(sharing[name], len(groups)) for name in sorted(sharing))
-        if pattern in self._verified_sharing:
-            return
-        scratch = {d for d in self._donors if self._donor_is_scratch(d, args, sharing)}
-        members: dict[Any, list[str]] = {}
-        for name in sorted(sharing):
-            members.setdefault(sharing[name], []).append(name)
-        labels = {name: f"the memory bound to input {' and '.join(members[key])}" for name, key in sharing.items()}
-        verify_program(self.program, labels, scratch)
-        self._verified_sharing.add(pattern)
-
-    def _donor_is_scratch(self, donor: str, args: Sequence[Any], sharing: dict[str, Any]) -> bool:
-        return not isinstance(args[self._input_positions[donor]], DeviceTensor) or self._shares_unplanned(donor, sharing)
-
-    def _donor_storage(self, donor: str, args: Sequence[Any], storage: dict[str, Any],
-                       blocks: dict[str, Any], sharing: dict[str, Any]) -> Any:
-        """The bytes planned inside a saved activation: the activation's own buffer when it came as a
-        device tensor that no input the plan does not know of shares. Otherwise a scratch block of
-        the same size, so that nothing still to be read is overwritten: when AOTAutograd handed a
-        host tensor instead (a view of a forward input it rebuilt), or (warned: the donation analysis
-        missed a view) when another input is bound to the same buffer."""
-        if isinstance(args[self._input_positions[donor]], DeviceTensor):
-            if not self._shares_unplanned(donor, sharing):
-                return storage[donor]
-            warnings.warn(f"{self.graph.name}: saved tensor {donor} shares its device buffer with another input the "
-                      "memory plan does not know of; its bytes are not reused (a torch_adreno bug: please report it)", RuntimeWarning, stacklevel=3)
-        key = f"scratch:{donor}"
-        if key not in blocks:
-            blocks[key] = self.runtime.pool.allocate(self.graph.buffers[donor].nbytes)
-        return blocks[key].buffer
 
     def _apply_mutations(self, args: Sequence[Any], storage: dict[str, Any]) -> None:
         """New values of mutated inputs into the inputs' storage, and their host copies made right."""
@@ -364,3 +278,28 @@ class Executable:
         if pending or host_outputs:
             self.runtime.index_errors.raise_if_set(self.runtime.queue)
         return outputs
+
+
+def run_host_step(runtime: DeviceRuntime, graph: ir.Graph, step: HostStep, storage: dict[str, Any]) -> None:
+    """An op run on the host by request (``fallback='host'``): its inputs read back, its outputs
+    written to their device buffers (blocking: the host op ran between two launches)."""
+    node = step.node
+    runtime.queue.finish()
+    inputs = []
+    for view in node.inputs:
+        buf = graph.buffers[view.buffer]
+        tensor, _ = download(runtime, storage[view.buffer], buf.shape, IR_TO_TORCH[buf.dtype])
+        BUS.transfer(graph.name, "d2h", buf.nbytes, view.buffer, "host_fallback")
+        inputs.append(tensor)
+    results = node.run(*inputs)
+    tensors = [r for r in results if r is not None]
+    for name, tensor in zip(node.outputs, tensors, strict=True):
+        buf = graph.buffers[name]
+        if buf.nbytes:
+            cl.enqueue_copy(runtime.queue, storage[name], host_array(tensor.to(IR_TO_TORCH[buf.dtype])),
+                            is_blocking=True)
+        BUS.transfer(graph.name, "h2d", buf.nbytes, name, "host_fallback")
+    if BUS.active:
+        for o in node.origins:
+            BUS.host_op(HostOpRecord(graph.name, node.target, o.node))
+
