@@ -5,12 +5,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from torch_adreno.ir.expr import DType, Expr, Load, Var, call, index, loop_var, substitute
 
-if TYPE_CHECKING:
-    from torch_adreno.ir.graph import Buffer
+
+class BufferLike(Protocol):
+    """What a view needs of the buffer it reads (:class:`torch_adreno.ir.graph.Buffer` is one;
+    named by a protocol so that this module, which ``ir.graph`` imports, imports nothing back)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> DType: ...
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -41,7 +52,7 @@ class View:
     in_memory_order: bool = False
 
     @staticmethod
-    def of(buffer: Buffer) -> View:
+    def of(buffer: BufferLike) -> View:
         return View(buffer.name, buffer.shape, buffer.dtype, buffer.shape, placeholder_vars(buffer.shape), True)
 
     @property
