@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -510,3 +511,70 @@ def make_fx_tracing_flag_per_thread() -> None:
 
 
 make_fx_tracing_flag_per_thread()
+
+
+#: (logger name, method) of the logging calls skipped in our traces, each told about once.
+_skipped_logging_calls: set[tuple[str, str]] = set()
+_log = logging.getLogger("torch_adreno")
+
+
+def _tracing_for_adreno() -> bool:
+    """Whether Dynamo is tracing a frame now that it will hand to this backend (``backend="adreno"``
+    or the function itself, through torch.compile's and Dynamo's wrappers)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        backend: Any = InstructionTranslator.current_tx().output.compiler_fn
+    except Exception:  # not tracing, or a Dynamo whose internals differ: Dynamo's own rule holds
+        return False
+    for _ in range(8):
+        if backend is adreno_backend:
+            return True
+        backend = next((getattr(backend, a) for a in ("_torchdynamo_orig_backend", "compiler_fn", "func", "__wrapped__")
+                        if getattr(backend, a, None) is not None), None)
+        if backend is None:
+            return False
+    return False
+
+
+class _IgnoredLoggingFunctions(set[Any]):
+    """Dynamo's ``ignore_logging_functions`` set (the functions a trace treats as no-ops), holding
+    what the user put there, and in traces for this backend also every ``logging.Logger`` method
+    called on a logger (see :func:`skip_logging_calls_in_adreno_traces`)."""
+
+    def __contains__(self, item: object) -> bool:
+        if super().__contains__(item):
+            return True
+        logger = getattr(item, "__self__", None)
+        if not isinstance(logger, logging.Logger) or not _tracing_for_adreno():
+            return False
+        call = (logger.name, str(getattr(item, "__name__", item)))
+        if call not in _skipped_logging_calls:
+            _skipped_logging_calls.add(call)
+            _log.info("torch_adreno: calls of %s on logger %r inside compiled code are skipped (Dynamo cannot trace "
+                      "logging; the graph is not split for them)", call[1], call[0])
+        return True
+
+
+def skip_logging_calls_in_adreno_traces() -> None:
+    """Make a logger call inside code compiled for this backend a no-op instead of a graph break.
+
+    Dynamo cannot trace ``logging.Logger`` methods: each call splits the graph, and with
+    ``fullgraph=True`` (which ``TrainingStep`` needs) it is an error, "logging.Logger method not
+    supported" -- raised, for one, by Hugging Face models' ``.loss`` (transformers'
+    ``loss_function`` calls ``logger.warning_once``). Dynamo's own remedy is its config set
+    ``ignore_logging_functions`` (``ignore_logger_methods`` in older releases): the calls in it do
+    not run in compiled code. Dynamo reads that set only while tracing, before any backend is
+    called, and ``torch.compile`` passes no per-compile config, so the set is process-wide: it is
+    replaced here, once at import, by one that holds the same functions (the user's additions
+    keep working) and that, only while Dynamo traces a frame for this backend, also contains the
+    methods of every logger. Traces for other backends see exactly the user's set. A torch that
+    checks the set otherwise than with ``in`` keeps Dynamo's default (the graph break)."""
+    config = torch._dynamo.config
+    name = "ignore_logging_functions" if hasattr(config, "ignore_logging_functions") else "ignore_logger_methods"
+    current = getattr(config, name, None)
+    if isinstance(current, set) and not isinstance(current, _IgnoredLoggingFunctions):
+        setattr(config, name, _IgnoredLoggingFunctions(current))
+
+
+skip_logging_calls_in_adreno_traces()
