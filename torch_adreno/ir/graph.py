@@ -226,6 +226,11 @@ class Graph:
     random_seeds: list[str] = field(default_factory=list)
     #: Where kernels index by tensor values (the ``site`` of each ``checked_index`` expression).
     index_checks: list[IndexCheck] = field(default_factory=list)
+    #: Inputs the caller does not pass either: the FX graph's tensor constants (``torch.tensor([...])``
+    #: in traced code), buffer name -> the constant's values (a contiguous CPU ``torch.Tensor`` of the
+    #: buffer's shape and dtype, never changed). The runtime binds each after the caller's arguments
+    #: and before the seed, as a pinned host tensor: its device copy is made once and stays resident.
+    constants: dict[str, Any] = field(default_factory=dict)
 
     def input_buffers(self) -> set[str]:
         return {b for b in self.inputs if b is not None}
@@ -273,6 +278,8 @@ def format_graph(graph: Graph) -> str:
         lines.append(f"  mutate {target} := {value}")
     for seed in graph.random_seeds:
         lines.append(f"  random seed {seed} (drawn per call)")
+    for name in graph.constants:
+        lines.append(f"  constant {name} (bound by the runtime)")
     for pos, out in enumerate(graph.outputs):
         reshaped = f" viewed as {list(out.shape)}" if out.shape is not None else ""
         lines.append(f"  output {pos}: {out.buffer}{reshaped} ({out.role.value})")

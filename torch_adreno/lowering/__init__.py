@@ -45,6 +45,7 @@ def lower_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: in
     """
     ctx = LoweringContext(name, config)
     env: dict[Node, Value] = {}
+    constants: dict[str, Value] = {}
     for node in gm.graph.nodes:
         ctx.node = node
         if node.op == "placeholder":
@@ -54,7 +55,10 @@ def lower_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: in
         elif node.op == "output":
             _lower_outputs(ctx, node, env, num_host_outputs)
         elif node.op == "get_attr":
-            env[node] = _lower_constant(ctx, node, getattr(gm, str(node.target)))
+            target = str(node.target)
+            if target not in constants:  # one buffer per constant, however many nodes read it
+                constants[target] = _lower_constant(ctx, node, getattr(gm, target))
+            env[node] = constants[target]
         else:
             raise LoweringError(f"FX node {node.name}: op kind {node.op!r} is not supported")
     ctx.node = None
@@ -80,14 +84,26 @@ def _lower_placeholder(ctx: LoweringContext, node: Node) -> Value:
 
 
 def _lower_constant(ctx: LoweringContext, node: Node, value: Any) -> Value:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        meta = ctx.meta(node)
-        # AOTAutograd calls the compiler inside its fake mode; the constant is a real tensor, and
-        # reading it must not dispatch through that mode (which refuses non-fake tensors).
-        with unset_fake_temporarily():
+    """A tensor the FX graph holds as an attribute (``torch.tensor([...])`` in traced code, lifted
+    by AOTAutograd): one element becomes a literal in the kernels that read it, none an empty
+    buffer, more a buffer of the graph whose values the runtime binds (:attr:`ir.Graph.constants`)."""
+    if not isinstance(value, torch.Tensor):
+        raise LoweringError(f"FX node {node.name}: a graph attribute of type {type(value).__name__} is not supported "
+                            "(only tensor constants are)")
+    if value.device.type != "cpu":
+        raise LoweringError(f"FX node {node.name}: the tensor constant is on {value.device}; the adreno backend "
+                            "computes on its own OpenCL device from CPU tensors: create it on the CPU")
+    shape = tuple(int(s) for s in value.shape)
+    dtype = ir_dtype(value.dtype, f"tensor constant {node.name}")
+    # AOTAutograd calls the compiler inside its fake mode; the constant is a real tensor, and
+    # reading it must not dispatch through that mode (which refuses non-fake tensors).
+    with unset_fake_temporarily():
+        if value.numel() == 0:
+            return ctx.pointwise(shape, dtype, lambda idx: ir.const(0, dtype))
+        if value.numel() == 1:
             scalar = value.item()
-        return ctx.pointwise(meta.shape, meta.dtype, lambda idx: ir.const(scalar, meta.dtype))
-    raise LoweringError(f"FX node {node.name}: tensor constants with more than one element are not supported")
+            return ctx.pointwise(shape, dtype, lambda idx: ir.const(scalar, dtype))
+        return ctx.add_constant(value, node.name)
 
 
 def _lower_call(ctx: LoweringContext, node: Node, env: dict[Node, Value]) -> Value:
@@ -194,8 +210,16 @@ def _lower_outputs(ctx: LoweringContext, node: Node, env: dict[Node, Value], num
                 "(symbolic shapes: call torch.compile(..., dynamic=False))"
             )
         ctx.node = result if isinstance(result, Node) else None
+        if value.buffer in ctx.graph.constants:
+            # An output that is an input comes back as the caller's own object: a constant must
+            # not (the caller could change the values every later call reads).
+            value = _copy_of(ctx, value)
         if not value.is_identity() and value.is_contiguous_reshape():
             ctx.graph.outputs.append(ir.GraphOutput(value.buffer, role, tuple(value.shape)))
             continue
         view = ctx.materialize(value)
         ctx.graph.outputs.append(ir.GraphOutput(view.buffer, role))
+
+
+def _copy_of(ctx: LoweringContext, view: ir.View) -> ir.View:
+    return ctx.pointwise(view.shape, view.dtype, lambda idx: view.load(idx))

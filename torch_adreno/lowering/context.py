@@ -18,9 +18,9 @@ import torch
 from torch.fx import Node
 
 from torch_adreno import ir
-from torch_adreno.ir.torch_dtypes import TORCH_TO_IR
 from torch_adreno.config import Config
 from torch_adreno.errors import LoweringError, UnsupportedOpError
+from torch_adreno.ir.torch_dtypes import TORCH_TO_IR
 
 #: A lowered value: a tensor view, a tuple of values, or a plain Python value (int, float, None).
 Value = ir.View | tuple[Any, ...] | int | float | bool | None
@@ -142,6 +142,18 @@ class LoweringContext:
             raise LoweringError(f"duplicate graph input name {name}")
         self.graph.buffers[name] = buf
         self.graph.inputs.append(name)
+        return ir.View.of(buf)
+
+    def add_constant(self, value: torch.Tensor, name: str) -> ir.View:
+        """A tensor constant of the graph as an input buffer the runtime binds itself (see
+        :attr:`ir.Graph.constants`); ``value`` is a real (not fake) CPU tensor, copied here."""
+        if name in self.graph.buffers:
+            raise LoweringError(f"duplicate graph buffer name {name}")
+        buf = ir.Buffer(name, tuple(int(s) for s in value.shape), ir_dtype(value.dtype, f"tensor constant {name}"))
+        self.graph.buffers[name] = buf
+        # Before the seed, which stays the last input (see Graph.random_seeds).
+        self.graph.inputs.insert(len(self.graph.inputs) - len(self.graph.random_seeds), name)
+        self.graph.constants[name] = value.detach().to("cpu", copy=True).contiguous()
         return ir.View.of(buf)
 
     def random_stream(self) -> tuple[ir.View, int]:
