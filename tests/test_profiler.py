@@ -49,7 +49,7 @@ def test_records_name_fx_nodes_modules_and_source_lines(lenet_profile):
     assert all(k.fx_nodes and k.aten_ops for k in kernels)
     modules = {m for k in kernels for m in k.modules}
     assert {"conv1", "conv2", "fc1"} <= modules
-    assert any("models.py" in line for k in kernels for line in k.source_lines)
+    assert any("models/reference.py" in line for k in kernels for line in k.source_lines)
 
 
 def test_table_by_module_ranks_the_slowest_module(lenet_profile):
