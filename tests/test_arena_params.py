@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import dataclasses
 
 import pytest
 import torch
@@ -19,6 +19,7 @@ from torch_adreno.kernels.arena_params import (
     copy_ranges,
     place_in_arena,
 )
+from torch_adreno.kernels.params import Role
 from torch_adreno.kernels.program import assemble
 from torch_adreno.runtime.heap import placement
 from torch_adreno.training.replay.launch_list import Copy
@@ -31,11 +32,10 @@ def _kernels():
     return program.kernels + backward.kernels + softmax.kernels
 
 
-def _signature(source: str, name: str) -> str:
-    macro = re.search(r"^#define KERNEL_PARAMS (.*)$", source, re.MULTILINE)
-    if macro:
-        return macro.group(1)
-    return re.search(rf"void {re.escape(name)}\((.*?)\)\s*{{", source, re.DOTALL).group(1)
+def _macro(source: str, macro: str) -> str:
+    """The value of ``#define <macro>`` in ``source`` (one line)."""
+    (line,) = [ln for ln in source.splitlines() if ln == f"#define {macro}" or ln.startswith(f"#define {macro} ")]
+    return line.removeprefix(f"#define {macro}").strip()
 
 
 def test_every_kind_of_kernel_takes_the_arena_first_and_declares_its_operands_at_their_offsets():
@@ -44,23 +44,26 @@ def test_every_kind_of_kernel_takes_the_arena_first_and_declares_its_operands_at
         offsets = {position: 256 * (position + 1) for position in range(0, len(kernel.params), 2)}
         rewritten = place_in_arena(kernel, offsets)
         kinds.add(kernel.kind)
-        signature = _signature(rewritten.source, kernel.name)
-        assert signature.split(",")[0].strip() == f"__global uchar* {ARENA_PARAM}"
+        # Records replaced: the arena first, the placed buffers located at their offsets, in place.
+        arena, *rest = rewritten.arguments
+        assert (arena.key, arena.c_name, arena.role, arena.is_argument) == (ARENA_BUFFER, ARENA_PARAM, Role.ARENA, True)
+        assert [dataclasses.replace(r, located=None) for r in rest] == list(kernel.arguments)
         assert rewritten.params == (ARENA_BUFFER, *(p for i, p in enumerate(kernel.params) if i not in offsets))
-        old_declarations = [d.strip() for d in _signature(kernel.source, kernel.name).split(",")]
-        for position, declaration in enumerate(old_declarations[:len(kernel.params)]):
-            name = declaration.split()[-1]
+        # The text is the kernel's own; the macros are rendered from the new records.
+        assert rewritten.text == kernel.text
+        signature = _macro(rewritten.source, "KERNEL_PARAMS")
+        assert signature.split(", ")[0] == f"__global uchar* {ARENA_PARAM}"
+        locals_ = _macro(rewritten.source, "KERNEL_LOCALS")
+        buffers = [r for r in kernel.arguments if r.role is Role.BUFFER]
+        for position, record in enumerate(buffers):
+            declaration = record.declaration()
             if position in offsets:
                 assert declaration not in signature
-                pointer = declaration.rsplit(" ", 1)[0].replace(" restrict", "")
-                assert f"{declaration} = ({pointer})({ARENA_PARAM} + {offsets[position]}UL);" in rewritten.source
+                pointer = record.pointer_type()
+                assert f"{declaration} = ({pointer})({ARENA_PARAM} + {offsets[position]}UL);" in locals_
             else:
-                assert re.search(rf"\b{name}\b", signature), (kernel.name, name)
-        # The computation is untouched: the original body follows the inserted declarations.
-        body = kernel.source[kernel.source.index("{", kernel.source.index(f"{kernel.name}(")
-                                                 if "KERNEL_PARAMS" not in kernel.source
-                                                 else kernel.source.index("(KERNEL_PARAMS)")) + 1:]
-        assert rewritten.source.endswith(body)
+                assert declaration in signature and declaration not in locals_, (kernel.name, declaration)
+        assert _macro(kernel.source, "KERNEL_LOCALS") == ""
         assert assemble([rewritten])  # one program source, as the replay builds it
     assert {"gemm", "pointwise", "reduction"} <= kinds
 
@@ -68,9 +71,8 @@ def test_every_kind_of_kernel_takes_the_arena_first_and_declares_its_operands_at
 def test_operands_in_several_arenas_take_one_argument_per_arena_first():
     kernel = next(k for k in _kernels() if len(k.params) >= 3)
     rewritten = place_in_arena(kernel, {0: 512, 1: 0, 2: 256}, {0: 1, 1: 0, 2: 1})
-    signature = _signature(rewritten.source, kernel.name)
-    assert [d.strip() for d in signature.split(",")[:2]] == [f"__global uchar* {arena_param(0)}",
-                                                            f"__global uchar* {arena_param(1)}"]
+    signature = _macro(rewritten.source, "KERNEL_PARAMS")
+    assert signature.split(", ")[:2] == [f"__global uchar* {arena_param(0)}", f"__global uchar* {arena_param(1)}"]
     assert rewritten.params[:2] == (arena_buffer(0), arena_buffer(1))
     assert rewritten.params[2:] == kernel.params[3:]
     assert f"{arena_param(1)} + 512UL" in rewritten.source and f"{arena_param(0)} + 0UL" in rewritten.source
@@ -82,7 +84,10 @@ def test_copy_ranges_copies_each_range_in_its_widest_unit_and_names_it():
     source = copy_ranges("replay_copies_0", [(0, 256, 1, 0, 64), (1, 512, 0, 1024, 12), (0, 4096, 0, 8192, 3)],
                          ["f.primals_5 <- f.buf1", "f.primals_6 <- f.buf2", "f.primals_7 <- f.buf3"])
     text = source.source
-    assert f"__kernel void replay_copies_0(__global uchar* {arena_param(0)}, __global uchar* {arena_param(1)})" in text
+    assert [(r.key, r.c_name, r.role) for r in source.arguments] == [
+        (arena_buffer(0), arena_param(0), Role.ARENA), (arena_buffer(1), arena_param(1), Role.ARENA)]
+    assert f"#define KERNEL_PARAMS __global uchar* {arena_param(0)}, __global uchar* {arena_param(1)}" in text
+    assert "__kernel void KERNEL_NAME(KERNEL_PARAMS)" in text and source.symbol == "replay_copies_0"
     assert f"if (i < 4UL) ((__global uint4*)({arena_param(0)} + 256UL))[i] = " \
            f"((__global const uint4*)({arena_param(1)} + 0UL))[i];" in text
     assert "if (i < 3UL) ((__global uint*)" in text and "if (i < 3UL) ((__global uchar*)" in text

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +14,14 @@ import numpy as np
 import pyopencl as cl
 import pytest
 import torch
+from test_kernels import compile_stages
 
 import torch_adreno
+from torch_adreno import ir
 from torch_adreno.errors import OptionError
-from torch_adreno.kernels import KernelSource
+from torch_adreno.kernels import KernelSource, graph_stem, kernel_name, kernel_symbol
+from torch_adreno.kernels.params import buffer_record
+from torch_adreno.kernels.program import HELPER_NAMING, HELPER_NAMING_MACROS, assemble, kernel_opening
 from torch_adreno.runtime import get_runtime
 from torch_adreno.runtime.binary_cache import (
     ENV_DIR,
@@ -32,7 +35,7 @@ from torch_adreno.runtime.binary_cache import (
     program_key,
     reset_build_stats,
 )
-from torch_adreno.runtime.build import _rename, build_kernels, build_names
+from torch_adreno.runtime.build import build_kernels
 
 PACKAGE_ROOT = Path(torch_adreno.__file__).resolve().parents[1]
 
@@ -158,44 +161,51 @@ def test_key_separates_source_options_and_nothing_else():
     assert program_key(_source("other"), ["-cl-mad-enable"], device) != base
 
 
-def _kernel(name: str) -> KernelSource:
-    source = (f"inline float {name}_f(float v) {{ return v + 1.0f; }}\n"
-              f"__kernel void {name}(__global float* x) {{ const float {name}_t0 = x[0]; x[0] = {name}_f({name}_t0); }}")
-    return KernelSource(name=name, kind="pointwise", source=source, build_options=(), params=("x",),
-                        global_size=(1,), local_size=(1,), origins=(), bytes_read=4, bytes_written=4)
+def _kernel(name: str, symbol: str) -> KernelSource:
+    """A kernel adding 1 to x[0] through a helper named after its symbol (as the GEMM's are)."""
+    text = "\n".join([*HELPER_NAMING, "inline float KERNEL_HELPER(_f)(float v) { return v + 1.0f; }",
+                      *kernel_opening(), "    const float t0 = x[0];", "    x[0] = KERNEL_HELPER(_f)(t0);", "}"])
+    return KernelSource(name=name, symbol=symbol, kind="pointwise", text=text, build_options=(),
+                        arguments=(buffer_record("x", "x", ir.DType.F32, written=True),), global_size=(1,),
+                        local_size=(1,), origins=(), bytes_read=4, bytes_written=4, macros=HELPER_NAMING_MACROS)
 
 
 @pytest.mark.device
 def test_graph_numbers_do_not_change_the_program(cache):
     runtime = get_runtime()
-    first = build_kernels(runtime, [_kernel("forward_3_0_pw_add"), _kernel("forward_3_1_pw_add")])
-    second = build_kernels(runtime, [_kernel("forward_41_0_pw_add"), _kernel("forward_41_1_pw_add")])
+    first = build_kernels(runtime, [_kernel("forward_3_0_pw_add", "forward_0_pw_add"),
+                                    _kernel("forward_3_1_pw_add", "forward_1_pw_add")])
+    second = build_kernels(runtime, [_kernel("forward_41_0_pw_add", "forward_0_pw_add"),
+                                     _kernel("forward_41_1_pw_add", "forward_1_pw_add")])
     assert set(second) == {"forward_41_0_pw_add", "forward_41_1_pw_add"} and len(first) == 2
+    assert second["forward_41_1_pw_add"].function_name == "forward_1_pw_add"
     stats = build_stats()
     assert (stats.programs_from_source, stats.programs_reused) == (1, 1)
+    # Each kernel calls its own helper (named through KERNEL_HELPER): x[0] + 1.
+    buf = cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                    hostbuf=np.array([2.0], np.float32))
+    kernel = second["forward_41_0_pw_add"]
+    kernel.set_arg(0, buf)
+    cl.enqueue_nd_range_kernel(runtime.queue, kernel, (1,), (1,))
+    out = np.empty(1, np.float32)
+    cl.enqueue_copy(runtime.queue, out, buf).wait()
+    assert out[0] == 3.0
 
 
-def test_built_names_never_merge_identifiers():
-    # The built name of forward_0_3_pw would be forward_3_pw, which names another kernel already,
-    # and renaming forward_3_pw must not turn forward_3_pw_x into an existing identifier either.
-    source = ("__kernel void forward_0_3_pw() { int forward_0_3_pw_t0; }\n"
-              "__kernel void forward_3_pw() { int forward_3_pw_x; int forward_pw_x; }")
-    names = ["forward_0_3_pw", "forward_3_pw"]
-    mapping = build_names(source, names)
-    assert len(set(mapping.values())) == 2
-    before = re.findall(r"\w+", source)
-    after = re.findall(r"\w+", _rename(source, mapping))
-    renaming = dict(zip(before, after, strict=True))
-    assert len(set(renaming.values())) == len(renaming), renaming  # no two identifiers became one
-    assert {renaming[n] for n in names} == set(mapping.values())
+def test_kernels_of_one_program_must_differ_in_symbol():
+    # Two graphs' kernels differing only in their graph's number share a symbol: never one program.
+    with pytest.raises(ValueError, match=r"share the symbol.*forward_0_pw_add"):
+        assemble([_kernel("forward_3_0_pw_add", "forward_0_pw_add"), _kernel("forward_4_0_pw_add", "forward_0_pw_add")])
 
 
-@pytest.mark.device
-def test_names_a_suffix_cannot_separate_are_kept_as_they_are():
-    """Without a graph number the stripped names would collide: renaming stops (it used to loop)."""
-    source = "void t1_1_gemm_mm(){} void t1_2_gemm_mm(){}"
-    assert build_names(source, ["t1_1_gemm_mm", "t1_2_gemm_mm"]) == {"t1_1_gemm_mm": "t1_1_gemm_mm",
-                                                                     "t1_2_gemm_mm": "t1_2_gemm_mm"}
+def test_a_symbol_drops_only_the_graph_number():
+    assert graph_stem("forward_12") == "forward" and graph_stem("backward_0") == "backward"
+    assert graph_stem("t1") == "t1" and graph_stem("g") == "g" and graph_stem("_3") == "_3"
+    _, fused, _, _ = compile_stages(lambda x: torch.relu(x) * 2, torch.randn(4, 10))
+    group = fused.groups[0]
+    assert kernel_name("forward_12", 3, group) == "forward_12_3_pw_mul_relu"
+    assert kernel_symbol("forward_12", 3, group) == "forward_3_pw_mul_relu"
+    assert kernel_symbol("g", 3, group) == kernel_name("g", 3, group) == "g_3_pw_mul_relu"
 
 
 def test_disabled_cache_writes_nothing(cache, monkeypatch):
@@ -243,14 +253,13 @@ def test_switch():
 
 @pytest.mark.device
 @pytest.mark.parametrize("model_name", ["lenet", "transformer"])
-def test_every_kernel_of_a_training_step_is_built_without_its_graph_number(model_name, monkeypatch):
+def test_a_training_step_compiled_under_other_graph_numbers_is_the_same_program(model_name, monkeypatch):
     """Otherwise the graph's program is a binary-cache miss whenever it gets another number (a
-    second model compiled first, a recompile): split-K's second launch used to extend the first's
-    name, which kept every name of the backward as it was."""
+    second model compiled first, a recompile): the kernels' text names only their symbols, which
+    carry no graph number (split-K's second launch included)."""
     import torch.nn.functional as F
 
     import torch_adreno.backend as backend
-    from torch_adreno.kernels.program import assemble
     from torch_adreno.models import MODELS
 
     programs = []
@@ -264,13 +273,19 @@ def test_every_kernel_of_a_training_step_is_built_without_its_graph_number(model
     spec = MODELS[model_name]
     model = spec.make()
     x, y = spec.batch()
-    compiled = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend="adreno",
-                             options={"compile_cache": False}, dynamic=False)
-    compiled(x, y).backward()
-    assert len(programs) == 2
-    for program in programs:
-        names = [k.name for k in program.kernels]
-        source, _ = assemble(program.kernels)
-        mapping = build_names(source, names)
-        kept = [n for n in names if mapping[n] == n]
-        assert not kept, f"{program.graph.name}: built under their numbered names: {kept}"
+    for _ in range(2):  # compiled twice (Dynamo's cache cleared between): two regions, other graph numbers
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend="adreno",
+                                 options={"compile_cache": False}, dynamic=False)
+        reset_build_stats()
+        compiled(x, y).backward()
+    assert len(programs) == 4
+    first, second = programs[:2], programs[2:]
+    for a, b in zip(first, second, strict=True):
+        assert a.graph.name != b.graph.name
+        assert [k.name for k in a.kernels] != [k.name for k in b.kernels]
+        assert [k.symbol for k in a.kernels] == [k.symbol for k in b.kernels]
+        assert all(k.source.startswith(f"// kernel {k.symbol}:") for k in b.kernels)
+        assert assemble(a.kernels) == assemble(b.kernels), f"{b.graph.name}: its text depends on its graph number"
+    stats = build_stats()
+    assert stats.programs_from_source == 0 and stats.programs_reused >= 2, stats

@@ -51,7 +51,7 @@ def test_kernels_name_their_fx_nodes_and_have_explicit_geometry():
     for index in (0, 1):
         _, _, _, program = lenet_program(index)
         for k in program.kernels:
-            assert k.source.startswith(f"// kernel {k.name}:")
+            assert k.source.startswith(f"// kernel {k.symbol}:")
             for node in k.fx_nodes:
                 assert f"from FX node {node} (" in k.source
             assert k.local_size and all(s > 0 for s in k.local_size)
@@ -69,7 +69,7 @@ def test_padded_reads_stay_under_their_guard():
     _, _, _, program = compile_stages(lambda x, w: F.conv2d(x, w, padding=1), torch.randn(1, 2, 5, 5),
                                       torch.randn(3, 2, 3, 3))
     (gemm,) = program.kernels
-    load_b = gemm.source.split("_load_b(")[1].split("}")[0]
+    load_b = gemm.source.split("KERNEL_HELPER(_load_b)(")[1].split("}")[0]
     # The input is read inside the conditional, never into an unconditional temporary.
     assert re.search(r"\? in\d+\[", load_b)
     assert not re.search(r"const float \w+ = in\d+\[", load_b)

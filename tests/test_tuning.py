@@ -170,8 +170,9 @@ def test_choice_is_cached_per_device_and_kernel_and_not_timed_again(runtime, cac
     monkeypatch.setattr(tuning, "time_candidates", no_device_work)
     monkeypatch.setattr(tuning, "_launch", no_device_work)
     monkeypatch.setattr(tuning, "build_kernels", no_device_work)
-    # The same kernel in another graph (another name) is the same cache entry.
-    renamed = dataclasses.replace(kernel, name="other_0_pw", source=kernel.source.replace(kernel.name, "other_0_pw"))
+    # The same kernel in another graph (another name and symbol) is the same cache entry.
+    renamed = dataclasses.replace(kernel, name="other_0_pw", symbol="other_0_pw")
+    assert renamed.source != kernel.source
     again = tuning.tune_kernels(runtime, graph, [renamed], progress=False)["other_0_pw"]
     assert again.cached and again.key == first.key
     assert again.chosen.local_size == first.chosen.local_size

@@ -41,8 +41,8 @@ from torch_adreno.export.kernel_bodies import (
 )
 from torch_adreno.kernels.program import KernelSource, assemble
 from torch_adreno.runner import format as fmt
-from torch_adreno.training.replay.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
 from torch_adreno.training.guards import state_tensors
+from torch_adreno.training.replay.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
 
 __all__ = ["ExportError", "export_step", "load_state", "step_model"]
 
@@ -410,7 +410,7 @@ def _launch(g: _StepGraph, graph_name: str, source: KernelSource, args: Sequence
     _, program_options = assemble(program.kernels)
     g.nodes.append(helper.make_node(
         function_name, node_inputs, node_outputs, domain=fmt.DOMAIN, name=g.node_name(source.name),
-        kernel_name=source.name, opencl_source=kernel_text, build_options=list(program_options) or [""],
+        kernel_name=source.symbol, opencl_source=kernel_text, build_options=list(program_options) or [""],
         global_size=list(source.global_size), local_size=list(source.local_size), buffers=list(args),
         parameters=list(source.params), fx_nodes=list(source.fx_nodes) or [""], graph=graph_name,
         index_checks=int(source.checks_indices)))

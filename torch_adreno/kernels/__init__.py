@@ -9,6 +9,7 @@ source opens with the FX nodes it came from.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from torch_adreno import ir
@@ -33,6 +34,7 @@ from torch_adreno.kernels.generated import (
     render_segmented,
     tree_reduction_candidates,
 )
+from torch_adreno.kernels.params import KernelParam
 from torch_adreno.kernels.program import (
     HostStep,
     ImageOperand,
@@ -40,10 +42,9 @@ from torch_adreno.kernels.program import (
     KernelSource,
     Step,
     c_identifier,
-    header_comment,
 )
 from torch_adreno.kernels.workgroup import Launch, guarded_linear_candidates
-from torch_adreno.kernels.writer import INDEX_CHECK_PARAMS, Param, with_index_check_params
+from torch_adreno.kernels.writer import Param, records, with_index_check_params
 from torch_adreno.memory import MemoryPlan
 from torch_adreno.target import DeviceProfile
 
@@ -53,13 +54,27 @@ __all__ = ["HostStep", "ImageOperand", "KernelProgram", "KernelSource", "launch_
 def kernel_name(graph_name: str, index: int, group: FusionGroup, kind: str | None = None) -> str:
     """Deterministic and descriptive: graph, position, kind and the ATen ops it computes.
 
-    ``kind`` overrides the group's (``splitsum``: the second launch of a split-K GEMM). No name
-    extends another: the binary cache renames kernels only when none does (``runtime.build``).
+    ``kind`` overrides the group's (``splitsum``: the second launch of a split-K GEMM).
     """
     ops = list(dict.fromkeys(o.op.split(".")[1] if "." in o.op else o.op for o in group.origins))
     kind = kind or {"pointwise": "pw", "segmented": "seg", "reduction": "red", "gemm": "gemm"}.get(group.kind, group.kind)
     summary = "_".join(ops[:3]) + ("_etc" if len(ops) > 3 else "")
     return c_identifier(f"{graph_name}_{index}_{kind}_{summary}").lower()
+
+
+def graph_stem(graph_name: str) -> str:
+    """The graph's name without its process-wide number (``forward_12`` -> ``forward``): what a
+    kernel's symbol starts with; a name without a number is its own stem."""
+    stem, _, number = graph_name.rpartition("_")
+    return stem if stem and number.isdigit() else graph_name
+
+
+def kernel_symbol(graph_name: str, index: int, group: FusionGroup, kind: str | None = None) -> str:
+    """The C function name of the kernel :func:`kernel_name` names: the same without the graph's
+    number (``forward_12_3_gemm_addmm`` -> ``forward_3_gemm_addmm``), so the text of a graph's
+    program does not depend on how many graphs the process compiled before it (binary cache hits).
+    Unique within a graph (the position is in it), which is all a program needs."""
+    return kernel_name(graph_stem(graph_name), index, group, kind)
 
 
 def _describe(group: FusionGroup) -> str:
@@ -117,61 +132,66 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, 
         if isinstance(spec, HostKernel):
             steps.append(HostStep(spec.node))
             continue
-        name = kernel_name(graph.name, index, group)
-        header = header_comment(name, group.origins, _describe(group))
         storage = {name: plan.storage_root(name) for name in [*group.writes, *group.reads]
                    if name in plan.allocations}
         params = make_params(graph, group.writes, group.reads, storage)
-        kernels = _render_group(graph, group, index, name, header, params, profile, images,
-                                native_half)
-        if any(INDEX_CHECK_CALL in k.source for k in kernels):
+        kernels = _render_group(graph, group, index, params, profile, images, native_half)
+        if any(INDEX_CHECK_CALL in k.text for k in kernels):
             # Rendered again with the two arguments the index checks read (the text is the same
             # otherwise): only kernels that index by tensor values take them.
-            kernels = [dataclasses.replace(k, checks_indices=True) for k in
-                       _render_group(graph, group, index, name, header, with_index_check_params(params), profile,
-                                     images, native_half)]
+            kernels = _render_group(graph, group, index, with_index_check_params(params), profile, images,
+                                    native_half)
         steps.extend(kernels)
     return KernelProgram(graph, plan, steps, profile)
 
 
-def _render_group(graph: ir.Graph, group: FusionGroup, index: int, name: str, header: str,
-                  params: dict[str, Param], profile: DeviceProfile, images: bool,
-                  native_half: bool) -> list[KernelSource]:
-    """The launches of one fusion group; each ``KernelSource.params`` names its IR buffers only."""
+def _render_group(graph: ir.Graph, group: FusionGroup, index: int, params: dict[str, Param],
+                  profile: DeviceProfile, images: bool, native_half: bool) -> list[KernelSource]:
+    """The launches of one fusion group, each with the records of ``params`` as its arguments."""
     spec = group.spec
+    kernel = functools.partial(_kernel, graph, group, index)
     options: tuple[str, ...] = ()
+    extensions: tuple[str, ...] = ()
     if isinstance(spec, GemmKernel):
-        sum_name = kernel_name(graph.name, index, group, kind="splitsum")
-        return _gemm_steps(graph, group, spec, name, sum_name, header, params, profile, images)
+        return _gemm_steps(graph, group, spec, index, params, profile, images)
     if isinstance(spec, PointwiseKernel):
-        source, global_size, local_size = render_pointwise(name, header, spec, params, profile, native_half)
+        text, global_size, local_size, extensions = render_pointwise(spec, params, profile, native_half)
     elif isinstance(spec, SegmentedKernel):
-        source, global_size, local_size = render_segmented(name, header, spec, params, profile, native_half)
+        text, global_size, local_size, extensions = render_segmented(spec, params, profile, native_half)
     else:
         assert isinstance(spec, ReductionKernel)
-        source, options, global_size, local_size = render_reduction(name, header, spec, params, profile)
-    return [KernelSource(name, group.kind, source, options, _buffer_params(params), global_size, local_size,
-                         group.origins, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
-                         ("INDEX_T",), estimate_flops(group), writes=tuple(group.writes), reads=tuple(group.reads),
-                         writable=tuple(group.writes))]
+        text, options, global_size, local_size = render_reduction(spec, params, profile)
+    return [kernel(group.kind, text, options, records(params), global_size, local_size,
+                   buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes), estimate_flops(group),
+                   writes=tuple(group.writes), reads=tuple(group.reads), extensions=extensions)]
 
 
-def _buffer_params(params: dict[str, Param]) -> tuple[str, ...]:
-    return tuple(name for name in params if name not in INDEX_CHECK_PARAMS)
+def _kernel(graph: ir.Graph, group: FusionGroup, index: int, kind: str, text: str, build_options: tuple[str, ...],
+            arguments: tuple[KernelParam, ...], global_size: tuple[int, ...], local_size: tuple[int, ...],
+            bytes_read: int, bytes_written: int, flops: int, *, writes: tuple[str, ...], reads: tuple[str, ...],
+            name_kind: str | None = None, description: str | None = None, macros: tuple[str, ...] = ("INDEX_T",),
+            images: tuple[ImageOperand, ...] = (), extensions: tuple[str, ...] = ()) -> KernelSource:
+    """One launch of ``group`` (the ``index``-th of its graph), named and described; ``name_kind``
+    overrides the kind in its name (a split GEMM's sum)."""
+    return KernelSource(
+        name=kernel_name(graph.name, index, group, name_kind), symbol=kernel_symbol(graph.name, index, group, name_kind),
+        kind=kind, text=text, build_options=build_options, arguments=arguments, global_size=global_size,
+        local_size=local_size, origins=group.origins, bytes_read=bytes_read, bytes_written=bytes_written,
+        description=_describe(group) if description is None else description, macros=macros, flops=flops,
+        images=images, writes=writes, reads=reads, writable=tuple(group.writes), extensions=extensions)
 
 
-def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str, sum_name: str, header: str,
-                params: dict[str, Param], profile: DeviceProfile, images: bool) -> list[KernelSource]:
+def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, index: int, params: dict[str, Param],
+                profile: DeviceProfile, images: bool) -> list[KernelSource]:
     """One launch, or for a split-K GEMM two: the slices into ``spec.partials``, then their sum
     through the epilogue (each launch counted with the bytes it moves)."""
-    launches = render_gemm(name, header, spec, params, profile, sum_name, images)
+    kernel = functools.partial(_kernel, graph, group, index)
+    launches = render_gemm(spec, params, profile, images)
     if len(launches) == 1:
         (only,) = launches
-        return [KernelSource(only.kernel_name, only.kind, only.source, only.build_options, _buffer_params(params), only.global_size,
-                             only.local_size, group.origins, buffer_bytes(graph, group.reads),
-                             buffer_bytes(graph, group.writes), only.macros, estimate_flops(group), only.images,
-                             writes=tuple(group.writes), reads=tuple(group.reads),
-                         writable=tuple(group.writes))]
+        return [kernel(only.kind, only.text, only.build_options, only.arguments, only.global_size, only.local_size,
+                       buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes), estimate_flops(group),
+                       writes=tuple(group.writes), reads=tuple(group.reads), macros=only.macros, images=only.images)]
     assert spec.partials is not None
     g = spec.gemm
     operands = {ld.buffer for ld in [*ir.loads(g.lhs), *ir.loads(g.rhs)]}
@@ -182,18 +202,15 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, name: str
     slices, total = launches
     multiply_flops = 2 * g.batch * g.m * g.n * g.k
     return [
-        KernelSource(slices.kernel_name, slices.kind, slices.source, slices.build_options, _buffer_params(params), slices.global_size,
-                     slices.local_size, group.origins, buffer_bytes(graph, sorted(operands)),
-                     buffer_bytes(graph, [spec.partials]), slices.macros, multiply_flops, slices.images,
-                     writes=(spec.partials,), reads=tuple(r for r in group.reads if r in operands),
-                     writable=tuple(group.writes)),
-        KernelSource(total.kernel_name, total.kind, total.source, total.build_options, _buffer_params(params),
-                     total.global_size, total.local_size, group.origins,
-                     buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),
-                     buffer_bytes(graph, results), total.macros, estimate_flops(group) - multiply_flops,
-                     writes=tuple(results),
-                     reads=(spec.partials, *(r for r in group.reads if r in epilogue_reads)),
-                     writable=tuple(group.writes)),
+        kernel(slices.kind, slices.text, slices.build_options, slices.arguments, slices.global_size,
+               slices.local_size, buffer_bytes(graph, sorted(operands)), buffer_bytes(graph, [spec.partials]),
+               multiply_flops, writes=(spec.partials,), reads=tuple(r for r in group.reads if r in operands),
+               macros=slices.macros, images=slices.images),
+        kernel(total.kind, total.text, total.build_options, total.arguments, total.global_size, total.local_size,
+               buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),
+               buffer_bytes(graph, results), estimate_flops(group) - multiply_flops, writes=tuple(results),
+               reads=(spec.partials, *(r for r in group.reads if r in epilogue_reads)), name_kind="splitsum",
+               description=f"adds up {spec.split_k} k slices of {_describe(group)}", macros=total.macros),
     ]
 
 

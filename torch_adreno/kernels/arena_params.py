@@ -11,22 +11,23 @@ buffer once and find their operands at constant offsets from it: resnet_mini's s
 buffer arguments to 300 with the step's own memory in one arena, and to about one per launch with
 its parameters and optimizer state in the same slab.
 
-:func:`place_in_arena` is a textual rewrite of a rendered kernel that keeps its computation as it
-is: the parameter declarations of the moved buffers leave the kernel's signature (the arenas take
-the first places), and the body starts by declaring each as a local pointer of the same type and
-qualifiers at its offset. Helpers the kernel calls with its buffers (the GEMM template's load and
-store functions) are called with the locals, unchanged. ``restrict`` stays valid: operands of one
-launch are placed in disjoint byte ranges (the step's memory by lifetimes that overlap at that
-launch, heap regions by the heap's own invariant), and an operand bound to two parameters was declared without it (``Param.aliased``).
+:func:`place_in_arena` replaces parameter records and keeps the kernel's text: the moved buffers'
+records become operands located at their offsets (they leave ``KERNEL_PARAMS``, the arenas take the
+first places), and ``KERNEL_LOCALS``, rendered from the same records, declares each at the top of
+the body as a local pointer of the same type, qualifiers and C name. Helpers the kernel calls with
+its buffers (the GEMM template's load and store functions) are called with the locals, unchanged.
+``restrict`` stays valid: operands of one launch are placed in disjoint byte ranges (the step's
+memory by lifetimes that overlap at that launch, heap regions by the heap's own invariant), and an
+operand bound to two parameters was declared without it (``Param.aliased``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import replace
 
-from torch_adreno.kernels.program import KernelSource
+from torch_adreno.kernels.params import BOUND_BUFFER_ROLES, ArenaLocation, KernelParam, Role, arena_record
+from torch_adreno.kernels.program import KernelSource, kernel_opening
 
 #: The first arena's parameter: the replay binds the buffer holding the step's memory here, the
 #: first argument (further arenas, :mod:`torch_adreno.runtime.heap`'s slabs, follow it).
@@ -34,57 +35,12 @@ ARENA_PARAM = "step_arena"
 #: Its name in :attr:`KernelSource.params` (no IR buffer has such a name).
 ARENA_BUFFER = "<step arena>"
 
-_BUFFER_DECLARATION = re.compile(r"__global\s+(const\s+)?(\w+)\s*\*\s*(restrict\s+)?(\w+)")
-_PARAMS_MACRO = re.compile(r"^#define KERNEL_PARAMS (.*)$", re.MULTILINE)
 #: Offsets are byte counts in the arena; every one a multiple of this (so of every element size).
 OFFSET_ALIGNMENT = 16
 
 
 class ArenaRewriteError(ValueError):
-    """A kernel's source does not have the shape the rewrite relies on (a bug in a renderer)."""
-
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for position, char in enumerate(text):
-        if char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:position].strip())
-            start = position + 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
-
-
-def _signature_span(source: str, function: str) -> tuple[int, int, bool]:
-    """Where the kernel's parameter list is in ``source`` (start, end: the text between its
-    parentheses, or of the ``KERNEL_PARAMS`` definition) and whether it is that macro's."""
-    macro = _PARAMS_MACRO.search(source)
-    if macro is not None:
-        return macro.start(1), macro.end(1), True
-    opening = re.search(rf"__kernel\b[^;{{]*?\bvoid\s+{re.escape(function)}\s*\(", source)
-    if opening is None:
-        raise ArenaRewriteError(f"kernel {function}: no '__kernel void {function}(' in its source")
-    depth, position = 1, opening.end()
-    while depth:
-        if position >= len(source):
-            raise ArenaRewriteError(f"kernel {function}: unbalanced parameter list")
-        depth += {"(": 1, ")": -1}.get(source[position], 0)
-        position += 1
-    return opening.end(), position - 1, False
-
-
-def _body_start(source: str, function: str, after: int, from_macro: bool) -> int:
-    """The position just after the ``{`` opening the kernel's body."""
-    if from_macro:
-        call = re.search(r"\(\s*KERNEL_PARAMS\s*\)\s*\{", source)
-    else:
-        call = re.compile(r"\s*\{").match(source, after + 1)
-    if call is None:
-        raise ArenaRewriteError(f"kernel {function}: its body's opening brace was not found")
-    return call.end()
+    """An arena placement that cannot be made (an argument that is not a buffer, a bad offset)."""
 
 
 def arena_param(base: int) -> str:
@@ -95,6 +51,11 @@ def arena_param(base: int) -> str:
 def arena_buffer(base: int) -> str:
     """Arena ``base``'s name in :attr:`KernelSource.params`."""
     return ARENA_BUFFER if base == 0 else f"<step arena {base}>"
+
+
+def arena_records(count: int) -> tuple[KernelParam, ...]:
+    """The parameter records of arenas ``0..count-1``, the first arguments of a placed kernel."""
+    return tuple(arena_record(arena_buffer(base), arena_param(base)) for base in range(count))
 
 
 def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int],
@@ -115,33 +76,17 @@ def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int],
             raise ArenaRewriteError(f"kernel {kernel.name}: offset {offset} is not a multiple of {OFFSET_ALIGNMENT}")
     if set(base_of.values()) != set(range(count)):
         raise ArenaRewriteError(f"kernel {kernel.name}: arenas {sorted(set(base_of.values()))} are not numbered 0..n-1")
-    source = kernel.source
-    start, end, from_macro = _signature_span(source, kernel.name)
-    declarations = _split_top_level(source[start:end])
-    expected = len(kernel.params) + len(kernel.images) + (2 if kernel.checks_indices else 0)
-    if len(declarations) != expected:
-        raise ArenaRewriteError(f"kernel {kernel.name}: {len(declarations)} parameter declarations, expected {expected}")
-    kept: list[str] = [f"__global uchar* {arena_param(base)}" for base in range(count)]
-    locals_: list[str] = []
-    for position, declaration in enumerate(declarations):
-        if position not in offsets:
-            kept.append(declaration)
-            continue
-        parsed = _BUFFER_DECLARATION.fullmatch(declaration)
-        if parsed is None:
-            raise ArenaRewriteError(f"kernel {kernel.name}: argument {position} is not a buffer: {declaration!r}")
-        const, ctype, restrict, name = parsed.groups()
-        pointer = f"__global {const or ''}{ctype}*"
-        locals_.append(f"    {pointer}{' restrict' if restrict else ''} {name} = "
-                       f"({pointer})({arena_param(base_of[position])} + {offsets[position]}UL);")
-    separator = ",\n    " if not from_macro else ", "
-    body = _body_start(source, kernel.name, end, from_macro)
-    rewritten = (source[:start] + separator.join(kept) + source[end:body] + "\n"
-                 + "\n".join(["    // operands at constant offsets of the step's arenas (a replayed step)", *locals_])
-                 + source[body:])
-    params = (*(arena_buffer(base) for base in range(count)),
-              *(p for i, p in enumerate(kernel.params) if i not in offsets))
-    return replace(kernel, source=rewritten, params=params)
+    # Positions count the bound buffer arguments (``kernel.params``), not the index check
+    # arguments or images that follow them.
+    bound = [i for i, r in enumerate(kernel.arguments) if r.is_argument and r.role in BOUND_BUFFER_ROLES]
+    placed = {bound[position]: position for position in offsets}
+    arguments = list(kernel.arguments)
+    for at, position in placed.items():
+        record = arguments[at]
+        if record.role is not Role.BUFFER:
+            raise ArenaRewriteError(f"kernel {kernel.name}: argument {position} is not a buffer: {record.declaration()!r}")
+        arguments[at] = replace(record, located=ArenaLocation(arena_param(base_of[position]), offsets[position]))
+    return replace(kernel, arguments=(*arena_records(count), *arguments))
 
 
 #: Work-items per work-group of a :func:`copy_ranges` kernel.
@@ -161,8 +106,7 @@ def copy_ranges(name: str, copies: list[tuple[int, int, int, int, int]], labels:
     used = {c[0] for c in copies} | {c[2] for c in copies}
     if used != set(range(count)):
         raise ArenaRewriteError(f"kernel {name}: arenas {sorted(used)} are not numbered 0..n-1")
-    lines = [f"__kernel void {name}({', '.join(f'__global uchar* {arena_param(b)}' for b in range(count))}) {{",
-             "    const size_t i = get_global_id(0);"]
+    lines = [*kernel_opening(), "    const size_t i = get_global_id(0);"]
     widest = 0
     for (destination, at, source, start, nbytes), label in zip(copies, labels, strict=True):
         if at % OFFSET_ALIGNMENT or start % OFFSET_ALIGNMENT:
@@ -174,7 +118,7 @@ def copy_ranges(name: str, copies: list[tuple[int, int, int, int, int]], labels:
                   f"((__global const {ctype}*)({arena_param(source)} + {start}UL))[i];"]
     lines.append("}")
     total = sum(c[4] for c in copies)
-    return KernelSource(name=name, kind="copies", source="\n".join(lines) + "\n", build_options=(),
-                        params=tuple(arena_buffer(b) for b in range(count)),
+    return KernelSource(name=name, symbol=name, kind="copies", text="\n".join(lines) + "\n", build_options=(),
+                        arguments=arena_records(count),
                         global_size=(-(-max(widest, 1) // COPY_GROUP) * COPY_GROUP,), local_size=(COPY_GROUP,),
                         origins=(), bytes_read=total, bytes_written=total, macros=())

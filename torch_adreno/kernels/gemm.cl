@@ -8,11 +8,12 @@
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
 // that direction).
 //
-// The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS, and
-// the operand and epilogue functions load_a(b, m, k, ...), load_b(b, k, n, ...),
-// store_c(b, m, n, value, ...) behind the macros LOAD_A, LOAD_B and STORE_C. Operands are
-// arbitrary index maps (transposes, im2col gathers with padding); the tiles in local memory make
-// each of them read once per work-group.
+// The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS,
+// KERNEL_LOCALS (written from the kernel's parameter records), and the operand and epilogue
+// functions load_a(b, m, k, ...), load_b(b, k, n, ...), store_c(b, m, n, value, ...) (named
+// after the kernel's symbol through KERNEL_HELPER) behind the macros LOAD_A, LOAD_B and STORE_C.
+// Operands are arbitrary index maps (transposes, im2col gathers with padding); the tiles in local
+// memory make each of them read once per work-group.
 //
 // The next K step's operands are loaded from global memory into registers while the current one
 // is multiplied out of local memory, so that load latency hides behind the arithmetic. Rows of
@@ -70,6 +71,7 @@
 __kernel __attribute__((reqd_work_group_size(THREADS_N, THREADS_M, 1)))
 void KERNEL_NAME(KERNEL_PARAMS)
 {
+    KERNEL_LOCALS
     const int tn = get_local_id(0);
     const int tm = get_local_id(1);
     const int tid = tm * THREADS_N + tn;

@@ -9,7 +9,8 @@ from importlib import resources
 from torch_adreno import ir
 from torch_adreno.fusion import GemmKernel
 from torch_adreno.kernels.generated import index_ctype_for, write_stores
-from torch_adreno.kernels.program import ImageOperand
+from torch_adreno.kernels.params import KernelParam, image_record
+from torch_adreno.kernels.program import HELPER_NAMING, HELPER_NAMING_MACROS, ImageOperand, helper_name
 from torch_adreno.kernels.workgroup import (
     MAX_CANDIDATE_GROUP,
     Launch,
@@ -18,7 +19,7 @@ from torch_adreno.kernels.workgroup import (
     linear_local_size,
     round_up,
 )
-from torch_adreno.kernels.writer import CodeWriter, Param
+from torch_adreno.kernels.writer import CodeWriter, Param, records
 from torch_adreno.target import DeviceProfile
 
 
@@ -58,7 +59,7 @@ def _vector_width(outputs: int) -> int:
 
 
 #: Macros a GEMM kernel's prelude defines (the templates undefine their own).
-GEMM_MACROS = ("INDEX_T", "KERNEL_NAME", "KERNEL_PARAMS", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW")
+GEMM_MACROS = ("INDEX_T", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW", *HELPER_NAMING_MACROS)
 
 
 def _tile_for(extent: int) -> int:
@@ -239,8 +240,9 @@ def image_c_name(param: Param) -> str:
     return f"{param.c_name}_image"
 
 
-def image_declarations(images: dict[str, ImageOperand], params: dict[str, Param]) -> list[str]:
-    return [f"__read_only image2d_t {image_c_name(params[name])}" for name in images]
+def image_records(images: dict[str, ImageOperand], params: dict[str, Param]) -> tuple[KernelParam, ...]:
+    """The image arguments of the operands in ``images``, in order (after the buffers)."""
+    return tuple(image_record(name, image_c_name(params[name]), params[name].dtype) for name in images)
 
 
 class _ImageOperandWriter(CodeWriter):
@@ -259,19 +261,21 @@ class _ImageOperandWriter(CodeWriter):
         return super()._render(expr, guarded)
 
 
-def _operand_function(fn_name: str, expr: ir.Expr, names: tuple[str, str, str], vars_: tuple[ir.Expr, ...],
+def _operand_function(suffix: str, expr: ir.Expr, names: tuple[str, str, str], vars_: tuple[ir.Expr, ...],
                       params: dict[str, Param], images: dict[str, ImageOperand]) -> str:
+    """The helper ``<symbol><suffix>`` computing one operand element (``_load_a``, ``_load_b``)."""
     var_names = {v: n for v, n in zip(vars_, names, strict=True) if isinstance(v, ir.Var)}
-    writer = _ImageOperandWriter(params, images, var_names, prefix=f"{fn_name}_t")
+    # (temporaries are the function's own: named after the helper's role, not the kernel)
+    writer = _ImageOperandWriter(params, images, var_names, prefix=f"{suffix.strip('_')}_t")
     value = writer.expr(expr)
     body = writer.close_scope()
     args = ", ".join(f"const INDEX_T {n}" for n in names)
-    decls = ", ".join([*(p.declaration() for p in params.values()), *image_declarations(images, params)])
-    return "\n".join([f"inline float {fn_name}({args}, {decls}) {{", *("    " + ln for ln in body),
+    decls = ", ".join(r.declaration() for r in (*records(params), *image_records(images, params)))
+    return "\n".join([f"inline float {helper_name(suffix)}({args}, {decls}) {{", *("    " + ln for ln in body),
                       f"    return {value};", "}"])
 
 
-def _store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]) -> str:
+def _store_function(suffix: str, spec: GemmKernel, params: dict[str, Param]) -> str:
     """The epilogue: every store of the kernel, for one (b, m, n) with its accumulated ``value``."""
     v = spec.gemm.vars()
     names: dict[ir.Var, str] = {}
@@ -283,11 +287,11 @@ def _store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]) ->
     write_stores(writer, spec.stores)
     body = writer.close_scope()
     decls = ", ".join(p.declaration() for p in params.values())
-    return "\n".join([f"inline void {fn_name}(const INDEX_T b, const INDEX_T m, const INDEX_T n, const float value, "
-                      f"{decls}) {{", *("    " + ln for ln in body), "}"])
+    return "\n".join([f"inline void {helper_name(suffix)}(const INDEX_T b, const INDEX_T m, const INDEX_T n, "
+                      f"const float value, {decls}) {{", *("    " + ln for ln in body), "}"])
 
 
-def _row_store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]) -> str:
+def _row_store_function(suffix: str, spec: GemmKernel, params: dict[str, Param]) -> str:
     assert spec.row_sum is not None and spec.row_sum_register is not None
     v = spec.gemm.vars()
     names = {v[key]: key for key in ("b", "m") if isinstance(v[key], ir.Var)}
@@ -295,41 +299,44 @@ def _row_store_function(fn_name: str, spec: GemmKernel, params: dict[str, Param]
     write_stores(writer, [spec.row_sum])
     body = writer.close_scope()
     decls = ", ".join(p.declaration() for p in params.values())
-    return "\n".join([f"inline void {fn_name}(const INDEX_T b, const INDEX_T m, const float value, {decls}) {{",
-                      *("    " + ln for ln in body), "}"])
+    return "\n".join([f"inline void {helper_name(suffix)}(const INDEX_T b, const INDEX_T m, const float value, "
+                      f"{decls}) {{", *("    " + ln for ln in body), "}"])
 
 
 @dataclass(frozen=True)
 class RenderedGemm:
-    """One launch of a GEMM kernel, under the name ``kernel_name``."""
+    """One launch of a GEMM kernel: its text (through the record macros), parameter records and
+    launch; the caller names it."""
 
-    kernel_name: str
     kind: str
-    source: str
+    text: str
     build_options: tuple[str, ...]
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
     macros: tuple[str, ...]
+    arguments: tuple[KernelParam, ...]
     #: Operand buffers the launch also reads through images (arguments after the buffers).
     images: tuple[ImageOperand, ...] = ()
 
 
 #: Macros of the second launch of a split GEMM.
-SPLIT_SUM_MACROS = ("INDEX_T", "KERNEL_NAME", "KERNEL_PARAMS", "STORE_C", "STORE_ROW", "SLICE", "ROW_BASE")
+SPLIT_SUM_MACROS = ("INDEX_T", "STORE_C", "STORE_ROW", "SLICE", "ROW_BASE", *HELPER_NAMING_MACROS)
 
 
 def _template(file: str) -> str:
     return resources.files("torch_adreno.kernels").joinpath(file).read_text()
 
 
-def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Param],
-                profile: DeviceProfile, sum_name: str | None = None, images: bool = False) -> list[RenderedGemm]:
+def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfile,
+                images: bool = False) -> list[RenderedGemm]:
     """The launches of one GEMM kernel: one, or two for a split-K GEMM (``spec.split_k`` slices
     multiplied into ``spec.partials`` by ``gemm.cl``/``gemm_direct.cl``, then added up and stored
-    through the epilogue by ``gemm_split_sum.cl``, as kernel ``sum_name``).
+    through the epilogue by ``gemm_split_sum.cl``).
 
     ``images``: the operands' buffers are read through images where :func:`image_operands` allows
-    (the multiplying launch takes them as extra arguments; the sum of a split GEMM reads none)."""
+    (the multiplying launch takes them as extra arguments; the sum of a split GEMM reads none).
+    Helpers are named after each launch's symbol through ``KERNEL_HELPER`` (so the two launches'
+    epilogue functions differ in one program)."""
     node = spec.gemm
     v = node.vars()
     split = spec.split_k
@@ -340,26 +347,26 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
     arg_names = ", ".join(p.c_name for p in params.values())
     index_t = index_ctype_for(params, node.batch * node.m * node.k, node.batch * node.k * node.n,
                               split * node.batch * (node.m * node.n + node.m))
-    buffer_params = "#define KERNEL_PARAMS " + ", ".join(p.declaration() for p in params.values())
-    common = [header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {name}",
-              ", ".join([buffer_params, *image_declarations(operand_images, params)])]
+    common = [f"#define INDEX_T {index_t}", *HELPER_NAMING]
     operands = [
-        _operand_function(f"{name}_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params, operand_images),
-        _operand_function(f"{name}_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params, operand_images),
+        _operand_function("_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params, operand_images),
+        _operand_function("_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params, operand_images),
     ]
     if operand_images:
         operands.insert(0, _template("gemm_image.cl"))
     operand_args = ", ".join([arg_names, *(image_c_name(params[b]) for b in operand_images)])
+    load_a, load_b = helper_name("_load_a"), helper_name("_load_b")
+    store_c, store_row = helper_name("_store_c"), helper_name("_store_row")
     epilogue = [
-        _store_function(f"{name}_store_c", spec, params),
-        _row_store_function(f"{name}_store_row", spec, params) if spec.row_sum is not None else "",
-        f"#define STORE_ROW(b, m, v) {name}_store_row(b, m, v, {arg_names})" if spec.row_sum is not None else "",
-        f"#define STORE_C(b, m, n, v) {name}_store_c(b, m, n, v, {arg_names})",
+        _store_function("_store_c", spec, params),
+        _row_store_function("_store_row", spec, params) if spec.row_sum is not None else "",
+        f"#define STORE_ROW(b, m, v) {store_row}(b, m, v, {arg_names})" if spec.row_sum is not None else "",
+        f"#define STORE_C(b, m, n, v) {store_c}(b, m, n, v, {arg_names})",
     ]
     slice_k = math.ceil(node.k / split)
     if split == 1:
-        macros = [f"#define LOAD_A(b, m, k) {name}_load_a(b, m, k, {operand_args})",
-                  f"#define LOAD_B(b, k, n) {name}_load_b(b, k, n, {operand_args})", *epilogue]
+        macros = [f"#define LOAD_A(b, m, k) {load_a}(b, m, k, {operand_args})",
+                  f"#define LOAD_B(b, k, n) {load_b}(b, k, n, {operand_args})", *epilogue]
     else:
         # Work-group batch index b' = b * split + slice: operands read k from the slice's start;
         # the slice sums go to the partials buffer, [b'][m][n] then the row sums [b'][m].
@@ -367,39 +374,39 @@ def render_gemm(name: str, header: str, spec: GemmKernel, params: dict[str, Para
         slices = params[spec.partials].c_name
         k_of = f"((INDEX_T)((b) % {split}) * {slice_k} + (k))"
         macros = [
-            f"#define LOAD_A(b, m, k) ({k_of} < {node.k} ? {name}_load_a((b) / {split}, m, {k_of}, {operand_args}) : 0.0f)",
-            f"#define LOAD_B(b, k, n) ({k_of} < {node.k} ? {name}_load_b((b) / {split}, {k_of}, n, {operand_args}) : 0.0f)",
+            f"#define LOAD_A(b, m, k) ({k_of} < {node.k} ? {load_a}((b) / {split}, m, {k_of}, {operand_args}) : 0.0f)",
+            f"#define LOAD_B(b, k, n) ({k_of} < {node.k} ? {load_b}((b) / {split}, {k_of}, n, {operand_args}) : 0.0f)",
             f"#define STORE_C(b, m, n, v) ({slices}[((INDEX_T)(b) * {node.m} + (m)) * {node.n} + (n)] = (v))",
             f"#define STORE_ROW(b, m, v) ({slices}[{split * node.batch * node.m * node.n} + "
             f"(INDEX_T)(b) * {node.m} + (m)] = (v))",
         ]
     prelude = "\n".join([*common, *operands, *macros, ""])
     batch = node.batch * split
+    arguments = (*records(params), *image_records(operand_images, params))
     sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={slice_k}", f"-DROW_SUM={int(spec.row_sum is not None)}")
     if not use_local_memory_tiles(profile):
         launch = direct_launch(node.m, node.n, batch, choose_direct_tiling(node.m, node.n, profile))
-        first = RenderedGemm(name, "gemm", prelude + _template("gemm_direct.cl"), (*launch.defines, "-cl-mad-enable", *sizes),
-                             launch.global_size, launch.local_size, GEMM_MACROS, tuple(operand_images.values()))
+        first = RenderedGemm("gemm", prelude + _template("gemm_direct.cl"), (*launch.defines, "-cl-mad-enable", *sizes),
+                             launch.global_size, launch.local_size, GEMM_MACROS, arguments,
+                             tuple(operand_images.values()))
     else:
         launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile))
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}")
-        first = RenderedGemm(name, "gemm", prelude + _template("gemm.cl"), options, launch.global_size,
-                             launch.local_size, GEMM_MACROS, tuple(operand_images.values()))
+        first = RenderedGemm("gemm", prelude + _template("gemm.cl"), options, launch.global_size,
+                             launch.local_size, GEMM_MACROS, arguments, tuple(operand_images.values()))
     if split == 1:
         return [first]
     assert spec.partials is not None
     outputs = node.batch * node.m * node.n
-    assert sum_name is not None and not sum_name.startswith(name) and not name.startswith(sum_name)
-    sum_header = header.replace(f"// kernel {name}:", f"// kernel {sum_name}: adds up {split} k slices of", 1)
     sum_prelude = "\n".join([
-        sum_header, f"#define INDEX_T {index_t}", f"#define KERNEL_NAME {sum_name}", buffer_params, *epilogue, f"#define SLICE(i) {params[spec.partials].c_name}[i]",
+        *common, *epilogue, f"#define SLICE(i) {params[spec.partials].c_name}[i]",
         f"#define ROW_BASE {split * outputs}", ""])
     local = linear_local_size(outputs, profile)
     second = RenderedGemm(
-        sum_name, "pointwise", sum_prelude + _template("gemm_split_sum.cl"),
+        "pointwise", sum_prelude + _template("gemm_split_sum.cl"),
         (f"-DSPLIT_K={split}", f"-DBATCH={node.batch}", f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}",
          f"-DROW_SUM={int(spec.row_sum is not None)}"),
-        (round_up(outputs, local),), (local,), SPLIT_SUM_MACROS)
+        (round_up(outputs, local),), (local,), SPLIT_SUM_MACROS, records(params))
     return [first, second]
 
 

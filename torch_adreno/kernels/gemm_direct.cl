@@ -7,13 +7,14 @@
 // A multiply-add is written as a * b + c (with -cl-mad-enable): PoCL does not vectorise fma().
 //
 // Build options (-D): WPT_M, SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row and
-// store it with STORE_ROW). The code writer prepends INDEX_T, KERNEL_NAME, KERNEL_PARAMS and the
+// store it with STORE_ROW). The code writer prepends INDEX_T, KERNEL_NAME, KERNEL_PARAMS, KERNEL_LOCALS and the
 // LOAD_A / LOAD_B / STORE_C / STORE_ROW functions, as for gemm.cl.
 
 #define LANES 8
 
 __kernel void KERNEL_NAME(KERNEL_PARAMS)
 {
+    KERNEL_LOCALS
     const INDEX_T n0 = (INDEX_T)get_global_id(0) * LANES;
     const INDEX_T m0 = (INDEX_T)get_global_id(1) * WPT_M;
     const INDEX_T b = get_global_id(2);

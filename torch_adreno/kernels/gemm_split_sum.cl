@@ -4,12 +4,13 @@
 //
 // Build options (-D): SPLIT_K, BATCH, SIZE_M, SIZE_N, ROW_SUM (1: the row sums' slices follow the
 // outputs' at ROW_BASE and are added and stored with STORE_ROW by the work-items of column 0).
-// The code writer prepends INDEX_T, KERNEL_NAME, KERNEL_PARAMS, STORE_C and STORE_ROW (the same
+// The code writer prepends INDEX_T, KERNEL_NAME, KERNEL_PARAMS, KERNEL_LOCALS, STORE_C and STORE_ROW (the same
 // epilogue functions as the unsplit kernel) and SLICE(i), element i of the slice sums, laid out
 // [b][slice][m][n] as the first launch (gemm.cl with b' = b * SPLIT_K + slice) stores them.
 
 __kernel void KERNEL_NAME(KERNEL_PARAMS)
 {
+    KERNEL_LOCALS
     const INDEX_T id = get_global_id(0);
     if (id >= (INDEX_T)BATCH * SIZE_M * SIZE_N)
         return;

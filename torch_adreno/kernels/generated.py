@@ -14,6 +14,7 @@ from torch_adreno.kernels.expressions import (
     reduction_init,
     value_ctype,
 )
+from torch_adreno.kernels.program import kernel_opening
 from torch_adreno.kernels.workgroup import (
     Launch,
     linear_local_size,
@@ -56,11 +57,6 @@ def make_params(graph: ir.Graph, writes: Sequence[str], reads: Sequence[str],
 def index_ctype_for(params: Mapping[str, Param], *extents: int) -> str:
     largest = max([math.prod(p.shape) for p in params.values()] + list(extents) + [1])
     return "int" if largest <= INT32_LIMIT else "long"
-
-
-def signature(name: str, params: Mapping[str, Param], attribute: str = "") -> str:
-    decls = ",\n    ".join(p.declaration() for p in params.values())
-    return f"__kernel {attribute}void {name}(\n    {decls})"
 
 
 def unravel_lines(writer: CodeWriter, linear: str, vars_: tuple[ir.Expr, ...], shape: tuple[int, ...]) -> list[str]:
@@ -112,8 +108,12 @@ def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None
         writer.emit(statement)
 
 
-#: The line enabling half arithmetic (``native_half``) in a kernel that computes in it.
-FP16_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable"
+#: The extension a kernel computing in half (``native_half``) enables.
+FP16_EXTENSION = "cl_khr_fp16"
+
+
+def _extensions(native: bool) -> tuple[str, ...]:
+    return (FP16_EXTENSION,) if native else ()
 
 
 def _as_half(arg: ir.Expr) -> ir.Expr | None:
@@ -161,8 +161,10 @@ def _native_stores(stores: Sequence[Store], params: Mapping[str, Param], native_
     return [Store(s.buffer, s.index, narrow_to_half(s.value), s.when) for s in stores], True
 
 
-def render_pointwise(name: str, header: str, spec: PointwiseKernel, params: dict[str, Param],
-                     profile: DeviceProfile, native_half: bool = False) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+def render_pointwise(spec: PointwiseKernel, params: dict[str, Param], profile: DeviceProfile,
+                     native_half: bool = False) -> tuple[str, tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
+    """Text, global and local size and the extensions of a pointwise kernel: one work-item per
+    element, returning early past the last."""
     numel = math.prod(spec.ranges)
     stores, native = _native_stores(spec.stores, params, native_half)
     writer = CodeWriter(params, var_names(spec.loop_vars), native_half=native)
@@ -170,18 +172,16 @@ def render_pointwise(name: str, header: str, spec: PointwiseKernel, params: dict
     index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges)
     body = writer.close_scope()
     local = linear_local_size(numel, profile)
-    src = "\n".join([
-        header,
-        *([FP16_PRAGMA] if native else []),
+    text = "\n".join([
         f"#define INDEX_T {index_ctype_for(params, numel)}",
-        signature(name, params) + " {",
+        *kernel_opening(),
         "    const INDEX_T x = get_global_id(0);",
         f"    if (x >= {numel}) return;",
         *("    " + ln for ln in index_defs + body),
         "}",
         "",
     ])
-    return src, (round_up(max(numel, 1), local),), (local,)
+    return text, (round_up(max(numel, 1), local),), (local,), _extensions(native)
 
 
 def _segment_lines(index: int, spec: PointwiseKernel, start: int, params: dict[str, Param],
@@ -207,27 +207,25 @@ def _segment_tree(segments: list[list[str]], offsets: list[int], lo: int, hi: in
             "} else {", *("    " + ln for ln in _segment_tree(segments, offsets, mid, hi)), "}"]
 
 
-def render_segmented(name: str, header: str, spec: SegmentedKernel, params: dict[str, Param],
-                     profile: DeviceProfile, native_half: bool = False) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
-    """Source, global and local size of a segmented kernel: one work-item per element of every
-    segment, segment ``k`` taking items ``[offsets[k], offsets[k + 1])``."""
+def render_segmented(spec: SegmentedKernel, params: dict[str, Param], profile: DeviceProfile,
+                     native_half: bool = False) -> tuple[str, tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
+    """Text, global and local size and the extensions of a segmented kernel: one work-item per
+    element of every segment, segment ``k`` taking items ``[offsets[k], offsets[k + 1])``."""
     offsets = spec.offsets
     total = offsets[-1]
     segments = [_segment_lines(k, seg, offsets[k], params, native_half) for k, seg in enumerate(spec.segments)]
     native = _native_stores([], params, native_half)[1]
     local = linear_local_size(total, profile)
-    src = "\n".join([
-        header,
-        *([FP16_PRAGMA] if native else []),
+    text = "\n".join([
         f"#define INDEX_T {index_ctype_for(params, total)}",
-        signature(name, params) + " {",
+        *kernel_opening(),
         "    const INDEX_T gx = get_global_id(0);",
         f"    if (gx >= {total}) return;",
         *("    " + ln for ln in _segment_tree(segments, offsets, 0, len(segments))),
         "}",
         "",
     ])
-    return src, (round_up(max(total, 1), local),), (local,)
+    return text, (round_up(max(total, 1), local),), (local,), _extensions(native)
 
 
 def use_workgroup_reduction(outputs: int, reduction_numel: int, profile: DeviceProfile) -> bool:
@@ -307,7 +305,7 @@ class _ReductionWriter:
         lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
         return lines
 
-    def render(self, name: str, header: str) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    def render(self) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
         spec, writer = self.spec, self.writer
         body: list[str] = []
         loop = (f"for (INDEX_T rl = lid; rl < {self.rnumel}; rl += {GROUP_SIZE})" if self.workgroup
@@ -344,9 +342,9 @@ class _ReductionWriter:
         i_defs = unravel_lines(writer, "x", spec.loop_vars, spec.outer)
         writer.close_scope()
 
-        lines = [header, f"#define INDEX_T {index_ctype_for(writer.params, self.outputs, self.rnumel)}"]
+        lines = [f"#define INDEX_T {index_ctype_for(writer.params, self.outputs, self.rnumel)}"]
         attribute = f"__attribute__((reqd_work_group_size({GROUP_SIZE}, 1, 1))) " if self.workgroup else ""
-        lines.append(signature(name, writer.params, attribute) + " {")
+        lines += kernel_opening(attribute)
         if self.workgroup:
             for acc in self.accs:
                 acc_name = self.acc_names[acc.buffer]
@@ -365,12 +363,12 @@ class _ReductionWriter:
         return "\n".join(lines), options, global_size, (self.local,)
 
 
-def render_reduction(name: str, header: str, spec: ReductionKernel, params: dict[str, Param],
+def render_reduction(spec: ReductionKernel, params: dict[str, Param],
                      profile: DeviceProfile) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
-    """Source, build options, global and local size of one reduction kernel. A tree reduction (one
+    """Text, build options, global and local size of one reduction kernel. A tree reduction (one
     work-group per output) takes its group size as the ``-DGROUP_SIZE`` option; the others, like
     pointwise kernels, return early past their last output, so any local size suits them."""
-    return _ReductionWriter(spec, params, profile).render(name, header)
+    return _ReductionWriter(spec, params, profile).render()
 
 
 def tree_reduction_candidates(outputs: int, default: int, profile: DeviceProfile) -> list[Launch]:

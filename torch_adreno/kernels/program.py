@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from importlib import resources
 
 from torch_adreno import ir
 from torch_adreno.kernels.expressions import HELPER_SOURCES
+from torch_adreno.kernels.params import BOUND_BUFFER_ROLES, KernelParam, Role
 from torch_adreno.memory import MemoryPlan
 from torch_adreno.target import DeviceProfile
 
@@ -30,35 +32,73 @@ class ImageOperand:
     channel_type: str = "float32"
 
 
+#: Macros every kernel's source defines from its records (:meth:`KernelSource.render`): its C
+#: function name, its parameter list and the declarations at the top of its body.
+RECORD_MACROS = ("KERNEL_NAME", "KERNEL_PARAMS", "KERNEL_LOCALS")
+
+
+#: Lines defining ``KERNEL_HELPER(suffix)``, the name of a helper function of one kernel (a GEMM's
+#: operand loads and epilogue): the kernel's symbol with ``suffix`` appended, by token pasting (two
+#: levels, so that ``KERNEL_NAME`` is expanded first). The symbol stays in one ``#define`` line.
+HELPER_NAMING = ("#define KERNEL_CAT_(a, b) a##b", "#define KERNEL_CAT(a, b) KERNEL_CAT_(a, b)",
+                 "#define KERNEL_HELPER(suffix) KERNEL_CAT(KERNEL_NAME, suffix)")
+HELPER_NAMING_MACROS = ("KERNEL_CAT_", "KERNEL_CAT", "KERNEL_HELPER")
+
+
+def helper_name(suffix: str) -> str:
+    """The C name of the kernel's helper ``<symbol><suffix>`` in its text (see :data:`HELPER_NAMING`)."""
+    return f"KERNEL_HELPER({suffix})"
+
+
+def kernel_opening(attribute: str = "") -> list[str]:
+    """The first lines of a kernel's text: the signature through ``KERNEL_NAME(KERNEL_PARAMS)``
+    and ``KERNEL_LOCALS`` opening the body (the operands a replay placed in an arena)."""
+    return [f"__kernel {attribute}void KERNEL_NAME(KERNEL_PARAMS) {{", "    KERNEL_LOCALS"]
+
+
 @dataclass(frozen=True)
 class KernelSource:
     """One OpenCL kernel, ready to build and launch.
 
-    ``params`` names the IR buffer bound to each kernel argument, in order. ``local_size`` is
+    ``arguments`` are the kernel's parameter records, in signature order (with the operands a
+    replay placed in an arena, which are not arguments, where they were). ``params`` is derived
+    from them: the IR buffer (or arena) bound to each buffer argument, in order. ``local_size`` is
     always set: the launch geometry is chosen here, never left to the driver.
     ``bytes_read``/``bytes_written`` are the global-memory bytes one launch must move (each
     buffer it touches counted once), the measure fusion is judged by.
+
+    ``name`` identifies the kernel (messages, profiles, tuning results, launch lists) and carries
+    its graph's process-wide number; ``symbol`` is its C function name, without that number, so
+    the same graph compiled under another number has the same text (a binary cache hit).
+
+    Invariant: ``text`` names neither the symbol nor a parameter's declaration: it takes them
+    through ``KERNEL_NAME``, ``KERNEL_PARAMS`` and ``KERNEL_LOCALS``, whose ``#define`` lines
+    :meth:`render` writes from ``symbol`` and ``arguments``; so the records are the one source of
+    truth of the signature and changing them (a rename, an arena placement) changes no text.
     """
 
     name: str
+    symbol: str
     kind: str
-    source: str
+    #: The kernel's text after its ``#define`` lines: its own macros, helpers and the kernel.
+    text: str
     build_options: tuple[str, ...]
-    params: tuple[str, ...]
+    arguments: tuple[KernelParam, ...]
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
     origins: tuple[ir.Origin, ...]
     bytes_read: int
     bytes_written: int
-    #: Macros the source defines; undefined after it when several kernels share one program.
+    #: What the kernel computes (its header comment says it, with the FX nodes); "": no header.
+    description: str = ""
+    #: Macros ``text`` defines (besides :data:`RECORD_MACROS`); undefined after it when several
+    #: kernels share one program.
     macros: tuple[str, ...] = ("INDEX_T",)
     #: Floating-point operations of one launch (a multiply-add counts two), estimated from the IR.
     flops: int = 0
-    #: Buffers also read through images, one image argument each after ``params``, in this order.
+    #: Buffers also read through images, one image argument each after the buffers (and the index
+    #: check arguments), in this order (the image records of ``arguments``, with their geometry).
     images: tuple[ImageOperand, ...] = ()
-    #: Whether the kernel checks data-dependent indices (``index_check.cl``): it then takes two
-    #: arguments after ``params``, the device's index error record and a token naming the launch.
-    checks_indices: bool = False
     #: The IR buffers (among ``params``) this launch writes and those it reads (a split-K GEMM's
     #: two launches take the same parameters and use different ones). What the memory verifier
     #: (:mod:`torch_adreno.memory.verify`) checks a plan against.
@@ -67,10 +107,54 @@ class KernelSource:
     #: The parameters declared writable (no ``const``): every buffer the kernel's fusion group
     #: writes, in both launches of a split-K GEMM (they share one parameter list).
     writable: tuple[str, ...] = ()
+    #: OpenCL extensions the kernel enables (``cl_khr_fp16`` where it computes in half).
+    extensions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        images = tuple(r.key for r in self.arguments if r.role is Role.IMAGE)
+        if images != tuple(i.buffer for i in self.images):
+            raise ValueError(f"kernel {self.name}: image arguments {images} and image operands "
+                             f"{tuple(i.buffer for i in self.images)} differ")
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:
         return tuple(o.node for o in self.origins)
+
+    @functools.cached_property
+    def params(self) -> tuple[str, ...]:
+        """The IR buffer (or arena, :func:`~torch_adreno.kernels.arena_params.arena_buffer`) bound
+        to each buffer argument, in argument order; the index check arguments follow them, then
+        the images."""
+        return tuple(r.key for r in self.arguments if r.is_argument and r.role in BOUND_BUFFER_ROLES)
+
+    @property
+    def checks_indices(self) -> bool:
+        """Whether the kernel checks data-dependent indices (``index_check.cl``): it then takes two
+        arguments after ``params``, the device's index error record and a token naming the launch."""
+        return any(r.role is Role.INDEX_ERROR for r in self.arguments)
+
+    @property
+    def header(self) -> str:
+        """The comment opening the kernel's source: its symbol, what it computes, its FX nodes."""
+        return header_comment(self.symbol, self.origins, self.description) if self.description else ""
+
+    @property
+    def source(self) -> str:
+        """The kernel's whole source: header, extensions, the record macros, then ``text``."""
+        return self.render()
+
+    def render(self, symbol: str | None = None, header: bool = True) -> str:
+        """The source with ``symbol`` as its C function name (default: the kernel's own) and,
+        unless ``header`` is false, its header comment. Everything that depends on the kernel's
+        name or parameters is a ``#define`` line written here from the records."""
+        symbol = self.symbol if symbol is None else symbol
+        lines = [header_comment(symbol, self.origins, self.description)] if header and self.description else []
+        lines += [f"#pragma OPENCL EXTENSION {extension} : enable" for extension in self.extensions]
+        arguments = [r.declaration() for r in self.arguments if r.is_argument]
+        located = [r.local_declaration() for r in self.arguments if not r.is_argument]
+        lines += [f"#define KERNEL_NAME {symbol}", f"#define KERNEL_PARAMS {', '.join(arguments)}",
+                  " ".join(["#define KERNEL_LOCALS", *located])]
+        return "\n".join([*lines, self.text])
 
 
 @dataclass(frozen=True)
@@ -99,12 +183,13 @@ class KernelProgram:
         return [s for s in self.steps if isinstance(s, KernelSource)]
 
     def renamed(self, graph_name: str) -> KernelProgram:
-        """This program for a graph named ``graph_name``: the graph, and its kernels and every
-        identifier named after them (``<graph name>_<index>_...``), renamed."""
-        old = re.compile(rf"\b{re.escape(self.graph.name)}_")
+        """This program for a graph named ``graph_name``: the graph and its kernels' names (``<graph
+        name>_<index>_...``) renamed. No text changes: a kernel's text names only its symbol,
+        which carries no graph number."""
+        old = f"{self.graph.name}_"
         steps: list[Step] = [
-            replace(s, name=old.sub(f"{graph_name}_", s.name), source=old.sub(f"{graph_name}_", s.source))
-            if isinstance(s, KernelSource) else s for s in self.steps]
+            replace(s, name=f"{graph_name}_{s.name.removeprefix(old)}") if isinstance(s, KernelSource)
+            and s.name.startswith(old) else s for s in self.steps]
         return replace(self, graph=replace(self.graph, name=graph_name), steps=steps)
 
 
@@ -113,9 +198,14 @@ def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
 
     A program per graph is built in one compiler invocation (on PoCL, one build of 20 kernels costs
     about what one build of a single kernel does). Each kernel's ``-D`` options become ``#define``
-    lines around its source, and every macro it defines is undefined after it; options that are
-    not macro definitions apply to the whole program.
+    lines around its source, and every macro it defines (its record macros too) is undefined after
+    it; options that are not macro definitions apply to the whole program. The kernels' symbols
+    must differ (each is a function of the program).
     """
+    symbols = [k.symbol for k in kernels]
+    if len(set(symbols)) != len(symbols):
+        repeated = sorted({s for s in symbols if symbols.count(s) > 1})
+        raise ValueError(f"kernels of one program share the symbol(s) {', '.join(repeated)}")
     parts: list[str] = [helper_source(name) for name in helpers_called(kernels)]
     program_options: dict[str, None] = {}
     for k in kernels:
@@ -128,14 +218,14 @@ def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
             else:
                 program_options[opt] = None
         parts.append(k.source)
-        parts.extend(f"#undef {name}" for name in [*defined, *k.macros])
+        parts.extend(f"#undef {name}" for name in dict.fromkeys([*defined, *RECORD_MACROS, *k.macros]))
         parts.append("")
     return "\n".join(parts), tuple(program_options)
 
 
 def helpers_called(kernels: list[KernelSource]) -> list[str]:
     """The helper ``.cl`` files (see ``HELPER_SOURCES``) that some kernel of ``kernels`` calls."""
-    return sorted({file for call, file in HELPER_SOURCES.items() if any(call in k.source for k in kernels)})
+    return sorted({file for call, file in HELPER_SOURCES.items() if any(call in k.text for k in kernels)})
 
 
 def helper_source(file: str) -> str:
@@ -146,9 +236,9 @@ def c_identifier(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", text)
 
 
-def header_comment(kernel_name: str, origins: tuple[ir.Origin, ...], description: str) -> str:
+def header_comment(symbol: str, origins: tuple[ir.Origin, ...], description: str) -> str:
     """The comment that opens every kernel: what it computes and which FX nodes it came from."""
-    lines = [f"// kernel {kernel_name}: {description}"]
+    lines = [f"// kernel {symbol}: {description}"]
     for o in origins:
         extra = f" [{o.module}]" if o.module else ""
         lines.append(f"//   from FX node {o.node} ({o.op}){extra}")

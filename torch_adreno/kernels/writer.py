@@ -17,18 +17,19 @@ from torch_adreno.kernels.expressions import (
     GUARDED_ARGS,
     INDEX_CHECK_TOKEN_ARG,
     INDEX_ERROR_ARG,
-    STORAGE_CTYPE,
     literal,
     load_text,
     render_op,
     store_text,
     value_ctype,
 )
+from torch_adreno.kernels.params import INDEX_ERROR_KEY, INDEX_TOKEN_KEY, KernelParam, Role, buffer_record
 
 
 @dataclass
 class Param:
-    """A kernel parameter bound to an IR buffer."""
+    """A kernel parameter bound to an IR buffer, as the code writer uses it (with the buffer's
+    shape, for flat indices); :meth:`record` is what the kernel carries of it."""
 
     buffer: str
     c_name: str
@@ -38,26 +39,27 @@ class Param:
     #: Another parameter of the kernel uses the same bytes (an in-place update): no ``restrict``.
     aliased: bool = False
 
+    def record(self) -> KernelParam:
+        return buffer_record(self.buffer, self.c_name, self.dtype, self.written, self.aliased)
+
     def declaration(self) -> str:
-        ctype = STORAGE_CTYPE[self.dtype]
-        qualifier = "" if self.aliased else " restrict"
-        if self.written:
-            return f"__global {ctype}*{qualifier} {self.c_name}"
-        return f"__global const {ctype}*{qualifier} {self.c_name}"
+        return self.record().declaration()
 
 
 class IndexCheckParam(Param):
     """One of the two arguments a kernel that checks data-dependent indices takes after its
     buffers (see ``index_check.cl``): not an IR buffer; the runtime binds it."""
 
-    def declaration(self) -> str:
+    def record(self) -> KernelParam:
         if self.c_name == INDEX_ERROR_ARG:
-            return f"__global volatile int* {INDEX_ERROR_ARG}"
-        return f"const int {INDEX_CHECK_TOKEN_ARG}"
+            return KernelParam(INDEX_ERROR_KEY, INDEX_ERROR_ARG, Role.INDEX_ERROR, ir.DType.I32, written=True,
+                               aliased=True)
+        return KernelParam(INDEX_TOKEN_KEY, INDEX_CHECK_TOKEN_ARG, Role.INDEX_TOKEN, ir.DType.I32,
+                           address_space="__private")
 
 
 #: Keys of the index check arguments in a kernel's parameter map (no IR buffer has such a name).
-INDEX_CHECK_PARAMS = ("<index error>", "<index check token>")
+INDEX_CHECK_PARAMS = (INDEX_ERROR_KEY, INDEX_TOKEN_KEY)
 
 
 def with_index_check_params(params: Mapping[str, Param]) -> dict[str, Param]:
@@ -65,6 +67,11 @@ def with_index_check_params(params: Mapping[str, Param]) -> dict[str, Param]:
     extra = {key: IndexCheckParam(key, c_name, ir.DType.I32, (), written=True, aliased=True)
              for key, c_name in zip(INDEX_CHECK_PARAMS, (INDEX_ERROR_ARG, INDEX_CHECK_TOKEN_ARG), strict=True)}
     return {**params, **extra}
+
+
+def records(params: Mapping[str, Param]) -> tuple[KernelParam, ...]:
+    """The parameter records of ``params``, in order."""
+    return tuple(p.record() for p in params.values())
 
 
 @dataclass

@@ -25,7 +25,7 @@ the choice on disk so that a later process does not tune again.
   candidate replaces the default only when it is at least :data:`MIN_GAIN` faster.
 * **Cache**: one JSON file per kernel under ``tuning/<device>/`` in
   :func:`torch_adreno.config.cache_root`, keyed by device, driver and platform (the directory) and
-  by the kernel (sha256 of its source without comments and with its name replaced, its build
+  by the kernel (sha256 of its source rendered under one symbol, without its header, its build
   options and its launch geometry, which fix the shapes): the same kernel in another graph or
   process shares the entry. A cached choice that is no longer among the candidates (the
   candidate rules changed) is tuned again.
@@ -61,7 +61,9 @@ from torch_adreno.target import DeviceProfile
 log = logging.getLogger(__name__)
 
 #: Bump when the key's fields or the entry's layout change: older entries then stop matching.
-TUNING_VERSION = 1
+TUNING_VERSION = 2
+#: The C name every kernel's source is rendered under for its key.
+CANONICAL_SYMBOL = "KERNEL"
 #: Timed launches per candidate (after the verifying one); the best counts.
 REPEATS = 5
 #: A candidate whose first timed launch is this many times slower than the best first launch is
@@ -128,8 +130,8 @@ def describe(candidate: KernelSource, default: KernelSource) -> str:
 def kernel_key(kernel: KernelSource, target: str = "") -> str:
     """Identity of a kernel for the cache, the same for the same code and shapes in any graph.
     ``target``: the Adreno target the launches were limited to (its candidates differ)."""
-    lines = [ln for ln in kernel.source.splitlines() if not ln.lstrip().startswith("//")]
-    source = re.sub(rf"\b{re.escape(kernel.name)}", "KERNEL", "\n".join(lines))
+    # Rendered under one symbol for every kernel and without the header (which names the FX nodes).
+    source = kernel.render(symbol=CANONICAL_SYMBOL, header=False)
     payload = json.dumps([TUNING_VERSION, kernel.kind, source, kernel.build_options, kernel.global_size,
                           kernel.local_size] + ([target] if target else []))
     return hashlib.sha256(payload.encode()).hexdigest()

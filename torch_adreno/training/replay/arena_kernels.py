@@ -49,7 +49,7 @@ def arena_kernels(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate
     """A kernel object per launch of the recording, in order. With ``rewrite``, a kernel that has
     operands in heap regions is rebuilt to find them at their constant offsets in the regions'
     slabs, each slab one argument (the arena's first); the rebuilt programs are one per occurrence
-    of a kernel name. A kernel reading images stays as it was compiled (its images are made over
+    of a kernel symbol. A kernel reading images stays as it was compiled (its images are made over
     buffers, bound through sub-buffers of the arena)."""
     launches = [op for op in recorder.operations if isinstance(op, RecordedLaunch)]
     rewritten: list[KernelSource | None] = []
@@ -67,17 +67,19 @@ def arena_kernels(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate
                                         {p: number[id(slab)] for p, (slab, _) in located.items()}))
         launch_slabs.append(slabs)
         launch_placed.append(set(located))
-    # Names repeat where a graph runs twice in a step: the n-th occurrences share a program.
+    # A program holds each symbol (C function name) once. Symbols repeat where a graph runs twice
+    # in a step, and where two graphs differ only in their number (a symbol drops it): the n-th
+    # occurrence of a symbol goes into program n. (Names differ where symbols do.)
     programs: list[dict[str, KernelSource]] = []
     occurrence: list[int] = []
     for source in rewritten:
         if source is None:
             occurrence.append(-1)
             continue
-        index = next((i for i, program in enumerate(programs) if source.name not in program), len(programs))
+        index = next((i for i, program in enumerate(programs) if source.symbol not in program), len(programs))
         if index == len(programs):
             programs.append({})
-        programs[index][source.name] = source
+        programs[index][source.symbol] = source
         occurrence.append(index)
     built = [build_kernels(runtime, list(program.values())) for program in programs]
     kernels: list[ReplayKernel] = []
