@@ -133,7 +133,8 @@ SOURCE = "__kernel void k0(__global float* restrict out0) { out0[get_global_id(0
 def _minimal_step(**overrides) -> onnx.ModelProto:
     """A torch_adreno step file of one kernel writing a constant (built by hand, no device)."""
     attributes = dict(kernel_name="k0", opencl_source=SOURCE, build_options=[""], global_size=[4], local_size=[4],
-                      buffers=[0], parameters=["buf0"], fx_nodes=["full"], graph="forward_0", index_checks=0)
+                      buffers=[0], parameters=["buf0"], fx_nodes=["full"], graph="forward_0", index_checks=0,
+                      extensions=[""])
     attributes.update(overrides)
     attributes = {k: v for k, v in attributes.items() if v is not None}
     function = helper.make_function(fmt.DOMAIN, "k0", [], ["out_buf0"], [helper.make_node(
@@ -191,7 +192,8 @@ def test_a_device_without_what_the_kernels_need_is_refused_naming_it() -> None:
     plan, operations = read_step(_minimal_step(global_size=[too_wide], local_size=[too_wide]))
     with pytest.raises(UnsupportedStepFile, match=f"work-groups of {too_wide} items"):
         check_device(device, plan, operations)
+    # (the extensions a kernel enables are data of its node: the runner parses no source)
     source = "#pragma OPENCL EXTENSION cl_vendor_imaginary : enable\n" + SOURCE
-    plan, operations = read_step(_minimal_step(opencl_source=source))
+    plan, operations = read_step(_minimal_step(opencl_source=source, extensions=["cl_vendor_imaginary"]))
     with pytest.raises(UnsupportedStepFile, match="needs the OpenCL extension cl_vendor_imaginary"):
         check_device(device, plan, operations)

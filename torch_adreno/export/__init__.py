@@ -411,6 +411,7 @@ def _launch(g: _StepGraph, graph_name: str, source: KernelSource, args: Sequence
     g.nodes.append(helper.make_node(
         function_name, node_inputs, node_outputs, domain=fmt.DOMAIN, name=g.node_name(source.name),
         kernel_name=source.symbol, opencl_source=kernel_text, build_options=list(program_options) or [""],
+        extensions=list(source.extensions) or [""],
         global_size=list(source.global_size), local_size=list(source.local_size), buffers=list(args),
         parameters=list(source.params), fx_nodes=list(source.fx_nodes) or [""], graph=graph_name,
         index_checks=int(source.checks_indices)))
@@ -433,7 +434,7 @@ def _kernel_function(name: str, graph: ir.Graph, source: KernelSource, reads: li
         body.nodes.append(helper.make_node("Identity", [values[p]], [f"out_{p}"]))
     return helper.make_function(fmt.DOMAIN, name, [f"in_{p}" for p in reads], [f"out_{p}" for p in writes],
                                 body.nodes, [helper.make_opsetid("", fmt.OPSET)], attributes=list(fmt.KERNEL_ATTRIBUTES),
-                                doc_string=source.source.split("\n__kernel")[0][:4000])
+                                doc_string=source.header[:4000])
 
 
 def kernel_nodes(graph: ir.Graph, writes: Sequence[str], reads: set[str], kernel: str) -> list[ir.Node]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,6 @@ __all__ = ["StepRunner", "UnsupportedStepFile", "choose_device"]
 
 #: Standard ops the export writes into the main graph around the kernels (views of inputs and outputs).
 PLUMBING_OPS = frozenset({"Reshape", "Slice", "Gather", "Constant"})
-_EXTENSION = re.compile(r"#pragma\s+OPENCL\s+EXTENSION\s+(\w+)\s*:\s*enable")
 
 
 class UnsupportedStepFile(ValueError):
@@ -53,6 +51,8 @@ class Launch:
     buffers: tuple[int, ...]
     #: Takes the index error record and a token after ``buffers`` (format.KERNEL_ATTRIBUTES).
     index_checks: bool = False
+    #: OpenCL extensions the kernel enables (the export writes them as data: no source is parsed).
+    extensions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ def read_step(model: onnx.ModelProto, origin: str = "the model") -> tuple[dict[s
             operations.append(Launch(attributes["kernel_name"], attributes["opencl_source"],
                                      tuple(o for o in attributes["build_options"] if o),
                                      tuple(attributes["global_size"]), tuple(attributes["local_size"]),
-                                     tuple(attributes["buffers"]), bool(attributes["index_checks"])))
+                                     tuple(attributes["buffers"]), bool(attributes["index_checks"]),
+                                     tuple(e for e in attributes["extensions"] if e)))
     return plan, operations
 
 
@@ -161,7 +162,7 @@ def check_device(device: cl.Device, plan: dict[str, Any], operations: Sequence[L
         for dim, (size, limit) in enumerate(zip(op.local_size, max_sizes, strict=False)):
             if size > limit:
                 problems.append(f"kernel {op.name} needs {size} work-items in dimension {dim} (device: {limit})")
-        for extension in _EXTENSION.findall(op.source):
+        for extension in op.extensions:
             if extension not in extensions:
                 problems.append(f"kernel {op.name} needs the OpenCL extension {extension}")
     largest = max([*plan["slots"], *(i["nbytes"] for i in plan["identities"])], default=0)

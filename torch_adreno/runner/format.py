@@ -22,7 +22,7 @@ from __future__ import annotations
 PRODUCER = "torch_adreno"
 DOMAIN = "torch_adreno"
 #: Version of this layout; a runner refuses other versions.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 OPSET = 18
 PLAN_KEY = "torch_adreno.step"
 FORMAT_KEY = "torch_adreno.format"
@@ -30,7 +30,8 @@ COPY_OP = "copy"
 
 #: Attributes of a kernel node, each required, none other allowed.
 KERNEL_ATTRIBUTES = (
-    "kernel_name",     # the function name in the OpenCL source
+    "kernel_name",     # the function name in the OpenCL source (the kernel's symbol; the node's name
+                       # and op type carry the kernel's name in torch_adreno, with its graph's number)
     "opencl_source",   # a whole OpenCL program holding the kernel (helpers and -D defines included)
     "build_options",   # options of the program build
     "global_size",
@@ -42,6 +43,7 @@ KERNEL_ATTRIBUTES = (
     "index_checks",    # 1: after ``buffers`` the kernel takes an index error record (4 x int32, zeroed)
                        # and an int32 token >= 1 naming the launch; a value indexing out of range is
                        # replaced by 0 and recorded there (torch_adreno/kernels/index_check.cl)
+    "extensions",      # the OpenCL extensions the kernel enables (the device must have them); [""]: none
 )
 COPY_ATTRIBUTES = ("destination", "source", "nbytes")
 
