@@ -111,7 +111,7 @@ def test_no_import_cycle():
 
 
 def _layer(name: str) -> int:
-    prefixes = [p for p in LAYERS if p == "" and name == "" or p and (name == p or name.startswith(p + "."))]
+    prefixes = [p for p in LAYERS if (p == name == "") or (p and (name == p or name.startswith(p + ".")))]
     if not prefixes:
         raise AssertionError(f"module torch_adreno.{name} is in no layer of test_architecture.LAYERS: add it")
     return LAYERS[max(prefixes, key=len)]
