@@ -33,7 +33,7 @@ LAYERS: dict[str, int] = {
     "profiler": 7, "training": 7,
     "export": 8,
     "training.step": 9,
-    "donation": 10, "decompositions": 10, "debug": 10, "compile_cache": 10,
+    "backend.donation": 10, "backend.decompositions": 10, "backend.debug": 10, "backend.compile_cache": 10,
     "backend": 11,
     "_compiler": 12,
     "": 13, "__main__": 16,

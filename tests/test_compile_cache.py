@@ -1,4 +1,4 @@
-"""The compile cache: compiled graphs kept in PyTorch's AOTAutograd cache (torch_adreno.compile_cache).
+"""The compile cache: compiled graphs kept in PyTorch's AOTAutograd cache (torch_adreno.backend.compile_cache).
 
 A hit must give the very same results as a compile, under the current region's names; anything
 that changes the compiled program (options, input metadata, constants) must miss; what cannot be
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import torch_adreno
-from torch_adreno import compile_cache
-from torch_adreno.compile_cache import CompiledGraph
+from torch_adreno.backend import compile_cache
+from torch_adreno.backend.compile_cache import CompiledGraph
 
 pytestmark = [pytest.mark.device,
               pytest.mark.skipif(not compile_cache.AVAILABLE, reason="this torch has no bundled AOTAutograd cache")]

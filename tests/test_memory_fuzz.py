@@ -23,8 +23,8 @@ from torch._functorch.aot_autograd import aot_function
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_adreno.backend import decomposition_table
+from torch_adreno.backend.donation import donatable_saved_tensors
 from torch_adreno.config import Config
-from torch_adreno.donation import donatable_saved_tensors
 from torch_adreno.fusion import fuse
 from torch_adreno.kernels import render_program
 from torch_adreno.kernels.verify import verify_program

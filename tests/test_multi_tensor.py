@@ -16,8 +16,8 @@ from torch.fx import GraphModule
 
 import torch_adreno
 from torch_adreno.backend import decomposition_table
+from torch_adreno.backend.decompositions import foreach_decompositions
 from torch_adreno.config import Config
-from torch_adreno.decompositions import foreach_decompositions
 from torch_adreno.fusion import SegmentedKernel, fuse, max_kernel_buffers
 from torch_adreno.kernels import render_program
 from torch_adreno.lowering import lower_graph

@@ -218,7 +218,7 @@ def test_every_kernel_of_every_reference_model_fits_adreno740(monkeypatch, model
 
 @pytest.mark.device
 def test_the_target_changes_the_code_and_is_part_of_the_compile_cache_key(monkeypatch):
-    from torch_adreno.compile_cache import cache_salt
+    from torch_adreno.backend.compile_cache import cache_salt
 
     salts = {cache_salt(Config.from_options({"target": t})) for t in (None, "adreno640", "adreno740")}
     assert len(salts) == 3
@@ -313,7 +313,7 @@ def test_tuning_for_a_target_tries_only_launches_within_it(tmp_path, monkeypatch
 def test_a_graph_compiled_for_one_target_is_not_served_for_another(tmp_path, monkeypatch):
     from torch._dynamo.utils import counters
 
-    from torch_adreno import compile_cache
+    from torch_adreno.backend import compile_cache
 
     if not compile_cache.AVAILABLE:
         pytest.skip("this torch has no bundled AOTAutograd cache")

@@ -222,7 +222,7 @@ def plan_memory(fused: FusedGraph, profile: DeviceProfile, reuse: bool = True,
     into host memory (zero-copy; default: where the device's memory is unified). ``donated``:
     inputs (saved activations) whose bytes may be reused once the graph has read them last.
     ``donor_aliases``: per donated input, the other inputs that are views of its bytes: the bytes
-    are free only after the last read of all of them (see :mod:`torch_adreno.donation`).
+    are free only after the last read of all of them (see :mod:`torch_adreno.backend.donation`).
     ``resident_outputs`` (where outputs are copied to the host): outputs get storage of their own
     that stays on the device as the copy of the host tensor (a backward's gradients, which a
     compiled optimizer step reads next without uploading them)."""

@@ -31,7 +31,7 @@ import pyopencl as cl
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from torch_adreno.compile_cache import CompiledGraph
+from torch_adreno.backend.compile_cache import CompiledGraph
 from torch_adreno.errors import AdrenoError, KernelBuildError, UnsupportedOpError
 from torch_adreno.runtime import Executable
 

@@ -3,8 +3,8 @@
 AOTAutograd traces the forward and backward of each compiled region, decomposes them to the op
 set in :func:`decomposition_table`, and partitions the joint graph. Each graph then goes through
 the stages lowering -> fusion -> memory -> kernels, and AOTAutograd calls the resulting
-:class:`~torch_adreno.compile_cache.CompiledGraph` s (each binds its program to the device as an
-:class:`Executable`), which it also keeps in its disk cache (:mod:`torch_adreno.compile_cache`).
+:class:`~torch_adreno.backend.compile_cache.CompiledGraph` s (each binds its program to the device as an
+:class:`Executable`), which it also keeps in its disk cache (:mod:`torch_adreno.backend.compile_cache`).
 Forward outputs past the user's outputs are tensors saved for
 the backward: they stay on the device as DeviceTensors.
 """
@@ -29,11 +29,11 @@ from torch.fx import GraphModule
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from torch_adreno import compile_cache, debug
-from torch_adreno.compile_cache import CompiledGraph
+from torch_adreno.backend import compile_cache, debug
+from torch_adreno.backend.compile_cache import CompiledGraph
+from torch_adreno.backend.decompositions import OWN_DECOMPOSITIONS
+from torch_adreno.backend.donation import NO_DONATION, Donation, donatable_saved_tensors
 from torch_adreno.config import Config
-from torch_adreno.decompositions import OWN_DECOMPOSITIONS
-from torch_adreno.donation import NO_DONATION, Donation, donatable_saved_tensors
 from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.fusion import fuse, max_kernel_buffers
 from torch_adreno.kernels import KernelProgram, render_program
