@@ -77,17 +77,17 @@ def _gemm_kernels(prof: torch_adreno.profile) -> set[str]:
 
 
 def _operand_loads(source: str) -> list[str]:
-    """The bodies of a GEMM kernel's operand loads (``<name>_load_a`` and ``<name>_load_b``)."""
-    return re.findall(r"inline float \w+_load_[ab]\(.*?\) \{\n(.*?)\n\}", source, re.S)
+    """The bodies of a GEMM kernel's operand loads (``<symbol>_load_a`` and ``<symbol>_load_b``,
+    named through ``KERNEL_HELPER``)."""
+    return re.findall(r"inline float KERNEL_HELPER\(_load_[ab]\)\(.*?\) \{\n(.*?)\n\}", source, re.S)
 
 
 def _assert_kernel_reads_through_images(kernel: KernelSource) -> None:
     """``kernel`` (as launched) reads each image operand through its image and never through the
     operand's buffer: a LOAD_IMAGE_FLOAT (``read_imagef``) of the image argument is in the
     source, and the operand loads do not name the buffer."""
-    declared = re.search(r"^#define KERNEL_PARAMS (.*)$", kernel.source, re.M)
-    assert declared, f"{kernel.name}: no KERNEL_PARAMS line"
-    names = [decl.split()[-1] for decl in declared.group(1).split(", ")]
+    names = [r.c_name for r in kernel.arguments]
+    assert f"#define KERNEL_PARAMS {', '.join(r.declaration() for r in kernel.arguments)}" in kernel.source
     # The buffers, the index check's two arguments where the kernel has them, then the images.
     checks = 2 if kernel.checks_indices else 0
     assert len(names) == len(kernel.params) + checks + len(kernel.images), (kernel.name, names)
