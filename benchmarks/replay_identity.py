@@ -46,7 +46,7 @@ def run(name: str, steps: int, options: dict[str, object]) -> dict[str, object]:
     digest = hashlib.sha256()
     for tensor in [*model.state_dict().values(), *(v for s in opt.state.values() for v in s.values()
                                                     if isinstance(v, torch.Tensor))]:
-        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return {"model": name, "steps": steps, "replayed": replayed, "loss_bits": losses,
             "state_sha256": digest.hexdigest(), "median_step_ms": statistics.median(times[2:]) * 1e3,
             "source": str(Path(torch_adreno.__file__).parent)}
