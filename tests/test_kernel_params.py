@@ -53,10 +53,9 @@ def test_the_signature_and_symbol_are_rendered_from_the_records():
         roles = [r.role for r in kernel.arguments]
         assert roles == sorted(roles, key=[Role.BUFFER, Role.INDEX_ERROR, Role.INDEX_TOKEN, Role.IMAGE].index)
         assert kernel.checks_indices == (Role.INDEX_ERROR in roles)
-        for record in kernel.arguments:
-            if record.role is Role.BUFFER:
-                assert record.written == (record.key in kernel.writable)
-                assert record.dtype in ir.DType
+        # What it writes is declared writable (a split GEMM's launches share the group's list).
+        assert set(kernel.writes) <= set(kernel.writable) <= set(kernel.params)
+        assert all(r.dtype in ir.DType for r in kernel.arguments)
     assert {"gemm", "pointwise", "reduction"} <= kinds
     assert any(k.checks_indices for k in _kernels())
 

@@ -178,7 +178,7 @@ def _kernel(graph: ir.Graph, group: FusionGroup, index: int, kind: str, text: st
         kind=kind, text=text, build_options=build_options, arguments=arguments, global_size=global_size,
         local_size=local_size, origins=group.origins, bytes_read=bytes_read, bytes_written=bytes_written,
         description=_describe(group) if description is None else description, macros=macros, flops=flops,
-        images=images, writes=writes, reads=reads, writable=tuple(group.writes), extensions=extensions)
+        images=images, writes=writes, reads=reads, extensions=extensions)
 
 
 def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, index: int, params: dict[str, Param],

@@ -8,8 +8,9 @@ reaches at constant offsets of an arena (the ``KERNEL_LOCALS`` macro) are render
 (:meth:`torch_adreno.kernels.program.KernelSource.render`), the arena rewrite of a replayed step
 replaces records (:mod:`torch_adreno.kernels.arena_params`), the runtime binds arguments by them.
 
-Invariant: a record's declaration is the only text that declares its argument; the kernel text
-names arguments only by their C names and takes its signature only through ``KERNEL_PARAMS``.
+Invariant: a record's declaration is the only text that declares its kernel argument (or local,
+for an operand in an arena); the kernel text names arguments only by their C names and takes its
+signature only through ``KERNEL_PARAMS``.
 """
 
 from __future__ import annotations

@@ -71,10 +71,12 @@ class KernelSource:
     its graph's process-wide number; ``symbol`` is its C function name, without that number, so
     the same graph compiled under another number has the same text (a binary cache hit).
 
-    Invariant: ``text`` names neither the symbol nor a parameter's declaration: it takes them
-    through ``KERNEL_NAME``, ``KERNEL_PARAMS`` and ``KERNEL_LOCALS``, whose ``#define`` lines
-    :meth:`render` writes from ``symbol`` and ``arguments``; so the records are the one source of
-    truth of the signature and changing them (a rename, an arena placement) changes no text.
+    Invariant: ``text`` never names the symbol and never declares the kernel's own parameters:
+    it takes them through ``KERNEL_NAME``, ``KERNEL_PARAMS`` and ``KERNEL_LOCALS``, whose
+    ``#define`` lines :meth:`render` writes from ``symbol`` and ``arguments``, and names arguments
+    only by their C names (a helper it calls with them declares parameters of its own, which an
+    arena's local pointers bind as well). So the records are the one source of truth of the
+    signature, and changing them (a rename, an arena placement) changes no text.
     """
 
     name: str
@@ -104,9 +106,6 @@ class KernelSource:
     #: (:mod:`torch_adreno.memory.verify`) checks a plan against.
     writes: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
-    #: The parameters declared writable (no ``const``): every buffer the kernel's fusion group
-    #: writes, in both launches of a split-K GEMM (they share one parameter list).
-    writable: tuple[str, ...] = ()
     #: OpenCL extensions the kernel enables (``cl_khr_fp16`` where it computes in half).
     extensions: tuple[str, ...] = ()
 
@@ -126,6 +125,13 @@ class KernelSource:
         to each buffer argument, in argument order; the index check arguments follow them, then
         the images."""
         return tuple(r.key for r in self.arguments if r.is_argument and r.role in BOUND_BUFFER_ROLES)
+
+    @property
+    def writable(self) -> tuple[str, ...]:
+        """The IR buffers whose parameters are declared writable (no ``const``): every buffer the
+        kernel's fusion group writes, in both launches of a split-K GEMM (they share one parameter
+        list)."""
+        return tuple(r.key for r in self.arguments if r.role is Role.BUFFER and r.written)
 
     @property
     def checks_indices(self) -> bool:
