@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from helpers import assert_matches_eager
 
 import torch_adreno
-from torch_adreno.errors import LoweringError
 
 pytestmark = pytest.mark.device
 
@@ -196,11 +195,8 @@ def test_assignment_into_a_slice_of_an_intermediate_and_its_backward(fn, value_s
     check(fn, r(3, 4), r(*value_shape), ops={"aten.new_empty_strided.default"})
 
 
-@pytest.mark.xfail(strict=True, raises=LoweringError,
-                   reason="a tensor built inside the compiled function from a list (torch.tensor([...])) is a "
-                          "graph constant of several elements, which the lowering refuses ('tensor constants "
-                          "with more than one element are not supported'); passed in or captured, it works")
 def test_index_tensor_built_inside_the_compiled_function():
+    """torch.tensor([...]) inside the compiled function is a graph constant the graph carries."""
     check(lambda x: x[torch.tensor([2, 0, 2])], r(4, 3), ops={"aten.index.Tensor"})
 
 
