@@ -10,6 +10,7 @@ breaks here, in one place.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +33,7 @@ def read_buffer(queue: cl.CommandQueue, buffer: cl.Buffer, host: Any, offset: in
 
 def copy_buffer_call(queue: cl.CommandQueue, source: cl.Buffer, destination: cl.Buffer, nbytes: int,
                      source_offset: int = 0, destination_offset: int = 0) -> Callable[[], cl.Event]:
-    """A call enqueueing the device copy of ``nbytes`` from ``source`` to ``destination``."""
-    def enqueue() -> cl.Event:
-        return _cl._enqueue_copy_buffer(queue, source, destination, nbytes, source_offset, destination_offset, None)
-
-    return enqueue
+    """A call enqueueing the device copy of ``nbytes`` from ``source`` to ``destination`` (a
+    partial of the binding itself: no Python frame of ours per enqueue)."""
+    return functools.partial(_cl._enqueue_copy_buffer, queue, source, destination, nbytes, source_offset,
+                             destination_offset, None)
