@@ -188,6 +188,13 @@ OPTIONS: dict[str, OptionSpec] = {
             "False gives each its own buffer",
         ),
         OptionSpec(
+            "frozen_casts", _bool, True, "TORCH_ADRENO_FROZEN_CASTS",
+            "under autocast, cast each frozen tensor (a parameter that requires no grad, a buffer the "
+            "graph does not update) to 16 bits once and keep the copy, made again only when the tensor "
+            "changes, instead of casting it in every forward and backward (default True; False casts "
+            "in the kernels that read it, as for trainable weights)",
+        ),
+        OptionSpec(
             "target", _target, None, "TORCH_ADRENO_TARGET",
             "compile for an Adreno GPU's limits and preferences while running on the present device: "
             "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them); work-group "
@@ -217,6 +224,7 @@ class Config:
     replay_arena_kernels: bool = True
     replay_merge_copies: bool = True
     heap_copies: bool = True
+    frozen_casts: bool = True
     target: str | None = None
 
     @classmethod
