@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import pyopencl as cl
 
 from torch_adreno.kernels import KernelSource
+from torch_adreno.memory.footprint import DeviceFootprint
 
 
 @dataclass
@@ -72,6 +73,9 @@ class StepRecord:
     host_seconds: float
     launches: int
     reason: str | None = None
+    #: The step's device memory against its limits, once captured (a
+    #: :class:`~torch_adreno.memory.footprint.DeviceFootprint`; None before).
+    footprint: DeviceFootprint | None = None
 
 
 class Subscriber(Protocol):
