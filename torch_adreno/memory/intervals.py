@@ -11,9 +11,13 @@ graph plan's rule all along; the step plan used the smallest fitting slot until 
 packer: over the four reference models' steps the difference is within 0.1% either way, and first
 fit gave the smaller total.)
 
-Invariants: two values whose lifetimes ``[first, last]`` overlap never share a slot; a slot is at
-least as large as every value placed in it; every value starts at its slot's first byte (no two
+Invariants of the packing: two values whose lifetimes ``[first, last]`` overlap never share a
+slot; a slot is at least as large as every value placed in it; every value starts at its slot's first byte (no two
 views of one allocation ever overlap partially: some drivers fault on overlapping sub-buffers).
+
+Where the packed slots must live in buffers no larger than a device's largest allocation
+(``CL_DEVICE_MAX_MEM_ALLOC_SIZE``: a replayed step's arena), :func:`split_into_buffers` lays them
+out in as few such buffers as first fit makes, no slot straddling two.
 """
 
 from __future__ import annotations
@@ -87,3 +91,44 @@ def pack_intervals(values: Sequence[Interval], presets: Sequence[PresetSlot] = (
         busy[slot].append((value.first, value.last))
         slot_of[value.key] = slot
     return Packing(slot_of, tuple(sizes))
+
+
+@dataclass(frozen=True)
+class BufferSplit:
+    """Where :func:`split_into_buffers` put each block: ``placed[i]`` is block ``i``'s (buffer,
+    byte offset); ``sizes`` are the buffers' bytes."""
+
+    placed: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
+
+
+class AllocationLimitError(ValueError):
+    """A block larger than the buffers it must go into (a single value above the largest allocation)."""
+
+
+def split_into_buffers(blocks: Sequence[int], capacity: int, alignment: int) -> BufferSplit:
+    """Lay out contiguous ``blocks`` (bytes each: a packed slot, or a group of values that must share
+    one buffer) in as few buffers of at most ``capacity`` bytes as first fit in the given order
+    makes: each block goes at the end of the first buffer it still fits in, else into a new one.
+
+    Invariants: no block straddles two buffers; every block starts at a multiple of ``alignment``
+    and takes its size rounded up to it (a buffer's size is a multiple too, and at most
+    ``capacity`` rounded down to it); blocks of one buffer never share a byte. When everything fits
+    in one buffer, the layout is the blocks one after another in order (what a single buffer holds).
+    Slots come from :func:`pack_intervals` largest first, so first fit in their order is first fit
+    decreasing: at most 11/9 of the fewest buffers possible, plus one (Johnson's bound for bin packing).
+    A block larger than the capacity raises :class:`AllocationLimitError`."""
+    usable = capacity // alignment * alignment
+    ends: list[int] = []
+    placed: list[tuple[int, int]] = []
+    for position, nbytes in enumerate(blocks):
+        size = -(-max(nbytes, 1) // alignment) * alignment
+        if size > usable:
+            raise AllocationLimitError(f"block {position} of {nbytes} bytes does not fit in a buffer of "
+                                       f"{capacity} bytes (aligned to {alignment})")
+        buffer = next((b for b, end in enumerate(ends) if end + size <= usable), len(ends))
+        if buffer == len(ends):
+            ends.append(0)
+        placed.append((buffer, ends[buffer]))
+        ends[buffer] += size
+    return BufferSplit(tuple(placed), tuple(ends))

@@ -3,7 +3,8 @@
 Records, while active, every kernel launch (name, FX nodes, ATen ops, module paths and user
 source lines, device time from OpenCL profiling events, global-memory bytes, FLOPs), every
 host<->device transfer (bytes, direction, why, copied or shared in place), every op run on the
-host by request, and the memory of every compiled graph run::
+host by request, the memory of every compiled graph run, and a replayed TrainingStep's device
+footprint (``prof.device_footprint``)::
 
     with torch_adreno.profile() as prof:
         loss = loss_fn(cmodel(x), y); loss.backward()
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torch_adreno.memory.footprint import DeviceFootprint
 from torch_adreno.profiler.records import KernelRecord, resolve_kernel_times, resolve_transfer_times
 from torch_adreno.profiler.report import (
     GROUPS,
@@ -137,6 +139,15 @@ class profile:  # named like torch.profiler.profile
         """Median host time of a replayed step's own work (batch, seeds, enqueue loop)."""
         times = sorted(s.host_seconds for s in self.steps if s.kind == "replay")
         return times[len(times) // 2] * 1e6 if times else None
+
+    @property
+    def device_footprint(self) -> DeviceFootprint | None:
+        """The device memory of the last TrainingStep replayed or captured here (persistent state,
+        the replay's arena buffers, images, the compiled graphs' arenas) against the limits of its
+        device or target (:class:`~torch_adreno.memory.footprint.DeviceFootprint`: ``total_bytes``,
+        ``arena_buffers``, ``largest_allocation_bytes``, ``limits``, ``describe()``); None if no
+        step here was replayed or captured."""
+        return next((s.footprint for s in reversed(self.steps) if s.footprint is not None), None)
 
     @property
     def host_fallback_ops(self) -> list[str]:

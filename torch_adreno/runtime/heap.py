@@ -23,7 +23,11 @@ as any buffer. Invariants:
   a region is taken from its group's slabs only. NVIDIA's driver charges every enqueue binding a
   buffer about 12 ns per live sub-buffer of that buffer's parent (H200: 6.2 us with none, 7.2 with
   100, 9.8 with 300; ``benchmarks/enqueue_cost.py --study subbuffers``), so a replay's slab
-  must hold its own step's tensors, not every model's and every batch's of the process.
+  must hold its own step's tensors, not every model's and every batch's of the process;
+- no slab is larger than the largest single allocation allowed: the device's
+  (``CL_DEVICE_MAX_MEM_ALLOC_SIZE``), or a :class:`HeapGroup`'s own limit (a TrainingStep compiled
+  for a target takes the target's, so that its slabs would allocate on the target too); a region
+  larger than that is refused (:class:`~torch_adreno.errors.DeviceMemoryError`), never a larger slab.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 
 import pyopencl as cl
 
+from torch_adreno.errors import DeviceMemoryError
 from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
 
 #: Bytes of a new slab (a larger request gets a slab of its own size). Large enough that a model's
@@ -79,6 +84,15 @@ class _Slab:
         return self.free == [(0, self.nbytes)]
 
 
+@dataclass(frozen=True, eq=False)
+class HeapGroup:
+    """A group of slabs (compared by identity) whose slabs and regions are at most
+    ``max_allocation_bytes`` (None: the device's limit only); ``owner`` names it in messages."""
+
+    max_allocation_bytes: int | None = None
+    owner: str = "a heap group"
+
+
 class _Region:
     """The record of one region, held by its sub-buffer only: its finalizer gives the bytes back."""
 
@@ -104,10 +118,21 @@ class DeviceHeap:
         self._freed: list[tuple[_Slab, int, int]] = []
         self._lock = threading.Lock()
 
+    def max_allocation_of(self, group: Hashable) -> int:
+        """The largest slab (and region) ``group`` may have."""
+        limit = group.max_allocation_bytes if isinstance(group, HeapGroup) else None
+        return self.max_allocation if limit is None else min(limit, self.max_allocation)
+
     def allocate(self, nbytes: int, group: Hashable = None) -> cl.Buffer:
         """A new region of at least ``nbytes`` (one byte for none) in a slab of ``group``, as a
-        sub-buffer."""
+        sub-buffer; :class:`DeviceMemoryError` where ``nbytes`` exceed the group's allocation limit."""
         size = -(-max(nbytes, 1) // self.alignment) * self.alignment
+        limit = self.max_allocation_of(group)
+        if size > limit:
+            owner = group.owner if isinstance(group, HeapGroup) else "the device"
+            raise DeviceMemoryError(
+                f"a device heap region of {nbytes:,} bytes exceeds the largest single allocation of {owner} "
+                f"({limit:,} bytes): one region is one allocation")
         with self._lock:
             self._collect()
             slabs = self._slabs.setdefault(group, [])
@@ -115,7 +140,7 @@ class DeviceHeap:
                 offset = slab.take(size)
                 if offset is not None:
                     return self._region(slab, offset, size, nbytes)
-            slab_bytes = max(size, min(SLAB_BYTES, self.max_allocation))
+            slab_bytes = max(size, min(SLAB_BYTES, limit))
             slab = _Slab(cl.Buffer(self.context, cl.mem_flags.READ_WRITE, slab_bytes), slab_bytes,
                          [(0, slab_bytes)])
             slabs.append(slab)
@@ -178,4 +203,4 @@ def device_heap(runtime: Any) -> DeviceHeap:
     return held[1]
 
 
-__all__ = ["SLAB_BYTES", "DeviceHeap", "device_heap", "placement"]
+__all__ = ["SLAB_BYTES", "DeviceHeap", "HeapGroup", "device_heap", "placement"]

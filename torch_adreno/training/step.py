@@ -47,8 +47,11 @@ from typing import Any
 import torch
 
 from torch_adreno.config import Config
+from torch_adreno.memory.footprint import DeviceFootprint, MemoryLimits, check_state_fits
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.events import BUS, StepRecord
+from torch_adreno.runtime.heap import HeapGroup
+from torch_adreno.target.profiles import profile_for
 from torch_adreno.training import guards, host_sync
 from torch_adreno.training.gradients import (
     GradientOnDevice,
@@ -133,8 +136,12 @@ class TrainingStep:
         #: Each parameter's ``.grad`` as the last replay left it (its marker; None: frozen).
         self._marked: tuple[Any, ...] | None = None
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
+        #: The largest allocation and global memory this step is held to: the target's where one is
+        #: given (``options={"target": ...}``), else the present device's.
+        self.memory_limits = MemoryLimits.of(profile_for(self._residency.runtime.profile, config.target))
+        self._state_checked = False
         self._replay_options = ReplayOptions(config.replay_arena_kernels, config.replay_merge_copies,
-                                             config.verify_memory)
+                                             config.verify_memory, self.memory_limits)
         self._heap_copies = config.heap_copies
         hook = _SyncHook(self)
         self._hooks = [
@@ -148,8 +155,8 @@ class TrainingStep:
         self._residency.add_namer(self._name_of)
         self._replay_enabled = replay
         #: This step's device heap group: its parameters, optimizer state and replay arenas share
-        #: slabs no other step's tensors are in (see runtime/heap.py).
-        self._heap_group = object()
+        #: slabs no other step's tensors are in, each slab within the largest allocation (see runtime/heap.py).
+        self._heap_group = HeapGroup(self.memory_limits.max_allocation_bytes, self.memory_limits.owner)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
         self._replays = Replays(MAX_REPLAYS)
@@ -158,6 +165,15 @@ class TrainingStep:
     def replay(self) -> ReplayedStep | None:
         """The replay of the batch geometry captured last (None before any was captured)."""
         return self._replays.latest
+
+    @property
+    def device_footprint(self) -> DeviceFootprint | None:
+        """The device memory the replay of the batch geometry captured last holds (persistent state,
+        its arena's buffers, images, the compiled graphs' arenas) against :attr:`memory_limits`;
+        None before a capture. A capture whose footprint does not fit is refused with a
+        :class:`~torch_adreno.errors.DeviceMemoryError` before its replay allocates anything."""
+        replay = self._replays.latest
+        return None if replay is None else replay.footprint
 
     @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
@@ -178,9 +194,27 @@ class TrainingStep:
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
         check_can_step(self._params, batch)
+        if not self._state_checked:
+            self._check_state_fits()
+            self._state_checked = True
         signature = batch_signature(batch)
         if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
             self._batch_signatures[signature] = None
+
+    def _check_state_fits(self) -> None:
+        """Before the first step: each parameter, buffer and optimizer state tensor within the
+        largest allocation, all of them within the global memory (a
+        :class:`~torch_adreno.errors.DeviceMemoryError` naming the tensor or the total otherwise).
+        A storage shared by several tensors (tied weights) counts once."""
+        named: dict[int, tuple[str, int]] = {}
+        tensors = [*self.model.named_parameters(), *self.model.named_buffers(),
+                   *((self._name_of(v) or key, v) for state in self.optimizer.state.values()
+                     for key, v in state.items() if isinstance(v, torch.Tensor))]
+        for name, tensor in tensors:
+            if tensor.numel() and tensor.device.type == "cpu":
+                storage = tensor.untyped_storage()
+                named.setdefault(storage.data_ptr(), (f"{name} ({list(tensor.shape)}, {tensor.dtype})", storage.nbytes()))
+        check_state_fits(named.values(), self.memory_limits, "TrainingStep")
 
     def _name_of(self, tensor: torch.Tensor) -> str | None:
         return name_of(tensor, self.model, self.optimizer)
@@ -201,7 +235,8 @@ class TrainingStep:
                 replay.last_phases["after"] = after
                 replay.last_host_seconds += after
                 if BUS.active:
-                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches))
+                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches,
+                                        footprint=replay.footprint))
                 return loss
         # The compiled graphs must not see host_sync's mode (Dynamo would trace it).
         host_sync.suspend(self._residency)
@@ -220,7 +255,8 @@ class TrainingStep:
             reason = self._replays.unreplayable(signature)
         if signature is not None:
             self._replays.warm(signature)
-        BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason))
+        footprint = self.device_footprint if kind == "capture" else None
+        BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason, footprint))
         return loss
 
     def _replayed(self, batch: tuple[Any, ...],

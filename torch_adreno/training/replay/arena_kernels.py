@@ -11,7 +11,7 @@ arguments once never rebinds another caller's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,18 +37,19 @@ class ReplayKernel:
     placed: set[int]
 
 
-def numbered_slabs(slabs: list[cl.Buffer], arena_base: cl.Buffer) -> tuple[list[cl.Buffer], dict[int, int]]:
-    """The distinct buffers of ``slabs`` in the order a kernel takes them (the arena's first, the
-    others as they come), and each one's argument number by ``id``."""
-    distinct = sorted({id(slab): slab for slab in slabs}.values(), key=lambda slab: slab is not arena_base)
+def numbered_slabs(slabs: list[cl.Buffer], arena: Sequence[cl.Buffer]) -> tuple[list[cl.Buffer], dict[int, int]]:
+    """The distinct buffers of ``slabs`` in the order a kernel takes them (the arena's buffers first,
+    in the arena's order, the others as they come), and each one's argument number by ``id``."""
+    rank = {id(base): n for n, base in enumerate(arena)}
+    distinct = sorted({id(slab): slab for slab in slabs}.values(), key=lambda slab: rank.get(id(slab), len(rank)))
     return distinct, {id(slab): n for n, slab in enumerate(distinct)}
 
 
-def arena_kernels(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate, arena_base: cl.Buffer,
+def arena_kernels(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate, arena: Sequence[cl.Buffer],
                   rewrite: bool) -> list[ReplayKernel]:
     """A kernel object per launch of the recording, in order. With ``rewrite``, a kernel that has
     operands in heap regions is rebuilt to find them at their constant offsets in the regions'
-    slabs, each slab one argument (the arena's first); the rebuilt programs are one per occurrence
+    slabs, each slab one argument (the arena's buffers, ``arena``, first); the rebuilt programs are one per occurrence
     of a kernel symbol. A kernel reading images stays as it was compiled (its images are made over
     buffers, bound through sub-buffers of the arena)."""
     launches = [op for op in recorder.operations if isinstance(op, RecordedLaunch)]
@@ -62,7 +63,7 @@ def arena_kernels(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate
             launch_slabs.append(None)
             launch_placed.append(set())
             continue
-        slabs, number = numbered_slabs([slab for slab, _ in located.values()], arena_base)
+        slabs, number = numbered_slabs([slab for slab, _ in located.values()], arena)
         rewritten.append(place_in_arena(op.source, {p: at for p, (_, at) in located.items()},
                                         {p: number[id(slab)] for p, (slab, _) in located.items()}))
         launch_slabs.append(slabs)
@@ -99,7 +100,8 @@ class MergedCopies:
     slabs: list[cl.Buffer]
 
 
-def merged_copies(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate, arena_base: cl.Buffer) -> MergedCopies:
+def merged_copies(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate,
+                  arena: Sequence[cl.Buffer]) -> MergedCopies:
     """Runs of two or more consecutive copies between heap regions (a graph call writing back the
     inputs it updated: batch norm's running statistics), each done by one kernel. A run ends
     before a copy whose bytes overlap a destination of the run, or whose destination overlaps a
@@ -123,7 +125,7 @@ def merged_copies(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate
     merged: dict[int, tuple[cl.Kernel, KernelSource] | None] = {}
     sources: list[tuple[list[Any], list[cl.Buffer], KernelSource]] = []
     for run in (r for r in runs if len(r) >= 2):
-        slabs, number = numbered_slabs([b for _, _, d, f in run for b, _ in (d, f)], arena_base)
+        slabs, number = numbered_slabs([b for _, _, d, f in run for b, _ in (d, f)], arena)
         names = [f"{recorder.identities[c.destination].label} <- {recorder.identities[c.source].label}"
                  for _, c, _, _ in run]
         sources.append((run, slabs, copy_ranges(

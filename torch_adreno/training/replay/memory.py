@@ -4,17 +4,29 @@
 activations, gradients, scratch, the loss) by one plan spanning the whole step: a saved
 activation's bytes are free after its last backward read, a gradient's after the optimizer's.
 :class:`ArenaLayout` puts that plan's slots, the step's seeds and (when copied) its batch at fixed
-byte offsets of one buffer, the replay's arena (:mod:`torch_adreno.training.replay.step`).
+byte offsets of the replay's arena (:mod:`torch_adreno.training.replay.step`): one buffer, or
+several where it would exceed the largest single allocation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from torch_adreno.errors import DeviceMemoryError
 from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
-from torch_adreno.memory.intervals import Interval, pack_intervals
+from torch_adreno.memory.footprint import FIT_ADVICE, DeviceFootprint, MemoryLimits, check_allocations
+from torch_adreno.memory.intervals import AllocationLimitError, Interval, pack_intervals, split_into_buffers
 from torch_adreno.memory.verify import Access, Placement, verify_accesses
-from torch_adreno.training.replay.capture import BATCH, INTERNAL, SEED, RecordedLaunch, StepRecorder
+from torch_adreno.training.replay.capture import (
+    BATCH,
+    INTERNAL,
+    PERSISTENT,
+    SEED,
+    RecordedLaunch,
+    StepRecorder,
+)
 
 
 @dataclass(frozen=True)
@@ -68,34 +80,112 @@ def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemor
 
 @dataclass(frozen=True)
 class ArenaLayout:
-    """Where a replay keeps the memory it owns: one buffer, each slot of the step's memory plan,
-    each seed and (when the batch is copied) each batch argument at a fixed byte offset.
+    """Where a replay keeps the memory it owns: its arena, one buffer or several, each slot of the
+    step's memory plan, each seed and (when the batch is copied) each batch argument at a fixed
+    byte offset of one of them.
 
-    Invariants: offsets are multiples of ``alignment`` (the device's sub-buffer alignment and
+    The arena is one buffer when it fits the largest single allocation (``max_buffer_bytes``), else
+    as few buffers of at most that as first fit makes (:func:`~torch_adreno.memory.intervals.split_into_buffers`),
+    the kernels then taking each as an argument of its own. Invariants: a slot, seed or batch
+    argument never straddles two buffers, and the seeds and copied batch arguments are in one
+    buffer, one after another (a staged upload writes them in one write); offsets are multiples of
+    ``alignment`` (the device's sub-buffer alignment and
     :data:`~torch_adreno.kernels.arena_params.OFFSET_ALIGNMENT`); identities in one slot share its
-    offset (their lifetimes do not overlap), any others never share a byte."""
+    buffer and offset (their lifetimes do not overlap), any others never share a byte."""
 
+    #: Per identity, its byte offset in its buffer.
     offset_of: dict[int, int]
+    #: Bytes of all the arena's buffers.
     nbytes: int
     alignment: int
+    #: Per identity, its buffer's number (absent: buffer 0).
+    part_of: dict[int, int] = field(default_factory=dict)
+    #: Bytes of each buffer (empty: one buffer of ``nbytes``).
+    part_bytes: tuple[int, ...] = ()
+    #: The buffer holding the seeds and the copied batch.
+    inputs_part: int = 0
+
+    @property
+    def parts(self) -> tuple[int, ...]:
+        """Bytes of each of the arena's buffers."""
+        return self.part_bytes or (self.nbytes,)
+
+    def where(self, index: int) -> tuple[int, int]:
+        """Identity ``index``'s (buffer number, byte offset there)."""
+        return self.part_of.get(index, 0), self.offset_of[index]
 
     @staticmethod
-    def of(recorder: StepRecorder, memory: StepMemoryPlan, batch_copied: bool, base_alignment: int) -> ArenaLayout:
+    def of(recorder: StepRecorder, memory: StepMemoryPlan, batch_copied: bool, base_alignment: int,
+           max_buffer_bytes: int | None = None) -> ArenaLayout:
+        """The layout of ``memory``'s slots and the recording's seeds and (``batch_copied``) batch,
+        in buffers of at most ``max_buffer_bytes`` (None: one buffer); an
+        :class:`~torch_adreno.memory.intervals.AllocationLimitError` where a slot, or the seeds and
+        batch together, are larger than that."""
         alignment = max(256, OFFSET_ALIGNMENT, base_alignment)
-        end = 0
+        inputs = [i for i in recorder.identities if i.kind is SEED or (i.kind is BATCH and batch_copied)]
+        input_offsets = []
+        input_bytes = 0
+        for identity in inputs:  # one block, one after another
+            input_offsets.append(input_bytes)
+            input_bytes += -(-max(identity.nbytes, 1) // alignment) * alignment
+        blocks = [*memory.slot_bytes, *([input_bytes] if inputs else [])]
+        total = sum(-(-max(n, 1) // alignment) * alignment for n in blocks)
+        split = split_into_buffers(blocks, total if max_buffer_bytes is None else max_buffer_bytes, alignment)
+        offset_of = {index: split.placed[slot][1] for index, slot in memory.slot_of.items()}
+        part_of = {index: split.placed[slot][0] for index, slot in memory.slot_of.items()}
+        inputs_part = 0
+        if inputs:
+            inputs_part, start = split.placed[-1]
+            for identity, at in zip(inputs, input_offsets, strict=True):
+                offset_of[identity.index], part_of[identity.index] = start + at, inputs_part
+        return ArenaLayout(offset_of, sum(split.sizes), alignment, part_of, split.sizes, inputs_part)
 
-        def place(nbytes: int) -> int:
-            nonlocal end
-            at = end
-            end += -(-max(nbytes, 1) // alignment) * alignment
-            return at
 
-        slot_offsets = [place(n) for n in memory.slot_bytes]
-        offset_of = {index: slot_offsets[slot] for index, slot in memory.slot_of.items()}
-        for identity in recorder.identities:
-            if identity.kind is SEED or (identity.kind is BATCH and batch_copied):
-                offset_of[identity.index] = place(identity.nbytes)
-        return ArenaLayout(offset_of, end, alignment)
+def arena_layout(recorder: StepRecorder, memory: StepMemoryPlan, batch_copied: bool, base_alignment: int,
+                 limits: MemoryLimits) -> ArenaLayout:
+    """:meth:`ArenaLayout.of` in buffers of at most ``limits``' largest allocation; a
+    :class:`~torch_adreno.errors.DeviceMemoryError` naming the identities where one slot (or the
+    batch with the seeds) alone is larger."""
+    try:
+        return ArenaLayout.of(recorder, memory, batch_copied, base_alignment, limits.max_allocation_bytes)
+    except AllocationLimitError:
+        pass
+    too_large = [i for i in recorder.identities if i.nbytes > limits.max_allocation_bytes
+                 and (i.index in memory.slot_of or i.kind is BATCH)]
+    named = ", ".join(f"{i.label} ({i.nbytes:,} bytes)" for i in too_large[:3]) or \
+        "the batch's copy with the seeds, together"
+    raise DeviceMemoryError(
+        f"{described_step(recorder)}: {named} exceed the largest single allocation of {limits.owner} "
+        f"({limits.max_allocation_bytes:,} bytes), and a tensor is one buffer. To fit: {FIT_ADVICE}")
+
+
+def step_footprint(recorder: StepRecorder, layout: ArenaLayout, image_bytes: Sequence[int], limits: MemoryLimits,
+                   name_of: Callable[[Any, str], str]) -> DeviceFootprint:
+    """What a replay of ``recorder`` in ``layout`` holds on the device (images of the sizes
+    ``image_bytes``), each persistent tensor checked against the largest allocation first
+    (:func:`~torch_adreno.memory.footprint.check_allocations`, naming it by ``name_of(tensor,
+    label)``). A persistent tensor counts its whole storage once (views of one share it)."""
+    storages: dict[int, tuple[str, int]] = {}
+    for identity in recorder.identities:
+        if identity.kind is not PERSISTENT:
+            continue
+        tensor = identity.tensor
+        if tensor is None or tensor.numel() == 0:
+            storages[-identity.index - 1] = (identity.label, identity.nbytes)
+            continue
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = (name_of(tensor, identity.label), max(storage.nbytes(), identity.nbytes))
+    check_allocations(storages.values(), limits, described_step(recorder))
+    graph_arenas = sum(max(n, 1) for program in recorder.programs.values() for n in program.plan.arena_bytes)
+    largest = max([*layout.parts, *image_bytes, *(n for _, n in storages.values())], default=0)
+    return DeviceFootprint(sum(n for _, n in storages.values()), layout.parts, sum(image_bytes), graph_arenas,
+                           largest, limits)
+
+
+def described_step(recorder: StepRecorder) -> str:
+    """The step in messages: its batch's shapes."""
+    shapes = ", ".join(str(list(t.shape)) for t in recorder.batch if hasattr(t, "shape"))
+    return f"the training step on a batch of {shapes}" if shapes else "the training step"
 
 
 def verify_step_memory(recorder: StepRecorder, layout: ArenaLayout, keep_to_end: set[int]) -> None:
@@ -120,8 +210,9 @@ def verify_step_memory(recorder: StepRecorder, layout: ArenaLayout, keep_to_end:
         assert isinstance(index, int)
         identity = recorder.identities[index]
         if identity.kind is INTERNAL or index in layout.offset_of:
-            at = layout.offset_of[index]
-            return Placement("the replay's arena", at, at + identity.nbytes)
+            part, at = layout.where(index)
+            name = "the replay's arena" if len(layout.parts) == 1 else f"the replay's arena (buffer {part})"
+            return Placement(name, at, at + identity.nbytes)
         return Placement(f"{identity.kind} memory of {identity.label}", 0, identity.nbytes)
 
     outside = [i.index for i in recorder.identities if i.kind is not INTERNAL]

@@ -41,6 +41,7 @@ import numpy as np
 import pyopencl as cl
 import torch
 
+from torch_adreno.memory.footprint import MemoryLimits
 from torch_adreno.runtime.enqueue import read_buffer
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.images import image_views
@@ -63,7 +64,13 @@ from torch_adreno.training.replay.capture import (
     recording_of,
 )
 from torch_adreno.training.replay.launch_list import Copy, Flush, Launch, LaunchList, Operation
-from torch_adreno.training.replay.memory import ArenaLayout, plan_step_memory, verify_step_memory
+from torch_adreno.training.replay.memory import (
+    arena_layout,
+    described_step,
+    plan_step_memory,
+    step_footprint,
+    verify_step_memory,
+)
 
 __all__ = ["REPLAY_GRAPH", "BatchMode", "CaptureError", "ReplayOptions", "ReplayedStep"]
 
@@ -81,12 +88,15 @@ class ReplayOptions:
     sub-buffers of the arena: benchmarks/replay.py measures both, tests check they agree bit for
     bit); ``merge_copies`` does runs of copies between heap regions with one kernel each;
     ``verify_memory`` proves the arena layout against the recorded operations first
-    (:func:`verify_step_memory`)."""
+    (:func:`verify_step_memory`); ``limits``: the largest allocation and global memory the replay
+    is held to (a target's; None: the present device's)."""
 
-    def __init__(self, arena_kernels: bool = True, merge_copies: bool = True, verify_memory: bool = False) -> None:
+    def __init__(self, arena_kernels: bool = True, merge_copies: bool = True, verify_memory: bool = False,
+                 limits: MemoryLimits | None = None) -> None:
         self.arena_kernels = arena_kernels
         self.merge_copies = merge_copies
         self.verify_memory = verify_memory
+        self.limits = limits
 
 
 class ReplayedStep:
@@ -118,18 +128,26 @@ class ReplayedStep:
             # An image is made over a buffer once, at binding: a batch bound anew each step would
             # need new images each step, so the batch goes into the replay's own buffers instead.
             self.batch_mode = BatchMode.UPLOADED
-        # The memory made during the step, the seeds and the batch's own copy live in one buffer,
-        # the arena, each at a fixed offset (internal identities at their slot's).
-        self.arena = ArenaLayout.of(recorder, self.memory, self.batch_mode is not BatchMode.IN_PLACE,
-                                    self.runtime.device.mem_base_addr_align // 8)
+        limits = options.limits or MemoryLimits.of(self.runtime.profile)
+        # The memory made during the step, the seeds and the batch's own copy live in the arena, each
+        # at a fixed offset (internal identities at their slot's) of one of its buffers, each buffer
+        # within the largest allocation.
+        self.arena = arena_layout(recorder, self.memory, self.batch_mode is not BatchMode.IN_PLACE,
+                                  self.runtime.device.mem_base_addr_align // 8, limits)
         if options.verify_memory:
             verify_step_memory(recorder, self.arena, {loss_identity})
+        #: The device memory the step holds (images counted once bound, below), held to ``limits``
+        #: before the arena is allocated.
+        self.footprint = step_footprint(recorder, self.arena, [], limits, residency.name_of)
+        self.footprint.check(described_step(recorder))
         self._buffers = StepBuffers(self.runtime, recorder, self.arena,
                                     options.arena_kernels and not residency.zero_copy and not images, heap_group)
-        self._arena = self._buffers.arena
+        self._arenas = self._buffers.arenas
+        self._arena = self._arenas[0]
         bindings = self._batch_bindings(recorder)
-        self._batch = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()), self._arena,
-                                 [self.arena.offset_of[i] for i in recorder.seeds])
+        # (The seeds and the copied batch are in one of the arena's buffers, one write's bytes.)
+        self._batch = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()),
+                                 self._arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
         # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
@@ -137,11 +155,11 @@ class ReplayedStep:
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
         #: The images the kernels read (a kernel argument holds no reference).
         self._images: list[Any] = []
-        kernels = arena_kernels(self.runtime, recorder, self._buffers.located, self._buffers.arena_base,
+        kernels = arena_kernels(self.runtime, recorder, self._buffers.located, self._buffers.slabs,
                                 options.arena_kernels)
         #: Per launch, whether its kernel was rewritten to take the arenas (else bound as compiled).
         self._rewritten = [k.slabs is not None for k in kernels]
-        copies = (merged_copies(self.runtime, recorder, self._buffers.located, self._buffers.arena_base)
+        copies = (merged_copies(self.runtime, recorder, self._buffers.located, self._buffers.slabs)
                   if options.arena_kernels and options.merge_copies else MergedCopies({}, []))
         #: The slabs the kernels take (a kernel argument holds no reference).
         self._bases = list({id(b): b for k in kernels for b in k.slabs or ()}.values())
@@ -149,6 +167,9 @@ class ReplayedStep:
         #: Per launch: its graph, source and kernel object.
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
         listed, described = self._bind_operations(recorder, kernels, copies, bindings)
+        own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
+        self.footprint = step_footprint(recorder, self.arena, list(own_images.values()), limits, residency.name_of)
+        self.footprint.check(described_step(recorder))
         #: The step's device operations on the replay's own queue (the C loop where available).
         self._operations = LaunchList(self._queue, listed)
         # Under profile(): on the runtime's queue, from Python, each call returning its event.
@@ -158,7 +179,7 @@ class ReplayedStep:
         #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
         self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches)
         self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
-        self._loss_offset = self.arena.offset_of[loss_identity]
+        self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
         self._loss_shape = tuple(loss.shape)
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
         self._loss_torch_dtype = loss.dtype
@@ -188,7 +209,7 @@ class ReplayedStep:
             binding = BatchBinding(identity.batch_position, None if whole else identity.view, identity.nbytes,
                                    identity.label, None)
             if self.batch_mode is not BatchMode.IN_PLACE:
-                binding.buffer, binding.offset = self._arena, self.arena.offset_of[identity.index]
+                binding.buffer, binding.offset = self._buffers.place(identity.index)
             bindings[identity.index] = binding
             self._buffers.buffers[identity.index] = binding.buffer if self.batch_mode is BatchMode.IN_PLACE else None
         return bindings
@@ -238,8 +259,8 @@ class ReplayedStep:
                 if source.images:
                     named = list(zip(source.params, op.args, strict=True))
                     by_param = {name: buffers.buffer(index) for name, index in named}
-                    in_arena = {name: (buffers.arena_base, buffers.arena_start + self.arena.offset_of[index])
-                                for name, index in named if index in self.arena.offset_of}
+                    in_arena = {name: where for name, index in named
+                                if index in self.arena.offset_of and (where := buffers.located(index)) is not None}
                     for image in image_views(self.runtime).bind(kernel, source, by_param.__getitem__, in_arena.get):
                         self._images.append(image)
                         if not image.shared:
@@ -314,7 +335,7 @@ class ReplayedStep:
             end - enqueue_start
         loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
         # Blocking, on the queue of the launches: when it returns, the whole step is done.
-        read_buffer(queue, self._arena, loss, self._loss_offset, blocking=True)
+        read_buffer(queue, self._loss_buffer, loss, self._loss_offset, blocking=True)
         #: When the loss was read: the caller counts its own work after it as "after".
         self.loss_read_at = time.perf_counter()
         phases["loss_read"] = self.loss_read_at - end
