@@ -16,11 +16,13 @@ from torch_adreno.errors import (
 )
 from torch_adreno.profiler import profile
 from torch_adreno.runtime import DeviceTensor, list_devices
+from torch_adreno.training.frozen import FrozenWeights, freeze
 from torch_adreno.training.step import TrainingStep
 
 __all__ = [
-    "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "LoweringError", "OptionError",
-    "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "list_devices", "profile",
+    "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "FrozenWeights", "LoweringError",
+    "OptionError", "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "freeze", "list_devices",
+    "profile",
 ]
 
 

@@ -33,6 +33,7 @@ from torch_adreno.backend import compile_cache, debug
 from torch_adreno.backend.compile_cache import CompiledGraph
 from torch_adreno.backend.decompositions import OWN_DECOMPOSITIONS
 from torch_adreno.backend.donation import NO_DONATION, Donation, donatable_saved_tensors
+from torch_adreno.backend.frozen_casts import CASTS, frozen_in_partition, split_inference, split_partitioned
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.fusion import fuse, max_kernel_buffers
@@ -42,6 +43,7 @@ from torch_adreno.lowering import lower_graph
 from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_checks
 from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.runtime.frozen import NO_FROZEN_COPIES, FrozenCopyInputs
 from torch_adreno.runtime.images import images_enabled
 from torch_adreno.target.profiles import profile_for
 
@@ -127,7 +129,8 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     # With a target, every stage plans within both the present device's and the target's limits.
     profile = profile_for(runtime.profile, config.target)
     graph = lower_graph(gm, config, name, num_host_outputs)
-    fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits))
+    fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits),
+                 profile.compute_units)
     plan = plan_memory(fused, profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donation.donated, resident_outputs=resident_outputs,
                        donor_aliases=donation.aliases)
@@ -147,11 +150,14 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
 
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
                   static_inputs: Sequence[int] = (), donation: Donation = NO_DONATION,
-                  version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False) -> CompiledGraph:
+                  version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False,
+                  frozen_copies: FrozenCopyInputs = NO_FROZEN_COPIES) -> CompiledGraph:
     """One FX graph compiled and bound to the device, as AOTAutograd calls it; its outputs come
-    back with the strides eager gives them (as traced: the output node's example values)."""
+    back with the strides eager gives them (as traced: the output node's example values).
+    ``frozen_copies``: the inputs after the caller's that the call fills with frozen copies."""
     program = compile_program(gm, config, name, num_host_outputs, donation, resident_outputs)
-    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs, _traced_output_strides(gm))
+    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs, _traced_output_strides(gm),
+                             frozen_copies)
     compiled.bind()
     return compiled
 
@@ -203,10 +209,6 @@ def _decline_aot_buffer_donation() -> None:
         meta.bw_donated_idxs = []
 
 
-#: Ops that only change a tensor's dtype (autocast's casts).
-_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
-
-
 def _recompute_input_casts(joint: GraphModule) -> None:
     """Have the backward cast the forward's inputs again instead of saving the casts: autocast's
     float16 copy of a float32 weight, read by the forward's and the backward's matrix products.
@@ -216,7 +218,7 @@ def _recompute_input_casts(joint: GraphModule) -> None:
     from torch.utils.checkpoint import CheckpointPolicy
 
     for node in joint.graph.nodes:
-        if node.op != "call_function" or node.target not in _CASTS:
+        if node.op != "call_function" or node.target not in CASTS:
             continue
         source = node.args[0]
         if isinstance(source, torch.fx.Node) and source.op == "placeholder" and source.name.startswith("primals"):
@@ -230,6 +232,10 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
 
         _recompute_input_casts(joint)
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+        static = kwargs.get("static_lifetime_input_indices") or ()
+        frozen = frozen_in_partition(fw, bw, static) if config.frozen_casts else frozenset()
+        fw.meta["adreno_frozen_copies"], bw.meta["adreno_frozen_copies"] = split_partitioned(
+            fw, bw, kwargs["num_fwd_outputs"], frozen)
         # Outputs of the forward beyond these are saved for the backward and stay on the device.
         fw.meta["adreno_num_host_outputs"] = kwargs["num_fwd_outputs"]
         # Saved tensors the forward computes arrive in the backward as device buffers of their own:
@@ -240,17 +246,20 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
     def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
         _decline_aot_buffer_donation()
         return compile_graph(gm, config, f"forward_{region}", gm.meta.get("adreno_num_host_outputs"),
-                             _static_input_indices(), version_bumped_inputs=_version_bumped_input_indices(gm))
+                             _static_input_indices(), version_bumped_inputs=_version_bumped_input_indices(gm),
+                             frozen_copies=gm.meta.get("adreno_frozen_copies", NO_FROZEN_COPIES))
 
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Any:
         compiled = compile_graph(gm, config, f"backward_{region}", None,
-                                 donation=gm.meta.get("adreno_donation", NO_DONATION), resident_outputs=True)
+                                 donation=gm.meta.get("adreno_donation", NO_DONATION), resident_outputs=True,
+                                 frozen_copies=gm.meta.get("adreno_frozen_copies", NO_FROZEN_COPIES))
         # Autograd runs the backward outside Dynamo's reach; Dynamo must not trace it either.
         return torch._dynamo.disable(compiled, reason="do not trace generated backwards pass")
 
     def inference_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
+        copies = split_inference(gm) if config.frozen_casts else NO_FROZEN_COPIES
         return compile_graph(gm, config, f"inference_{region}", None, _static_input_indices(),
-                             version_bumped_inputs=_version_bumped_input_indices(gm))
+                             version_bumped_inputs=_version_bumped_input_indices(gm), frozen_copies=copies)
 
     def compile_region(gm: GraphModule, example_inputs: list[Any]) -> Any:
         return _aot_autograd(

@@ -37,6 +37,7 @@ from torch_adreno.ir import OutputRole
 from torch_adreno.kernels import HostStep, KernelProgram, gemm
 from torch_adreno.runtime import Executable, get_residency, get_runtime
 from torch_adreno.runtime.binary_cache import device_identity
+from torch_adreno.runtime.frozen import NO_FROZEN_COPIES, FrozenCopyInputs
 from torch_adreno.target import DeviceProfile
 from torch_adreno.target.profiles import profile_for
 
@@ -305,11 +306,14 @@ class CompiledGraph(OutputCode):
 
     Holds what survives a process (the program and how to bind it) and, once bound, the
     :class:`Executable`. Pickled without the Executable; bound again on first use after loading.
+    A call appends the frozen copies its graph reads after the caller's arguments
+    (:mod:`torch_adreno.backend.frozen_casts`); they are static inputs, resident like parameters.
     """
 
     def __init__(self, program: KernelProgram, config: Config, static_inputs: Sequence[int] = (),
                  version_bumped_inputs: Sequence[int] = (),
-                 output_strides: Sequence[tuple[int, ...] | None] = ()) -> None:
+                 output_strides: Sequence[tuple[int, ...] | None] = (),
+                 frozen_copies: FrozenCopyInputs = NO_FROZEN_COPIES) -> None:
         super().__init__()
         self._boxed_call = True
         self.program = program
@@ -317,7 +321,8 @@ class CompiledGraph(OutputCode):
         self.zero_copy = config.zero_copy
         self.tune = config.tune
         self.verify_memory = config.verify_memory
-        self.static_inputs = tuple(static_inputs)
+        self.frozen_copies = frozen_copies
+        self.static_inputs = (*static_inputs, *frozen_copies.positions)
         self.version_bumped_inputs = tuple(version_bumped_inputs)
         self.restrided_outputs = _outputs_to_restride(program, output_strides)
         self.executable: Executable | None = None
@@ -333,6 +338,8 @@ class CompiledGraph(OutputCode):
         return self.executable
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        if self.frozen_copies:
+            inputs = self.frozen_copies.extend(inputs, self.program.graph.name)
         # Boxed: the very list AOTAutograd passes, which the Executable may clear as it goes.
         outputs = self.bind()(inputs)  # type: ignore[arg-type]
         for position, strides in self.restrided_outputs:

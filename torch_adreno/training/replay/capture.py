@@ -13,7 +13,9 @@ through. Each is one of:
 - ``batch``: the memory of a batch tensor (or a view of one) the step was called with;
 - ``seed``: a random-number seed a graph drew for this call (a replay draws fresh ones);
 - ``persistent``: a host tensor that outlives the step (parameter, buffer, optimizer state,
-  a tensor learning rate): the replay binds the very buffer the residency holds for it.
+  a tensor learning rate, the 16-bit copy of a frozen parameter): the replay binds the very buffer
+  the residency holds for it. A frozen copy names its source (:attr:`MemoryIdentity.copy_of`):
+  the replay is valid only while the source is unchanged.
 
 Several OpenCL buffers may stand for one identity: with zero-copy, a gradient written by the
 backward into host memory is bound by the optimizer through another buffer over that memory.
@@ -34,6 +36,7 @@ import torch
 
 from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.device import DeviceRuntime
+from torch_adreno.runtime.frozen import FROZEN_COPIES
 from torch_adreno.runtime.graph_calls import GraphCall, observing
 
 
@@ -70,6 +73,9 @@ class MemoryIdentity:
     view: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
     #: Internal: an arena slot of a graph (allocated for the graph's lifetime on the full path).
     arena: bool = False
+    #: Persistent: the frozen tensor this one is the 16-bit copy of (:mod:`torch_adreno.runtime.frozen`),
+    #: made at the full path's call; a replay must not outlive a change of it.
+    copy_of: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +194,7 @@ class StepRecorder:
         if view is not None:
             return self._new(BATCH, buffer, value.numel() * value.element_size(), label, tensor=value,
                              batch_position=view[0], view=view[1])
-        return self._new(PERSISTENT, buffer, buffer.size, label, tensor=value)
+        return self._new(PERSISTENT, buffer, buffer.size, label, tensor=value, copy_of=FROZEN_COPIES.source_of(value))
 
     # -- what an Executable call reports ----------------------------------------------------
 
@@ -232,6 +238,12 @@ class StepRecorder:
         for out, value in zip(graph.outputs, call.outputs, strict=True):
             if out.buffer is not None and isinstance(value, torch.Tensor) and value.numel():
                 self._outputs[value.data_ptr()] = identity[out.buffer]
+
+    def watched_tensors(self) -> list[torch.Tensor]:
+        """The host tensors a replay of this recording reads, directly or through a copy: each
+        persistent identity's tensor, and the source of each frozen copy (what its guard watches)."""
+        tensors = [i.tensor for i in self.identities if i.kind is PERSISTENT and i.tensor is not None]
+        return tensors + [i.copy_of for i in self.identities if i.copy_of is not None]
 
     def output_identity(self, tensor: torch.Tensor) -> int | None:
         """The identity holding ``tensor``, an output some graph of the step returned."""

@@ -1,0 +1,153 @@
+"""16-bit copies of frozen tensors, made once and kept: autocast's casts of a LoRA base model's weights.
+
+Under autocast every matrix product casts its float32 weight to 16 bits, in the forward and again
+in the backward, and the GEMM then reads the float32 weight (4 bytes an element) each time. For a
+tensor that does not change between steps -- a parameter that requires no grad, a buffer the
+graphs do not update -- the backend gives each such cast a graph input of its own
+(:mod:`torch_adreno.backend.frozen_casts`), which :class:`FrozenCopies` fills with the tensor's
+16-bit copy: made at the first call, kept, and made again only when the tensor changed.
+
+The copy is an ordinary host tensor made by PyTorch's own cast (``tensor.to(dtype)``: the very
+rounding eager autocast does, so results are bit-identical to casting on the device), which the
+residency treats as any other parameter: used in place on unified-memory devices (phones, PoCL),
+uploaded once and kept resident elsewhere -- 2 bytes an element cross the bus once instead of
+the float32 weight's 4, and the float32 weight itself need not be on the device at all when every
+read of it was a cast.
+
+Invariant: :meth:`FrozenCopies.copy` returns values equal to ``source.to(dtype)`` now. A copy is
+reused only while its source is the same tensor object at the same version counter and address; an
+in-place edit (``load_state_dict``, an optimizer the user runs on it, ``p.copy_(...)``) bumps the
+version and a ``.data`` swap moves the address, so the next call makes the copy again (in place:
+the copy keeps its address, its version counter moves, and the residency uploads it again). Edits
+that bypass the version counter (NumPy views, C code) are not seen, as for every resident tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torch_adreno.runtime.host_memory import version_of
+
+#: The cast dtypes a frozen copy may have (narrowing float32 to 16 bits is what autocast does).
+COPY_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class _Copy:
+    source: weakref.ref[torch.Tensor]
+    version: int | None
+    address: int
+    copy: torch.Tensor
+
+
+class FrozenCopies:
+    """The 16-bit copies of frozen tensors in this process, by source tensor and dtype (see the
+    module docstring). A copy lives as long as its source."""
+
+    def __init__(self) -> None:
+        self._copies: dict[tuple[int, torch.dtype], _Copy] = {}
+        self._sources: dict[int, weakref.ref[torch.Tensor]] = {}  # id(copy) -> its source
+        self._lock = threading.Lock()
+        #: Copies made (or made again) so far: a step that found every copy current adds nothing.
+        self.copies_made = 0
+        #: Bytes of the copies made so far.
+        self.bytes_made = 0
+
+    def copy(self, source: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``source`` as ``dtype`` (its current values), made at most once per change of ``source``."""
+        if dtype not in COPY_DTYPES:
+            raise ValueError(f"a frozen copy is float16 or bfloat16, not {dtype}")
+        key = (id(source), dtype)
+        entry = self._copies.get(key)
+        version = version_of(source)
+        if entry is not None and entry.source() is source and version is not None \
+                and entry.version == version and entry.address == source.data_ptr():
+            return entry.copy
+        with self._lock:
+            return self._make(key, source, dtype, version)
+
+    def _make(self, key: tuple[int, torch.dtype], source: torch.Tensor, dtype: torch.dtype,
+              version: int | None) -> torch.Tensor:
+        entry = self._copies.get(key)
+        # As eager computes it, whatever mode the caller runs under (no autograd, no autocast).
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            if entry is not None and entry.source() is source and entry.copy.shape == source.shape:
+                entry.copy.copy_(source)  # the same host memory: bound buffers and replays stay valid
+            else:
+                copy = source.detach().to(dtype, memory_format=torch.contiguous_format)
+                entry = _Copy(weakref.ref(source, self._forget_source(key)), None, 0, copy)
+                self._copies[key] = entry
+                self._sources[id(copy)] = entry.source
+        entry.version, entry.address = version, source.data_ptr()
+        self.copies_made += 1
+        self.bytes_made += entry.copy.numel() * entry.copy.element_size()
+        return entry.copy
+
+    def _forget_source(self, key: tuple[int, torch.dtype]) -> Any:
+        copies, sources = self._copies, self._sources
+
+        def forget(_: object) -> None:
+            entry = copies.pop(key, None)
+            if entry is not None:
+                sources.pop(id(entry.copy), None)
+
+        return forget
+
+    def source_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The tensor ``tensor`` is a frozen copy of (None: it is not one)."""
+        ref = self._sources.get(id(tensor))
+        source = ref() if ref is not None else None
+        if source is None:
+            return None
+        entry = self._copies.get((id(source), tensor.dtype))
+        return source if entry is not None and entry.copy is tensor else None
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    def nbytes(self) -> int:
+        """Host bytes the copies hold (on unified memory, the device's copies themselves)."""
+        return sum(e.copy.numel() * e.copy.element_size() for e in list(self._copies.values()))
+
+
+#: The process's frozen copies (host tensors: one table serves every device).
+FROZEN_COPIES = FrozenCopies()
+
+
+@dataclass(frozen=True)
+class FrozenCopyInputs:
+    """Inputs a compiled graph takes after the caller's arguments: per input, the position of the
+    argument it is a copy of and the copy's dtype. ``first`` is the number of the caller's
+    arguments (the first copy's position)."""
+
+    sources: tuple[tuple[int, torch.dtype], ...] = ()
+    first: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.sources)
+
+    @property
+    def positions(self) -> range:
+        return range(self.first, self.first + len(self.sources))
+
+    def extend(self, args: Sequence[Any], graph: str) -> list[Any]:
+        """``args`` with the frozen copies after them."""
+        if len(args) != self.first:
+            raise RuntimeError(f"{graph} takes {self.first} arguments before its frozen copies, got {len(args)}")
+        copies = []
+        for position, dtype in self.sources:
+            source = args[position]
+            if not isinstance(source, torch.Tensor) or not source.dtype.is_floating_point:
+                raise TypeError(f"{graph}: argument {position} should be the frozen float tensor whose {dtype} copy "
+                                f"the graph reads, got {type(source).__name__}")
+            copies.append(FROZEN_COPIES.copy(source, dtype))
+        return [*args, *copies]
+
+
+NO_FROZEN_COPIES = FrozenCopyInputs()
