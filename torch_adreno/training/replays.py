@@ -21,7 +21,7 @@ import torch
 from torch_adreno.runtime.residency import Residency
 from torch_adreno.training import guards
 from torch_adreno.training.gradients import GradientOnDevice
-from torch_adreno.training.replay.capture import PERSISTENT, StepRecorder
+from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.replay.step import CaptureError, ReplayedStep, ReplayOptions
 
 _log = logging.getLogger("torch_adreno")
@@ -110,8 +110,8 @@ def build_replay(recorder: StepRecorder, loss: torch.Tensor, batch: tuple[Any, .
         raise CaptureError("the optimizer has step hooks, which run Python code in every step")
     replay = ReplayedStep(recorder, loss, residency, heap_group=heap_group, options=options)
     names = guards.tensor_names(model, optimizer)
-    persistent = [i.tensor for i in recorder.identities if i.kind is PERSISTENT and i.tensor is not None]
-    return replay, guards.build_guard(batch, model, optimizer, persistent, names)
+    # The tensors its kernels read, and the frozen parameters they read 16-bit copies of.
+    return replay, guards.build_guard(batch, model, optimizer, recorder.watched_tensors(), names)
 
 
 def check_can_step(params: Sequence[torch.nn.Parameter], batch: tuple[Any, ...]) -> None:
