@@ -70,13 +70,16 @@ def test_bias_gradient_rides_on_the_weight_gradient_gemm():
 
 
 def test_long_k_with_few_outputs_is_split_with_reason():
-    from torch_adreno.fusion.split_k import choose_split
+    from torch_adreno.fusion.split_k import choose_split, target_tiles
 
     # resnet_mini's first-stage weight gradient: 16 x 144 outputs (3 tiles) over k = 32 x 32 x 32.
     stage1 = ir.Gemm("g", "out", 1, 16, 144, 32768, ir.index(0), ir.index(0), (), ())
     assert choose_split(stage1) == 32  # 96 work-groups' worth, slices of 1024
     assert choose_split(ir.Gemm("g", "out", 1, 1024, 1024, 4096, ir.index(0), ir.index(0), (), ())) == 1
-    assert choose_split(ir.Gemm("g", "out", 1, 16, 144, 900, ir.index(0), ir.index(0), (), ())) == 1  # short k
+    assert choose_split(ir.Gemm("g", "out", 1, 16, 144, 500, ir.index(0), ir.index(0), (), ())) == 1  # short k
+    # A device of many compute units gets two tiles per unit: the H200's 132 -> 264 tiles' worth.
+    assert choose_split(stage1, target_tiles(132)) == 128
+    assert target_tiles(None) == target_tiles(8) == 64
     x = torch.randn(8, 3, 32, 32, requires_grad=True)
     w = torch.randn(5, 3, 3, 3, requires_grad=True)
     b = torch.randn(5, requires_grad=True)
@@ -84,7 +87,7 @@ def test_long_k_with_few_outputs_is_split_with_reason():
         result = fused(lambda x, w, b: F.conv2d(x, w, b, padding=1).tanh(), x, w, b, index=1, fusion=fusion)
         split = [g for g in result.groups if isinstance(g.spec, GemmKernel) and g.spec.split_k > 1]
         assert len(split) == 1 and split[0].spec.partials in split[0].writes
-        assert "split k=8192 into 16 slices of 512" in reasons(result)
+        assert "split k=8192 into 32 slices of 256" in reasons(result)
 
 
 def test_pooling_values_and_indices_share_a_kernel():

@@ -181,3 +181,40 @@ def test_pooling_lowers_to_window_reductions():
 def test_integer_pooling_is_rejected_clearly():
     with pytest.raises(UnsupportedOpError, match=r"avg_pool2d is lowered for float32"):
         lower(lambda x: F.avg_pool2d(x, 2), torch.randint(0, 5, (1, 2, 4, 4)))
+
+
+# -- depthwise convolution -----------------------------------------------------------------------
+
+
+@device
+@pytest.mark.parametrize(
+    "channels,multiplier,stride,padding,dilation",
+    [(6, 1, 1, 1, 1), (6, 1, 2, 1, 1), (4, 2, 1, 0, 1), (4, 1, 2, 2, 2), (3, 3, (2, 1), (1, 0), 1)],
+)
+def test_depthwise_conv2d_is_reductions_not_gemms(channels, multiplier, stride, padding, dilation):
+    # Forward, input and weight gradients of a depthwise convolution (one input channel per group)
+    # run as sums over the taps and over batch x positions: no GEMM kernel launches.
+    x, w, b = r(2, channels, 9, 8), r(channels * multiplier, 1, 3, 3), r(channels * multiplier)
+
+    def fn(x, w, b):
+        return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=channels)
+
+    prof = assert_matches_eager(fn, x, w, b, atol=1e-4)
+    kinds = {k.name: k.kind for k in prof.kernels}
+    assert "gemm" not in kinds.values(), kinds
+    ops = {op for k in prof.kernels for op in k.aten_ops}
+    assert {"aten.convolution.default", "aten.convolution_backward.default"} <= ops, ops
+
+
+@device
+def test_depthwise_conv1d_and_transposed():
+    assert_matches_eager(lambda x, w: F.conv1d(x, w, stride=2, padding=1, groups=5), r(3, 5, 11), r(5, 1, 4),
+                         atol=1e-4)
+    assert_matches_eager(lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, groups=4),
+                         r(2, 4, 5, 6), r(4, 1, 3, 3), atol=1e-4)
+
+
+def test_depthwise_convolution_lowers_to_reductions():
+    graph = lower(lambda x, w: F.conv2d(x, w, padding=1, groups=8), r(2, 8, 6, 6), r(8, 1, 3, 3))
+    assert not any(isinstance(n, ir.Gemm) for n in graph.nodes)
+    assert any(isinstance(n, ir.Reduction) and n.reduction_ranges == (3, 3) for n in graph.nodes)

@@ -68,9 +68,11 @@ class FusedGraph:
         return "\n".join(lines)
 
 
-def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None) -> FusedGraph:
+def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None,
+         compute_units: int | None = None) -> FusedGraph:
     """``max_buffers``: the most buffer arguments a kernel may take on the target device
-    (:func:`max_kernel_buffers`; default: what every full-profile OpenCL device accepts)."""
+    (:func:`max_kernel_buffers`; default: what every full-profile OpenCL device accepts);
+    ``compute_units``: the target's, for how far long GEMMs are split (default: a phone GPU's few)."""
     decisions: list[Decision] = []
     if not config.fusion:
         scheduler = Scheduler(graph, decisions)
@@ -85,7 +87,7 @@ def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None) -> Fus
         for node in nodes:
             scheduler.place(node)
         groups = scheduler.finish("k")
-    split_long_gemms(graph, groups, decisions)
+    split_long_gemms(graph, groups, decisions, compute_units)
     if config.fusion:
         groups = group_independent_pointwise(groups, decisions, max_buffers or max_kernel_buffers())
     return FusedGraph(graph, groups, decisions)

@@ -67,7 +67,12 @@ def _unrolled(node: ir.Reduction) -> ir.Expr:
         return best_index
     acc = values[0]
     for v in values[1:]:
-        if op == "sum":
+        if op == "sum" and _float32_product(v):
+            # Rounded once per tap (a depthwise convolution's window), not once for the product
+            # and once for the sum: 1.13x eager's distance from float64 otherwise (PoCL, measured).
+            assert isinstance(v, ir.Call)
+            acc = ir.call("fma", v.args[0], v.args[1], acc)
+        elif op == "sum":
             acc = ir.call("add", acc, v)
         elif op == "prod":
             acc = ir.call("mul", acc, v)
@@ -81,6 +86,11 @@ def _unrolled(node: ir.Reduction) -> ir.Expr:
                 take = ir.call("logical_or", take, ir.call("isnan", v))
             acc = ir.where(take, v, acc)
     return acc
+
+
+def _float32_product(value: ir.Expr) -> bool:
+    return (isinstance(value, ir.Call) and value.op == "mul" and value.dtype is ir.DType.F32
+            and all(a.dtype is ir.DType.F32 for a in value.args))
 
 
 def _broadcasting_consumer(node: ir.Reduction, nodes: list[ir.Node]) -> str | None:

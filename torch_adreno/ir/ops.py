@@ -325,6 +325,9 @@ _TABLE: tuple[OpInfo, ...] = (
     OpInfo("isnan", 1, "bool", _c_by_kind("isnan({0})", "0"),
            ByKind(OnnxBody(Lit(False, DType.BOOL)), on_float=OnnxBody(_onnx("IsNaN", X), None)), 0),
     # -- the rest
+    # fma(a, b, c) = a * b + c rounded once (floats): an unrolled sum of products accumulates
+    # through it, as a GEMM's inner loop does.
+    OpInfo("fma", 3, "same", _c("fma({0}, {1}, {2})"), _one(_onnx("Add", _onnx("Mul", X, Y), Z)), 2),
     # where(cond, a, b): only the branch taken is evaluated.
     OpInfo("where", 3, "where", _c("({0} ? {1} : {2})"),
            _one(_onnx("Where", X, Y, Z), (DType.BOOL, None, "arg1")), 1, exact_on_half=True, lazy_args=(1, 2)),
