@@ -129,7 +129,8 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     # With a target, every stage plans within both the present device's and the target's limits.
     profile = profile_for(runtime.profile, config.target)
     graph = lower_graph(gm, config, name, num_host_outputs)
-    fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits))
+    fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits),
+                 profile.compute_units)
     plan = plan_memory(fused, profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donation.donated, resident_outputs=resident_outputs,
                        donor_aliases=donation.aliases)
