@@ -1,5 +1,5 @@
 """The command line, ``python -m torch_adreno <command>``: devices, ops, train (the digits demo),
-bench (the fusion-gain suite), project (step times on Adreno targets), export (a training step as
+bench (the fusion-gain suite), finetune (LoRA on a causal LM, MobileNetV2 transfer learning), project (step times on Adreno targets), export (a training step as
 ONNX), opinfo (PyTorch's OpInfo samples through the backend) and federated (Flower).
 
 Each command lives in a module of this package that registers its parser (``register``) and runs
@@ -14,13 +14,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from torch_adreno.cli import bench, federated, info, opinfo, train
+from torch_adreno.cli import bench, federated, finetune, info, opinfo, train
 
 DESCRIPTION = "torch_adreno, a torch.compile backend for OpenCL GPUs: its devices, ops, demo and benchmarks."
 EPILOG = "Run `python -m torch_adreno <command> --help` for a command's options and their defaults."
 
 #: The command modules, in the order ``--help`` lists their commands.
-COMMANDS = (info, train, bench, opinfo, federated)
+COMMANDS = (info, train, finetune, bench, opinfo, federated)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,248 @@
+"""``finetune``: LoRA fine-tuning of a causal language model on the bundled text corpus
+(``--task text``, :mod:`.finetune_text`), or MobileNetV2 transfer learning on the bundled digits
+(``--task images``, :mod:`.finetune_images`), each step a replayed ``TrainingStep``.
+
+The options of both tasks share one parser; each task's own options default to None here and get
+their task's defaults in :func:`settings_for`, so an option of the other task given on the command
+line is refused by name instead of silently ignored."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from torch_adreno.cli.arguments import (
+    DEVICE_HELP,
+    device_spec,
+    output_dir,
+    positive_float,
+    positive_int,
+    refuse_bad_device,
+    seed_int,
+)
+from torch_adreno.runtime.device import select_device
+from torch_adreno.target.profiles import target_names
+from torch_adreno.training.optimizers import OPTIMIZERS, describe_optimizers
+from torch_adreno.training.step import TrainingStep
+
+#: Each task's options and their defaults (None: none; a task's code handles it). An option not
+#: listed under the chosen task is refused when given.
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "text": {"model": "tiny-random", "tokenizer": None, "text": None, "seq": 64, "rank": 8, "alpha": None,
+             "lora_modules": None, "eval_batches": 4, "steps": 200, "batch": 8, "lr": 3e-3,
+             "out": Path("finetuned-text")},
+    "images": {"image_size": 32, "train_last": 0, "weights": None, "width_mult": 1.0, "steps": 150, "batch": 32,
+               "lr": 3e-3, "out": Path("finetuned-images")},
+}
+
+#: Steps at the start that do not run the replay (the first compiles, the second captures it).
+WARMUP_STEPS = 2
+
+#: Steps averaged for the first and the last loss of the report.
+LOSS_WINDOW = 5
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """The ``finetune`` command."""
+    text, images = TASK_DEFAULTS["text"], TASK_DEFAULTS["images"]
+    p = sub.add_parser("finetune", help="LoRA fine-tuning of a causal language model on the bundled text "
+                       "(or --task images: MobileNetV2 transfer learning on the bundled digits)",
+                       description="Fine-tune through a replayed TrainingStep. Nothing is downloaded: a model is "
+                       "a local checkpoint directory, a config JSON file or a built-in shape with random weights.")
+    p.add_argument("--task", choices=["text", "images"], default="text",
+                   help="text: LoRA on a causal LM; images: MobileNetV2 transfer learning (default: %(default)s)")
+    p.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    p.add_argument("--target", choices=target_names(), default=None,
+                   help=f"compile for an Adreno profile's limits on the present device, of: {', '.join(target_names())} "
+                   "(default: the present device only)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help=f"training steps (default: {text['steps']} for text, {images['steps']} for images)")
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help=f"sequences or images per step (default: {text['batch']} for text, {images['batch']} for images)")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help=f"learning rate (default: {text['lr']:g} for text, {images['lr']:g} for images)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
+                   help=f"{describe_optimizers()} (default: %(default)s)")
+    p.add_argument("--seed", type=seed_int, default=0,
+                   help="seeds the initial weights, the batches and the split (default: %(default)s)")
+    p.add_argument("--out", type=output_dir, default=None,
+                   help=f"directory to write the result into (default: {text['out']} for text: the peft adapter; "
+                   f"{images['out']} for images: the state_dict)")
+    p.add_argument("--no-replay", action="store_true",
+                   help="run every step through the compiled graphs instead of replaying the recorded step")
+    lm = p.add_argument_group("--task text")
+    lm.add_argument("--model", default=None,
+                    help="a checkpoint directory (save_pretrained: your weights, config and tokenizer), a config "
+                    "JSON file (random weights), or a built-in shape with random weights: tiny-random, "
+                    f"gpt2-124m-random, qwen2.5-0.5b-random (default: {text['model']})")
+    lm.add_argument("--tokenizer", choices=["model", "bytes"], default=None,
+                    help="model: the checkpoint directory's own tokenizer; bytes: the text's bytes as token ids 0..255 "
+                    "(default: model for a checkpoint directory, bytes otherwise)")
+    lm.add_argument("--text", type=Path, default=None, help="a UTF-8 text file to train on "
+                    "(default: the bundled Shakespeare, torch_adreno/data/shakespeare.txt.gz)")
+    lm.add_argument("--seq", type=positive_int, default=None, help=f"tokens per sequence (default: {text['seq']})")
+    lm.add_argument("--rank", type=positive_int, default=None, help=f"LoRA rank (default: {text['rank']})")
+    lm.add_argument("--alpha", type=positive_float, default=None, help="LoRA alpha (default: twice the rank)")
+    lm.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME",
+                    help="names of the modules that get adapters (default: peft's for the model type, e.g. c_attn "
+                    "for GPT-2, q_proj v_proj for Llama and Qwen2)")
+    lm.add_argument("--eval-batches", type=seed_int, default=None,
+                    help="held-out batches whose loss is measured before and after training, on the host "
+                    f"(default: {text['eval_batches']}; 0: none)")
+    vision = p.add_argument_group("--task images")
+    vision.add_argument("--image-size", type=bounded_size, default=None,
+                        help=f"side of the square images the 8x8 digits are upsampled to (default: {images['image_size']})")
+    vision.add_argument("--train-last", type=seed_int, default=None,
+                        help="feature blocks trained with the classifier, counted from the end of the backbone "
+                        f"(default: {images['train_last']}: the classifier only)")
+    vision.add_argument("--weights", type=Path, default=None,
+                        help="a torchvision MobileNetV2 state_dict (.pth) to start from (default: random weights)")
+    vision.add_argument("--width-mult", type=positive_float, default=None,
+                        help=f"MobileNetV2's width multiplier (default: {images['width_mult']:g})")
+    p.set_defaults(fn=cmd_finetune)
+
+
+def bounded_size(text: str) -> int:
+    """An image side of at least 8 pixels (the digits' own size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 8:
+        raise argparse.ArgumentTypeError(f"expected an image side >= 8 pixels, got {text!r}")
+    return value
+
+
+def settings_for(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the chosen task's defaults filled in; raises ``ValueError`` naming the options
+    given that belong to the other task."""
+    own = TASK_DEFAULTS[args.task]
+    other = set().union(*(d for task, d in TASK_DEFAULTS.items() if task != args.task)) - set(own)
+    foreign = sorted(name for name in other if getattr(args, name) is not None)
+    if foreign:
+        flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
+        raise ValueError(f"{flags} {'applies' if len(foreign) == 1 else 'apply'} to another task than "
+                         f"--task {args.task}; leave {'it' if len(foreign) == 1 else 'them'} out or pick that task")
+    settings = argparse.Namespace(**vars(args))
+    for name, default in own.items():
+        if getattr(settings, name) is None:
+            setattr(settings, name, default)
+    return settings
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_for(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if refuse_bad_device(settings.device):
+        return 2
+    # Imported here: the text task's module imports transformers and peft, which the images task
+    # does not need.
+    if settings.task == "text":
+        from torch_adreno.cli import finetune_text
+        return finetune_text.run(settings)
+    from torch_adreno.cli import finetune_images
+    return finetune_images.run(settings)
+
+
+def backend_options(settings: argparse.Namespace) -> dict[str, Any]:
+    """The backend options the command line sets: the device and the target."""
+    options: dict[str, Any] = {}
+    if settings.device is not None:
+        options["device"] = settings.device
+    if settings.target is not None:
+        options["target"] = settings.target
+    return options
+
+
+def describe_device(settings: argparse.Namespace) -> str:
+    """The device the steps run on, and the target they are compiled for."""
+    device = select_device(settings.device).label
+    return f"{device}, compiled for {settings.target}" if settings.target else device
+
+
+@dataclass
+class TrainingLog:
+    """What a run of steps measured: each step's loss and seconds (the loss read included), and
+    how many steps ran as a replay."""
+
+    losses: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    replayed: int = 0
+
+    @property
+    def first_loss(self) -> float:
+        """Mean loss of the first :data:`LOSS_WINDOW` steps (of the first half, if fewer)."""
+        return statistics.fmean(self.losses[:self._window])
+
+    @property
+    def last_loss(self) -> float:
+        """Mean loss of the last :data:`LOSS_WINDOW` steps (of the last half, if fewer)."""
+        return statistics.fmean(self.losses[-self._window:])
+
+    @property
+    def _window(self) -> int:
+        return max(1, min(LOSS_WINDOW, len(self.losses) // 2))
+
+    @property
+    def steady_seconds(self) -> list[float]:
+        """The seconds of the steps after the warm-up (compile and capture)."""
+        return self.seconds[WARMUP_STEPS:]
+
+    def summary(self, units_per_step: int, unit: str) -> list[str]:
+        """Report lines: the loss's trend, the steady step time and rate, the replayed steps."""
+        lines = [f"training loss: {self.first_loss:.4f} -> {self.last_loss:.4f} (mean of the first and the last "
+                 f"{self._window} of {len(self.losses)} steps)"]
+        steady = self.steady_seconds
+        if steady:
+            median = statistics.median(steady)
+            lines.append(f"step time: median {median * 1e3:.1f} ms over steps {WARMUP_STEPS + 1}..{len(self.seconds)}, "
+                         f"{units_per_step / median:,.0f} {unit}/s ({units_per_step} {unit} per step; the first step "
+                         f"compiles, the second captures the replay: {sum(self.seconds[:WARMUP_STEPS]):.1f} s)")
+        lines.append(f"{self.replayed} of {len(self.losses)} steps replayed (one recorded launch list per step)")
+        return lines
+
+
+def train_steps(step: TrainingStep, next_batch: Callable[[int], Sequence[torch.Tensor]], steps: int,
+                units_per_step: int, unit: str, desc: str) -> TrainingLog:
+    """Run ``step(*next_batch(i))`` for i in 0..steps-1 under a progress bar counting ``unit``
+    (its rate: tokens or images per second) with the last loss."""
+    log = TrainingLog()
+    bar = tqdm(total=steps * units_per_step, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True)
+    for index in range(steps):
+        batch = next_batch(index)
+        start = time.perf_counter()
+        loss = step(*batch).item()
+        log.seconds.append(time.perf_counter() - start)
+        log.losses.append(loss)
+        bar.set_postfix(loss=f"{loss:.4f}", step=index + 1, refresh=False)
+        bar.update(units_per_step)
+    bar.close()
+    log.replayed = step.replayed_steps
+    return log
+
+
+def loss_fell(before: float, after: float, what: str) -> bool:
+    """Whether ``after`` < ``before``; if not, says so on stderr with what to try."""
+    if after < before:
+        return True
+    print(f"error: the {what} did not fall ({before:.4f} -> {after:.4f}); try another --lr or more --steps",
+          file=sys.stderr)
+    return False
+
+
+def trainable_count(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, all) parameter element counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

@@ -1,0 +1,150 @@
+"""``finetune --task images``: MobileNetV2 transfer learning on the bundled digits, through a
+replayed ``TrainingStep``: the backbone frozen and a new 10-way classifier trained, or with
+``--train-last N`` the last N feature blocks trained too.
+
+A frozen backbone's BatchNorm layers keep the statistics of ``--weights`` (eval mode). Without
+``--weights`` its weights are random, and its initial running statistics (mean 0, variance 1) are
+far from its activations' (these shrink ~10x per stage: 1e-10 after the last block at 32x32), so
+in eval mode its features would be zero: its BatchNorm layers normalise by the batch's statistics
+instead (train mode), which also brings their running statistics to the digits' as it trains
+(buffers, not parameters: the weights stay as they were)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_adreno.cli.finetune import (
+    backend_options,
+    describe_device,
+    loss_fell,
+    train_steps,
+    trainable_count,
+)
+from torch_adreno.data import digits_rgb_split
+from torch_adreno.models import MobileNetV2, mobilenet_v2
+from torch_adreno.training.optimizers import make_optimizer
+from torch_adreno.training.step import TrainingStep
+
+CLASSES = 10
+
+#: The file ``--out`` gets: the trained model's state_dict (``mobilenet_v2(num_classes=10)`` loads it).
+STATE_FILE = "mobilenet_v2_digits.pt"
+
+
+def build_model(settings: argparse.Namespace) -> MobileNetV2:
+    """MobileNetV2 with a new 10-way classifier; ``--weights`` loaded into the backbone first.
+    Every parameter frozen but the classifier's and those of the last ``--train-last`` feature
+    blocks; frozen modules in eval mode, trainable ones in train mode, and without ``--weights``
+    every BatchNorm layer in train mode (see the module docstring)."""
+    torch.manual_seed(settings.seed)
+    model = mobilenet_v2(num_classes=1000 if settings.weights else CLASSES, width_mult=settings.width_mult)
+    if settings.weights is not None:
+        load_weights(model, settings.weights, settings.width_mult)
+        model.classifier[1] = nn.Linear(model.last_channel, CLASSES)
+    blocks = len(model.features)
+    if settings.train_last > blocks:
+        raise ValueError(f"--train-last {settings.train_last}: MobileNetV2 has {blocks} feature blocks; "
+                         f"pass 0..{blocks}")
+    trained: list[nn.Module] = [model.classifier, *model.features[blocks - settings.train_last:]]
+    model.requires_grad_(False)
+    model.eval()
+    for module in trained:
+        module.requires_grad_(True)
+        module.train()
+    if settings.weights is None:
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.train()
+    return model
+
+
+def load_weights(model: MobileNetV2, path: Path, width_mult: float) -> None:
+    """A torchvision MobileNetV2 state_dict (1,000 classes), checked name by name and shape by shape."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise ValueError(f"--weights {path}: not a state_dict torch.load can read ({err})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"--weights {path}: holds a {type(state).__name__}, not a state_dict (save "
+                         "model.state_dict(), not the model)")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"--weights {path}: not the state_dict of a torchvision MobileNetV2 of 1,000 classes "
+                         f"with --width-mult {width_mult:g} ({err})") from None
+
+
+def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int) -> float:
+    """Share of ``images`` classified as ``labels``, eager on the host in eval mode."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    with torch.no_grad():
+        correct = sum(int((model(images[s:s + batch]).argmax(1) == labels[s:s + batch]).sum())
+                      for s in range(0, len(labels), batch))
+    for module, training in modes.items():
+        module.train(training)
+    return correct / len(labels)
+
+
+def cross_entropy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(images), labels)
+
+
+def run(settings: argparse.Namespace) -> int:
+    """The images task: build, train, evaluate, save; 0 when the loss fell."""
+    x_train, y_train, x_test, y_test = digits_rgb_split(settings.image_size, settings.seed)
+    if settings.batch > len(y_train):
+        print(f"error: --batch {settings.batch} is larger than the {len(y_train)} training digits; pass at most "
+              f"{len(y_train)}", file=sys.stderr)
+        return 2
+    try:
+        model = build_model(settings)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    trainable, total = trainable_count(model)
+    part = "the classifier" + (f" and the last {settings.train_last} feature blocks" if settings.train_last else "")
+    print(f"model: MobileNetV2 (width {settings.width_mult:g}, "
+          f"{'weights from ' + str(settings.weights) if settings.weights else 'random weights'}) at "
+          f"{settings.image_size}x{settings.image_size}: {total:,} parameters; {part} trained: {trainable:,}")
+    if settings.weights is None:
+        print("random backbone: its BatchNorm layers normalise by batch statistics (their initial running ones "
+              "would make its features vanish); pass --weights for transfer learning from trained weights")
+    print(f"data: the bundled digits, {len(y_train)} for training, {len(y_test)} held out; device: "
+          f"{describe_device(settings)}")
+
+    optimizer = make_optimizer(settings.optimizer, [p for p in model.parameters() if p.requires_grad], lr=settings.lr)
+    step = TrainingStep(model, cross_entropy, optimizer, backend_options(settings), replay=not settings.no_replay)
+    # Full batches only (shapes stay static: one compiled step, one replay), in a new order each pass.
+    per_pass = len(y_train) // settings.batch
+    generator = torch.Generator().manual_seed(settings.seed)
+    order = torch.empty(0, dtype=torch.int64)
+
+    def next_batch(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal order
+        if index % per_pass == 0:
+            order = torch.randperm(len(y_train), generator=generator)
+        chosen = order[(index % per_pass) * settings.batch:(index % per_pass + 1) * settings.batch]
+        return x_train[chosen], y_train[chosen]
+
+    try:
+        log = train_steps(step, next_batch, settings.steps, settings.batch, "img", "finetune")
+    finally:
+        step.close()  # host copies of the trained weights current, for the evaluation and the save
+    after = accuracy(model, x_test, y_test, settings.batch)
+
+    settings.out.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), settings.out / STATE_FILE)
+    for line in log.summary(settings.batch, "img"):
+        print(line)
+    print(f"held-out accuracy: {after:.2%} of {len(y_test)} digits (eager on the host, after training; "
+          f"chance: {1 / CLASSES:.0%})")
+    print(f"state_dict: {settings.out / STATE_FILE} (torch_adreno.models.mobilenet_v2(num_classes={CLASSES}, "
+          f"width_mult={settings.width_mult:g}) loads it)")
+    return 0 if loss_fell(log.first_loss, log.last_loss, "training loss") else 1
