@@ -13,13 +13,20 @@ from typing import Any
 
 import torch
 
+from torch_adreno.runtime.frozen import FROZEN_COPIES
+
 #: How many distinct batch signatures a step remembers (enough to name the cause of a recompile limit).
 REMEMBERED_SIGNATURES = 32
 
 
 def name_of(tensor: torch.Tensor, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
-    """``tensor``'s name as a parameter or buffer of ``model`` (``0.weight``), or as optimizer
-    state (``state['exp_avg'] of 0.weight``); None if it is neither."""
+    """``tensor``'s name as a parameter or buffer of ``model`` (``0.weight``), as optimizer state
+    (``state['exp_avg'] of 0.weight``) or as the 16-bit copy of a frozen one (``0.weight as
+    torch.bfloat16``, :mod:`torch_adreno.runtime.frozen`); None if it is none of these."""
+    source = FROZEN_COPIES.source_of(tensor)
+    if source is not None:
+        source_name = name_of(source, model, optimizer)
+        return f"{source_name} as {tensor.dtype}" if source_name is not None else None
     names: dict[int, str] = {}
     for name, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)):
         if t is tensor:
