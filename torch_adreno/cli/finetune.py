@@ -29,6 +29,7 @@ from torch_adreno.cli.arguments import (
     refuse_bad_device,
     seed_int,
 )
+from torch_adreno.memory.footprint import DeviceFootprint
 from torch_adreno.runtime.device import select_device
 from torch_adreno.target.profiles import target_names
 from torch_adreno.training.optimizers import OPTIMIZERS, describe_optimizers
@@ -38,7 +39,7 @@ from torch_adreno.training.step import TrainingStep
 #: listed under the chosen task is refused when given.
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "text": {"model": "tiny-random", "tokenizer": None, "text": None, "seq": 64, "rank": 8, "alpha": None,
-             "lora_modules": None, "eval_batches": 4, "steps": 200, "batch": 8, "lr": 3e-3,
+             "lora_modules": None, "eval_batches": 4, "base_dtype": "float32", "steps": 200, "batch": 8, "lr": 3e-3,
              "out": Path("finetuned-text")},
     "images": {"image_size": 32, "train_last": 0, "weights": None, "width_mult": 1.0, "steps": 150, "batch": 32,
                "lr": 3e-3, "out": Path("finetuned-images")},
@@ -95,6 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     lm.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME",
                     help="names of the modules that get adapters (default: peft's for the model type, e.g. c_attn "
                     "for GPT-2, q_proj v_proj for Llama and Qwen2)")
+    lm.add_argument("--base-dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                    help="storage of the frozen base weights: 16 bits (torch_adreno.freeze) with the forward under "
+                    "autocast to that type, adapters and optimizer state float32; float16 runs without loss scaling "
+                    f"(a GradScaler would stop the replay) (default: {text['base_dtype']})")
     lm.add_argument("--eval-batches", type=seed_int, default=None,
                     help="held-out batches whose loss is measured before and after training, on the host "
                     f"(default: {text['eval_batches']}; 0: none)")
@@ -140,6 +145,7 @@ def settings_for(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
+    """Run the chosen task: 0 when its loss fell, 1 when it did not, 2 for bad input."""
     try:
         settings = settings_for(args)
     except ValueError as err:
@@ -180,6 +186,8 @@ class TrainingLog:
     losses: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     replayed: int = 0
+    #: The replayed step's device memory (None: no replay was captured).
+    footprint: DeviceFootprint | None = None
 
     @property
     def first_loss(self) -> float:
@@ -211,6 +219,8 @@ class TrainingLog:
                          f"{units_per_step / median:,.0f} {unit}/s ({units_per_step} {unit} per step; the first step "
                          f"compiles, the second captures the replay: {sum(self.seconds[:WARMUP_STEPS]):.1f} s)")
         lines.append(f"{self.replayed} of {len(self.losses)} steps replayed (one recorded launch list per step)")
+        if self.footprint is not None:
+            lines.append(f"device memory of the replayed step: {self.footprint.describe()}")
         return lines
 
 
@@ -230,6 +240,7 @@ def train_steps(step: TrainingStep, next_batch: Callable[[int], Sequence[torch.T
         bar.update(units_per_step)
     bar.close()
     log.replayed = step.replayed_steps
+    log.footprint = step.device_footprint
     return log
 
 

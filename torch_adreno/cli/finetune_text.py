@@ -32,6 +32,7 @@ from torch_adreno.cli.finetune import (
     trainable_count,
 )
 from torch_adreno.data.text import ByteTokenizer, load_corpus
+from torch_adreno.training.frozen import freeze
 from torch_adreno.training.optimizers import make_optimizer
 from torch_adreno.training.step import TrainingStep
 
@@ -80,7 +81,7 @@ class BaseModel:
     """The model to put adapters on; ``checkpoint``: the directory its weights came from (None:
     random weights)."""
 
-    model: torch.nn.Module
+    model: Any  # a transformers PreTrainedModel (transformers is imported only when the task runs)
     description: str
     checkpoint: Path | None
 
@@ -125,7 +126,7 @@ def make_config(transformers: ModuleType, model_type: str, values: dict[str, Any
                                  f"with these values ({err})") from None
 
 
-def _random_model(transformers: ModuleType, config: Any, seed: int, spec: str) -> torch.nn.Module:
+def _random_model(transformers: ModuleType, config: Any, seed: int, spec: str) -> Any:
     torch.manual_seed(seed)  # the random weights repeat with the seed
     try:
         return transformers.AutoModelForCausalLM.from_config(config)
@@ -198,7 +199,7 @@ def _checkpoint_tokenizer(path: Path, transformers: ModuleType) -> Callable[[str
     return encode
 
 
-def add_adapters(model: torch.nn.Module, settings: argparse.Namespace, peft: ModuleType) -> torch.nn.Module:
+def add_adapters(model: Any, settings: argparse.Namespace, peft: ModuleType) -> Any:
     """``model`` with LoRA adapters (peft) on ``--lora-modules`` (peft's default for the model type)."""
     config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha or 2 * settings.rank, lora_dropout=0.0,
                              target_modules=settings.lora_modules, task_type="CAUSAL_LM")
@@ -231,11 +232,26 @@ def causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Ten
     return model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
 
 
-def host_loss(model: torch.nn.Module, batches: list[torch.Tensor]) -> float:
-    """Mean loss over ``batches``, eager PyTorch on the host in eval mode (no dropout)."""
+def loss_function(base_dtype: str) -> Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]:
+    """:func:`causal_lm_loss`, under autocast to ``base_dtype`` unless it is float32 (weights that
+    torch_adreno.freeze stored in 16 bits are read only there)."""
+    if base_dtype == "float32":
+        return causal_lm_loss
+    dtype = getattr(torch, base_dtype)
+
+    def autocast_loss(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=dtype):
+            return causal_lm_loss(model, input_ids)
+
+    return autocast_loss
+
+
+def host_loss(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor],
+              batches: list[torch.Tensor]) -> float:
+    """Mean of ``loss_fn`` over ``batches``, eager PyTorch on the host in eval mode (no dropout)."""
     model.eval()
     with torch.no_grad():
-        loss = statistics.fmean(causal_lm_loss(model, x).item() for x in batches)
+        loss = statistics.fmean(loss_fn(model, x).item() for x in batches)
     model.train()
     return loss
 
@@ -261,6 +277,11 @@ def run(settings: argparse.Namespace) -> int:
     if getattr(base.model, "loss_type", "") is None:
         # What transformers picks for a causal LM anyway, without its warning that it picked it.
         base.model.loss_type = "ForCausalLM"
+    if settings.base_dtype != "float32":  # after the base was saved: it keeps its own float32 weights
+        frozen = freeze(model, getattr(torch, settings.base_dtype))
+        print(f"base weights: {len(frozen.converted)} frozen tensors stored as {settings.base_dtype}, "
+              f"{frozen.bytes_before / 2**20:,.1f} -> {frozen.bytes_after / 2**20:,.1f} MiB of frozen parameters")
+    loss_fn = loss_function(settings.base_dtype)
     trainable, total = trainable_count(model)
     modules = sorted(model.peft_config["default"].target_modules)
     print(f"model: {base.description}: {total:,} parameters; LoRA r={settings.rank} on {', '.join(modules)}: "
@@ -269,10 +290,9 @@ def run(settings: argparse.Namespace) -> int:
     print(f"device: {describe_device(settings)}")
 
     evaluation = held_out_batches(tokens.held_out, settings.seq, settings.batch, settings.eval_batches)
-    before = host_loss(model, evaluation) if evaluation else None
-    model.train()
-    log = train(model, tokens.train, settings)
-    after = host_loss(model, evaluation) if evaluation else None
+    before = host_loss(model, loss_fn, evaluation) if evaluation else None
+    log = train(model, loss_fn, tokens.train, settings)
+    after = host_loss(model, loss_fn, evaluation) if evaluation else None
 
     model.peft_config["default"].base_model_name_or_path = str(base_dir)
     model.save_pretrained(settings.out)
@@ -290,12 +310,13 @@ def run(settings: argparse.Namespace) -> int:
     return 0 if loss_fell(log.first_loss, log.last_loss, "training loss") else 1
 
 
-def train(model: torch.nn.Module, ids: torch.Tensor, settings: argparse.Namespace) -> TrainingLog:
+def train(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor],
+          ids: torch.Tensor, settings: argparse.Namespace) -> TrainingLog:
     """``--steps`` steps of random sequences of ``ids`` through one ``TrainingStep``."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(settings.optimizer, trainable, lr=settings.lr)
     generator = torch.Generator().manual_seed(settings.seed)
-    step = TrainingStep(model, causal_lm_loss, optimizer, backend_options(settings), replay=not settings.no_replay)
+    step = TrainingStep(model, loss_fn, optimizer, backend_options(settings), replay=not settings.no_replay)
     try:
         return train_steps(step, lambda _: (sequence_batch(ids, settings.seq, settings.batch, generator),),
                            settings.steps, settings.batch * settings.seq, "tok", "finetune")
@@ -311,7 +332,10 @@ def write_summary(settings: argparse.Namespace, log: TrainingLog, before: float 
         "task": "text", "model": settings.model, "base_model": str(base_dir), "target": settings.target,
         "steps": settings.steps, "batch": settings.batch, "seq": settings.seq, "rank": settings.rank,
         "lr": settings.lr, "optimizer": settings.optimizer, "losses": log.losses, "step_seconds": log.seconds,
-        "replayed_steps": log.replayed, "held_out_loss_before": before, "held_out_loss_after": after,
+        "base_dtype": settings.base_dtype, "replayed_steps": log.replayed,
+        "device_footprint_bytes": None if log.footprint is None else log.footprint.total_bytes,
+        "largest_allocation_bytes": None if log.footprint is None else log.footprint.largest_allocation_bytes,
+        "held_out_loss_before": before, "held_out_loss_after": after,
         "tokens_per_second": settings.batch * settings.seq / statistics.median(steady) if steady else None,
     }
     (settings.out / "finetune.json").write_text(json.dumps(summary, indent=1) + "\n")
