@@ -161,9 +161,9 @@ def test_key_separates_source_options_and_nothing_else():
     assert program_key(_source("other"), ["-cl-mad-enable"], device) != base
 
 
-def _kernel(name: str, symbol: str) -> KernelSource:
-    """A kernel adding 1 to x[0] through a helper named after its symbol (as the GEMM's are)."""
-    text = "\n".join([*HELPER_NAMING, "inline float KERNEL_HELPER(_f)(float v) { return v + 1.0f; }",
+def _kernel(name: str, symbol: str, increment: float = 1.0) -> KernelSource:
+    """A kernel adding ``increment`` to x[0] through a helper named after its symbol (as the GEMM's are)."""
+    text = "\n".join([*HELPER_NAMING, f"inline float KERNEL_HELPER(_f)(float v) {{ return v + {increment}f; }}",
                       *kernel_opening(), "    const float t0 = x[0];", "    x[0] = KERNEL_HELPER(_f)(t0);", "}"])
     return KernelSource(name=name, symbol=symbol, kind="pointwise", text=text, build_options=(),
                         arguments=(buffer_record("x", "x", ir.DType.F32, written=True),), global_size=(1,),
@@ -173,10 +173,11 @@ def _kernel(name: str, symbol: str) -> KernelSource:
 @pytest.mark.device
 def test_graph_numbers_do_not_change_the_program(cache):
     runtime = get_runtime()
+    # (Two contents: kernels of one content would be one function, tests/test_compile_once.py.)
     first = build_kernels(runtime, [_kernel("forward_3_0_pw_add", "forward_0_pw_add"),
-                                    _kernel("forward_3_1_pw_add", "forward_1_pw_add")])
+                                    _kernel("forward_3_1_pw_add", "forward_1_pw_add", 2.0)])
     second = build_kernels(runtime, [_kernel("forward_41_0_pw_add", "forward_0_pw_add"),
-                                     _kernel("forward_41_1_pw_add", "forward_1_pw_add")])
+                                     _kernel("forward_41_1_pw_add", "forward_1_pw_add", 2.0)])
     assert set(second) == {"forward_41_0_pw_add", "forward_41_1_pw_add"} and len(first) == 2
     assert second["forward_41_1_pw_add"].function_name == "forward_1_pw_add"
     stats = build_stats()
