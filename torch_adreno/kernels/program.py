@@ -32,6 +32,10 @@ class ImageOperand:
     channel_type: str = "float32"
 
 
+#: The C name a kernel is rendered under to compare it with others by content
+#: (:meth:`KernelSource.content`): no kernel's symbol.
+CANONICAL_SYMBOL = "KERNEL"
+
 #: Macros every kernel's source defines from its records (:meth:`KernelSource.render`): its C
 #: function name, its parameter list and the declarations at the top of its body.
 RECORD_MACROS = ("KERNEL_NAME", "KERNEL_PARAMS", "KERNEL_LOCALS")
@@ -149,6 +153,15 @@ class KernelSource:
         """The kernel's whole source: header, extensions, the record macros, then ``text``."""
         return self.render()
 
+    def content(self) -> tuple[str, tuple[str, ...]]:
+        """What the kernel's program function is, whatever its names and FX nodes: its source under
+        :data:`CANONICAL_SYMBOL` without the header, and its build options. Kernels of equal content
+        compute the same function of their arguments (the same code on the same shapes: the
+        repeated blocks of a model), so one function of a program runs them all
+        (:func:`assemble_program`). The launch geometry is not part of it: the code does not read
+        it except through build options."""
+        return self.render(symbol=CANONICAL_SYMBOL, header=False), self.build_options
+
     def render(self, symbol: str | None = None, header: bool = True) -> str:
         """The source with ``symbol`` as its C function name (default: the kernel's own) and,
         unless ``header`` is false, its header comment. Everything that depends on the kernel's
@@ -199,34 +212,65 @@ class KernelProgram:
         return replace(self, graph=replace(self.graph, name=graph_name), steps=steps)
 
 
-def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
-    """One program source for several kernels, and the program's build options.
+@dataclass(frozen=True)
+class ProgramText:
+    """One program's source for several kernels: ``functions`` maps each kernel's name to the C
+    function of the program that runs it (its own symbol, or that of the first kernel of the same
+    content)."""
+
+    source: str
+    options: tuple[str, ...]
+    functions: dict[str, str]
+
+    @property
+    def function_count(self) -> int:
+        return len(set(self.functions.values()))
+
+
+def assemble_program(kernels: list[KernelSource]) -> ProgramText:
+    """One program source for several kernels, its build options, and the function of each kernel.
 
     A program per graph is built in one compiler invocation (on PoCL, one build of 20 kernels costs
-    about what one build of a single kernel does). Each kernel's ``-D`` options become ``#define``
-    lines around its source, and every macro it defines (its record macros too) is undefined after
-    it; options that are not macro definitions apply to the whole program. The kernels' symbols
-    must differ (each is a function of the program).
+    about what one build of a single kernel does). Kernels of equal :meth:`~KernelSource.content`
+    are one function, named by the first one's symbol (a model's repeated blocks compile once);
+    the headers of the others follow its header, so the program still names every kernel's FX
+    nodes. Each function's ``-D`` options become ``#define`` lines around its source, and every
+    macro it defines (its record macros too) is undefined after it; options that are not macro
+    definitions apply to the whole program. The kernels' symbols must differ (each names a
+    function of the program, or a kernel run by one).
     """
     symbols = [k.symbol for k in kernels]
     if len(set(symbols)) != len(symbols):
         repeated = sorted({s for s in symbols if symbols.count(s) > 1})
         raise ValueError(f"kernels of one program share the symbol(s) {', '.join(repeated)}")
+    by_content: dict[tuple[str, tuple[str, ...]], list[KernelSource]] = {}
+    for k in kernels:
+        by_content.setdefault(k.content(), []).append(k)
     parts: list[str] = [helper_source(name) for name in helpers_called(kernels)]
     program_options: dict[str, None] = {}
-    for k in kernels:
+    functions: dict[str, str] = {}
+    for first, *others in by_content.values():
+        functions.update((k.name, first.symbol) for k in (first, *others))
         defined: list[str] = []
-        for opt in k.build_options:
+        for opt in first.build_options:
             if opt.startswith("-D"):
                 name, _, value = opt[2:].partition("=")
                 parts.append(f"#define {name} {value or 1}")
                 defined.append(name)
             else:
                 program_options[opt] = None
-        parts.append(k.source)
-        parts.extend(f"#undef {name}" for name in dict.fromkeys([*defined, *RECORD_MACROS, *k.macros]))
+        parts.extend(header_comment(f"{k.symbol} (run by {first.symbol} below)", k.origins, k.description)
+                     for k in others if k.description)
+        parts.append(first.source)
+        parts.extend(f"#undef {name}" for name in dict.fromkeys([*defined, *RECORD_MACROS, *first.macros]))
         parts.append("")
-    return "\n".join(parts), tuple(program_options)
+    return ProgramText("\n".join(parts), tuple(program_options), functions)
+
+
+def assemble(kernels: list[KernelSource]) -> tuple[str, tuple[str, ...]]:
+    """The source and build options of :func:`assemble_program`."""
+    text = assemble_program(kernels)
+    return text.source, text.options
 
 
 def helpers_called(kernels: list[KernelSource]) -> list[str]:

@@ -79,6 +79,12 @@ class BuildStats:
     entries_rejected: int = 0
     #: Entries that could not be written (read-only or full disk); the program itself is fine.
     write_failures: int = 0
+    #: Kernel objects asked for (:func:`torch_adreno.runtime.build.build_kernels`), and the distinct
+    #: kernels among them, each a function of its program (kernels of equal content share one).
+    kernels_requested: int = 0
+    kernels_unique: int = 0
+    #: Functions of the programs built from source (the kernels the compiler compiled).
+    kernels_from_source: int = 0
     source_seconds: float = 0.0
     load_seconds: float = 0.0
     store_seconds: float = 0.0
@@ -105,6 +111,13 @@ def reset_build_stats() -> None:
     with _lock:
         for name, value in vars(BuildStats()).items():
             setattr(STATS, name, value)
+
+
+def count_kernels(requested: int, unique: int) -> None:
+    """Count a build of ``requested`` kernel objects made from ``unique`` program functions."""
+    with _lock:
+        STATS.kernels_requested += requested
+        STATS.kernels_unique += unique
 
 
 def forget_programs() -> None:
@@ -231,7 +244,8 @@ def get_program(context: cl.Context, device: cl.Device, source: str, options: Se
                 kernel_names: Sequence[str] = ()) -> cl.Program:
     """The program of ``source`` built with ``options`` for ``device`` (the only device it is built
     for), from this process, the disk cache, or the compiler, in that order. ``kernel_names``, when
-    given, must all be in a cached program for it to be used.
+    given, must all be in a cached program for it to be used (and are what ``BuildStats`` counts
+    as the kernels compiled).
 
     Compile errors propagate as :class:`pyopencl.RuntimeError` and a bad ``TORCH_ADRENO_BINARY_CACHE``
     value as :class:`OptionError`; trouble with the cache itself never raises.
@@ -263,6 +277,7 @@ def get_program(context: cl.Context, device: cl.Device, source: str, options: Se
                     options=list(options), devices=[device], cache_dir=False)  # type: ignore[arg-type]
             STATS.source_seconds += time.perf_counter() - start
             STATS.programs_from_source += 1
+            STATS.kernels_from_source += len(kernel_names)
             if use_disk:
                 start = time.perf_counter()
                 try:

@@ -25,10 +25,11 @@ the choice on disk so that a later process does not tune again.
   candidate replaces the default only when it is at least :data:`MIN_GAIN` faster.
 * **Cache**: one JSON file per kernel under ``tuning/<device>/`` in
   :func:`torch_adreno.config.cache_root`, keyed by device, driver and platform (the directory) and
-  by the kernel (sha256 of its source rendered under one symbol, without its header, its build
-  options and its launch geometry, which fix the shapes): the same kernel in another graph or
-  process shares the entry. A cached choice that is no longer among the candidates (the
-  candidate rules changed) is tuned again.
+  by the kernel (sha256 of its content, :meth:`~torch_adreno.kernels.KernelSource.content`, and
+  its launch geometry, which fix the shapes): the same kernel in another graph or process shares
+  the entry, and kernels of one key in a graph (a model's repeated blocks) are tuned once. A
+  cached choice that is no longer among the candidates (the candidate rules changed) is tuned
+  again.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,6 @@ log = logging.getLogger(__name__)
 
 #: Bump when the key's fields or the entry's layout change: older entries then stop matching.
 TUNING_VERSION = 2
-#: The C name every kernel's source is rendered under for its key.
-CANONICAL_SYMBOL = "KERNEL"
 #: Timed launches per candidate (after the verifying one); the best counts.
 REPEATS = 5
 #: A candidate whose first timed launch is this many times slower than the best first launch is
@@ -130,9 +129,10 @@ def describe(candidate: KernelSource, default: KernelSource) -> str:
 def kernel_key(kernel: KernelSource, target: str = "") -> str:
     """Identity of a kernel for the cache, the same for the same code and shapes in any graph.
     ``target``: the Adreno target the launches were limited to (its candidates differ)."""
-    # Rendered under one symbol for every kernel and without the header (which names the FX nodes).
-    source = kernel.render(symbol=CANONICAL_SYMBOL, header=False)
-    payload = json.dumps([TUNING_VERSION, kernel.kind, source, kernel.build_options, kernel.global_size,
+    # Its content: rendered under one symbol for every kernel and without the header (which names
+    # the FX nodes).
+    source, options = kernel.content()
+    payload = json.dumps([TUNING_VERSION, kernel.kind, source, options, kernel.global_size,
                           kernel.local_size] + ([target] if target else []))
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -406,11 +406,19 @@ def tune_kernels(runtime: DeviceRuntime, graph: ir.Graph, kernels: Sequence[Kern
     results: dict[str, TuningResult] = {}
     todo: dict[str, list[KernelSource]] = {}
     keys: dict[str, str] = {}
+    # Kernels of one key (the same code on the same shapes) are tuned once, as the first of them.
+    first_of: dict[str, KernelSource] = {}
+    repeats: list[tuple[KernelSource, KernelSource]] = []
     for kernel in kernels:
         if 0 in kernel.global_size:
             continue
+        key = kernel_key(kernel, profile.target)
+        if key in first_of:
+            repeats.append((kernel, first_of[key]))
+            continue
+        first_of[key] = kernel
         candidates = launch_candidates(kernel, profile)
-        keys[kernel.name] = key = kernel_key(kernel, profile.target)
+        keys[kernel.name] = key
         cached = _load(runtime, key, candidates)
         if cached is not None:
             results[kernel.name] = cached
@@ -418,14 +426,23 @@ def tune_kernels(runtime: DeviceRuntime, graph: ir.Graph, kernels: Sequence[Kern
             todo[kernel.name] = candidates
         else:
             results[kernel.name] = TuningResult(kernel.name, key, kernel, describe(kernel, kernel), False, 0.0, 0.0)
-    if not todo:
-        return results
-    total = sum(len(c) for c in todo.values())
-    with tqdm(total=total, desc=f"tuning {graph.name}", unit="launch", disable=not progress) as bar:
-        built = _build_rounds(runtime, kernels, todo, bar.set_postfix_str)
-        for name, candidates in todo.items():
-            bar.set_postfix_str(name)
-            result = _tune_one(runtime, graph, keys[name], candidates, built, lambda: bar.update(1))
-            _store(runtime, result)
-            results[name] = result
+    if todo:
+        total = sum(len(c) for c in todo.values())
+        with tqdm(total=total, desc=f"tuning {graph.name}", unit="launch", disable=not progress) as bar:
+            built = _build_rounds(runtime, kernels, todo, bar.set_postfix_str)
+            for name, candidates in todo.items():
+                bar.set_postfix_str(name)
+                result = _tune_one(runtime, graph, keys[name], candidates, built, lambda: bar.update(1))
+                _store(runtime, result)
+                results[name] = result
+    for kernel, first in repeats:
+        results[kernel.name] = _as_tuned_for(results[first.name], kernel)
     return results
+
+
+def _as_tuned_for(result: TuningResult, kernel: KernelSource) -> TuningResult:
+    """``result`` (of a kernel of the same key) for ``kernel``: its chosen build options and launch
+    geometry on ``kernel`` itself (its name, parameters and FX nodes)."""
+    chosen = replace(kernel, build_options=result.chosen.build_options, global_size=result.chosen.global_size,
+                     local_size=result.chosen.local_size)
+    return replace(result, kernel=kernel.name, chosen=chosen)
