@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from torch_adreno.cli.arguments import (
     DEVICE_HELP,
+    bounded,
     device_spec,
     output_dir,
     positive_float,
@@ -42,8 +43,11 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
              "lora_modules": None, "eval_batches": 4, "base_dtype": "float32", "steps": 200, "batch": 8, "lr": 3e-3,
              "out": Path("finetuned-text")},
     "images": {"image_size": 32, "train_last": 0, "weights": None, "width_mult": 1.0, "steps": 150, "batch": 32,
-               "lr": 3e-3, "out": Path("finetuned-images")},
+               "lr": 1e-3, "out": Path("finetuned-images")},
 }
+
+#: An image side of at least the digits' own 8 pixels.
+image_side = bounded(int, "an image side in pixels", 8)
 
 #: Steps at the start that do not run the replay (the first compiles, the second captures it).
 WARMUP_STEPS = 2
@@ -104,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="held-out batches whose loss is measured before and after training, on the host "
                     f"(default: {text['eval_batches']}; 0: none)")
     vision = p.add_argument_group("--task images")
-    vision.add_argument("--image-size", type=bounded_size, default=None,
+    vision.add_argument("--image-size", type=image_side, default=None,
                         help=f"side of the square images the 8x8 digits are upsampled to (default: {images['image_size']})")
     vision.add_argument("--train-last", type=seed_int, default=None,
                         help="feature blocks trained with the classifier, counted from the end of the backbone "
@@ -114,17 +118,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     vision.add_argument("--width-mult", type=positive_float, default=None,
                         help=f"MobileNetV2's width multiplier (default: {images['width_mult']:g})")
     p.set_defaults(fn=cmd_finetune)
-
-
-def bounded_size(text: str) -> int:
-    """An image side of at least 8 pixels (the digits' own size)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 8:
-        raise argparse.ArgumentTypeError(f"expected an image side >= 8 pixels, got {text!r}")
-    return value
 
 
 def settings_for(args: argparse.Namespace) -> argparse.Namespace:
@@ -188,6 +181,8 @@ class TrainingLog:
     replayed: int = 0
     #: The replayed step's device memory (None: no replay was captured).
     footprint: DeviceFootprint | None = None
+    #: Why steps were not replayed (TrainingStep.unreplayable_reasons).
+    unreplayable: tuple[str, ...] = ()
 
     @property
     def first_loss(self) -> float:
@@ -216,9 +211,10 @@ class TrainingLog:
         if steady:
             median = statistics.median(steady)
             lines.append(f"step time: median {median * 1e3:.1f} ms over steps {WARMUP_STEPS + 1}..{len(self.seconds)}, "
-                         f"{units_per_step / median:,.0f} {unit}/s ({units_per_step} {unit} per step; the first step "
-                         f"compiles, the second captures the replay: {sum(self.seconds[:WARMUP_STEPS]):.1f} s)")
+                         f"{units_per_step / median:,.0f} {unit}/s ({units_per_step} {unit} per step; the first two "
+                         f"steps, which compile and capture the replay, took {sum(self.seconds[:WARMUP_STEPS]):.1f} s)")
         lines.append(f"{self.replayed} of {len(self.losses)} steps replayed (one recorded launch list per step)")
+        lines += [f"not replayed: {reason}" for reason in self.unreplayable]
         if self.footprint is not None:
             lines.append(f"device memory of the replayed step: {self.footprint.describe()}")
         return lines
@@ -241,6 +237,7 @@ def train_steps(step: TrainingStep, next_batch: Callable[[int], Sequence[torch.T
     bar.close()
     log.replayed = step.replayed_steps
     log.footprint = step.device_footprint
+    log.unreplayable = step.unreplayable_reasons
     return log
 
 

@@ -1,13 +1,15 @@
 """``finetune --task images``: MobileNetV2 transfer learning on the bundled digits, through a
-replayed ``TrainingStep``: the backbone frozen and a new 10-way classifier trained, or with
-``--train-last N`` the last N feature blocks trained too.
+replayed ``TrainingStep``: the backbone frozen (eval mode: its BatchNorm layers keep their
+statistics) and a new 10-way classifier trained, or with ``--train-last N`` the last N feature
+blocks trained too.
 
-A frozen backbone's BatchNorm layers keep the statistics of ``--weights`` (eval mode). Without
-``--weights`` its weights are random, and its initial running statistics (mean 0, variance 1) are
-far from its activations' (these shrink ~10x per stage: 1e-10 after the last block at 32x32), so
-in eval mode its features would be zero: its BatchNorm layers normalise by the batch's statistics
-instead (train mode), which also brings their running statistics to the digits' as it trains
-(buffers, not parameters: the weights stay as they were)."""
+Without ``--weights`` the backbone's weights are random, and its initial BatchNorm statistics
+(mean 0, variance 1) are far from its activations' (these shrink ~10x per stage: 1e-10 after the
+last block at 32x32), which would leave a frozen backbone's features zero. Their statistics are
+estimated from training digits first (eager, on the host; the weights are untouched), as a trained
+backbone's were estimated from its training data. (BatchNorm in train mode instead would train
+the classifier on batch statistics and leave running ones that lag behind them, compounding over
+the 52 layers: evaluated in eval mode, such a model predicts one class.)"""
 
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ from torch_adreno.training.step import TrainingStep
 
 CLASSES = 10
 
+#: Training digits a random backbone's BatchNorm statistics are estimated from.
+CALIBRATION_IMAGES = 256
+
 #: The file ``--out`` gets: the trained model's state_dict (``mobilenet_v2(num_classes=10)`` loads it).
 STATE_FILE = "mobilenet_v2_digits.pt"
 
@@ -40,8 +45,7 @@ STATE_FILE = "mobilenet_v2_digits.pt"
 def build_model(settings: argparse.Namespace) -> MobileNetV2:
     """MobileNetV2 with a new 10-way classifier; ``--weights`` loaded into the backbone first.
     Every parameter frozen but the classifier's and those of the last ``--train-last`` feature
-    blocks; frozen modules in eval mode, trainable ones in train mode, and without ``--weights``
-    every BatchNorm layer in train mode (see the module docstring)."""
+    blocks; frozen modules in eval mode, trainable ones in train mode."""
     torch.manual_seed(settings.seed)
     model = mobilenet_v2(num_classes=1000 if settings.weights else CLASSES, width_mult=settings.width_mult)
     if settings.weights is not None:
@@ -51,16 +55,12 @@ def build_model(settings: argparse.Namespace) -> MobileNetV2:
     if settings.train_last > blocks:
         raise ValueError(f"--train-last {settings.train_last}: MobileNetV2 has {blocks} feature blocks; "
                          f"pass 0..{blocks}")
-    trained: list[nn.Module] = [model.classifier, *model.features[blocks - settings.train_last:]]
+    trained: list[nn.Module] = [model.classifier, *list(model.features)[blocks - settings.train_last:]]
     model.requires_grad_(False)
     model.eval()
     for module in trained:
         module.requires_grad_(True)
         module.train()
-    if settings.weights is None:
-        for module in model.modules():
-            if isinstance(module, nn.BatchNorm2d):
-                module.train()
     return model
 
 
@@ -78,6 +78,27 @@ def load_weights(model: MobileNetV2, path: Path, width_mult: float) -> None:
     except RuntimeError as err:
         raise ValueError(f"--weights {path}: not the state_dict of a torchvision MobileNetV2 of 1,000 classes "
                          f"with --width-mult {width_mult:g} ({err})") from None
+
+
+def estimate_batch_norm_statistics(model: nn.Module, images: torch.Tensor, batch: int) -> int:
+    """Replace every BatchNorm layer's running statistics by the cumulative average of those of
+    ``images`` in batches of ``batch`` (eager, on the host); weights and modes are left as they
+    were. Returns the number of BatchNorm layers."""
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    modes = {m: m.training for m in model.modules()}
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average, not an exponential one
+    model.train()
+    with torch.no_grad():
+        for start in range(0, len(images), batch):
+            model(images[start:start + batch])
+    for norm, momentum in zip(norms, momenta, strict=True):
+        norm.momentum = momentum
+    for module, training in modes.items():
+        module.train(training)
+    return len(norms)
 
 
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int) -> float:
@@ -114,8 +135,10 @@ def run(settings: argparse.Namespace) -> int:
           f"{'weights from ' + str(settings.weights) if settings.weights else 'random weights'}) at "
           f"{settings.image_size}x{settings.image_size}: {total:,} parameters; {part} trained: {trainable:,}")
     if settings.weights is None:
-        print("random backbone: its BatchNorm layers normalise by batch statistics (their initial running ones "
-              "would make its features vanish); pass --weights for transfer learning from trained weights")
+        images = x_train[:CALIBRATION_IMAGES]
+        norms = estimate_batch_norm_statistics(model, images, settings.batch)
+        print(f"random backbone: the statistics of its {norms} BatchNorm layers estimated from {len(images)} training "
+              "digits (its initial ones make its features vanish); --weights starts from trained weights")
     print(f"data: the bundled digits, {len(y_train)} for training, {len(y_test)} held out; device: "
           f"{describe_device(settings)}")
 
