@@ -1,6 +1,7 @@
 """``finetune``: LoRA fine-tuning of a causal language model on the bundled text corpus
 (``--task text``, :mod:`.finetune_text`), or MobileNetV2 transfer learning on the bundled digits
-(``--task images``, :mod:`.finetune_images`), each step a replayed ``TrainingStep``.
+(``--task images``, :mod:`.finetune_images`), each step a replayed ``TrainingStep``
+(:mod:`.finetune_steps`).
 
 The options of both tasks share one parser; each task's own options default to None here and get
 their task's defaults in :func:`settings_for`, so an option of the other task given on the command
@@ -9,17 +10,11 @@ line is refused by name instead of silently ignored."""
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from tqdm import tqdm
-
+from torch_adreno.cli import finetune_images, finetune_text
 from torch_adreno.cli.arguments import (
     DEVICE_HELP,
     bounded,
@@ -30,11 +25,8 @@ from torch_adreno.cli.arguments import (
     refuse_bad_device,
     seed_int,
 )
-from torch_adreno.memory.footprint import DeviceFootprint
-from torch_adreno.runtime.device import select_device
 from torch_adreno.target.profiles import target_names
 from torch_adreno.training.optimizers import OPTIMIZERS, describe_optimizers
-from torch_adreno.training.step import TrainingStep
 
 #: Each task's options and their defaults (None: none; a task's code handles it). An option not
 #: listed under the chosen task is refused when given.
@@ -49,13 +41,6 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 #: An image side of at least the digits' own 8 pixels.
 image_side = bounded(int, "an image side in pixels", 8)
 
-#: Steps at the start that do not run the replay (the first compiles, the second captures it).
-WARMUP_STEPS = 2
-
-#: Steps averaged for the first and the last loss of the report.
-LOSS_WINDOW = 5
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """The ``finetune`` command."""
     text, images = TASK_DEFAULTS["text"], TASK_DEFAULTS["images"]
@@ -66,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", choices=["text", "images"], default="text",
                    help="text: LoRA on a causal LM; images: MobileNetV2 transfer learning (default: %(default)s)")
     p.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
-    p.add_argument("--target", choices=target_names(), default=None,
+    p.add_argument("--target", choices=target_names(), default=None, metavar="TARGET",
                    help=f"compile for an Adreno profile's limits on the present device, of: {', '.join(target_names())} "
                    "(default: the present device only)")
     p.add_argument("--steps", type=positive_int, default=None,
@@ -146,111 +131,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         return 2
     if refuse_bad_device(settings.device):
         return 2
-    # Imported here: the text task's module imports transformers and peft, which the images task
-    # does not need.
-    if settings.task == "text":
-        from torch_adreno.cli import finetune_text
-        return finetune_text.run(settings)
-    from torch_adreno.cli import finetune_images
-    return finetune_images.run(settings)
+    return finetune_text.run(settings) if settings.task == "text" else finetune_images.run(settings)
 
 
-def backend_options(settings: argparse.Namespace) -> dict[str, Any]:
-    """The backend options the command line sets: the device and the target."""
-    options: dict[str, Any] = {}
-    if settings.device is not None:
-        options["device"] = settings.device
-    if settings.target is not None:
-        options["target"] = settings.target
-    return options
-
-
-def describe_device(settings: argparse.Namespace) -> str:
-    """The device the steps run on, and the target they are compiled for."""
-    device = select_device(settings.device).label
-    return f"{device}, compiled for {settings.target}" if settings.target else device
-
-
-@dataclass
-class TrainingLog:
-    """What a run of steps measured: each step's loss and seconds (the loss read included), and
-    how many steps ran as a replay."""
-
-    losses: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    replayed: int = 0
-    #: The replayed step's device memory (None: no replay was captured).
-    footprint: DeviceFootprint | None = None
-    #: Why steps were not replayed (TrainingStep.unreplayable_reasons).
-    unreplayable: tuple[str, ...] = ()
-
-    @property
-    def first_loss(self) -> float:
-        """Mean loss of the first :data:`LOSS_WINDOW` steps (of the first half, if fewer)."""
-        return statistics.fmean(self.losses[:self._window])
-
-    @property
-    def last_loss(self) -> float:
-        """Mean loss of the last :data:`LOSS_WINDOW` steps (of the last half, if fewer)."""
-        return statistics.fmean(self.losses[-self._window:])
-
-    @property
-    def _window(self) -> int:
-        return max(1, min(LOSS_WINDOW, len(self.losses) // 2))
-
-    @property
-    def steady_seconds(self) -> list[float]:
-        """The seconds of the steps after the warm-up (compile and capture)."""
-        return self.seconds[WARMUP_STEPS:]
-
-    def summary(self, units_per_step: int, unit: str) -> list[str]:
-        """Report lines: the loss's trend, the steady step time and rate, the replayed steps."""
-        lines = [f"training loss: {self.first_loss:.4f} -> {self.last_loss:.4f} (mean of the first and the last "
-                 f"{self._window} of {len(self.losses)} steps)"]
-        steady = self.steady_seconds
-        if steady:
-            median = statistics.median(steady)
-            lines.append(f"step time: median {median * 1e3:.1f} ms over steps {WARMUP_STEPS + 1}..{len(self.seconds)}, "
-                         f"{units_per_step / median:,.0f} {unit}/s ({units_per_step} {unit} per step; the first two "
-                         f"steps, which compile and capture the replay, took {sum(self.seconds[:WARMUP_STEPS]):.1f} s)")
-        lines.append(f"{self.replayed} of {len(self.losses)} steps replayed (one recorded launch list per step)")
-        lines += [f"not replayed: {reason}" for reason in self.unreplayable]
-        if self.footprint is not None:
-            lines.append(f"device memory of the replayed step: {self.footprint.describe()}")
-        return lines
-
-
-def train_steps(step: TrainingStep, next_batch: Callable[[int], Sequence[torch.Tensor]], steps: int,
-                units_per_step: int, unit: str, desc: str) -> TrainingLog:
-    """Run ``step(*next_batch(i))`` for i in 0..steps-1 under a progress bar counting ``unit``
-    (its rate: tokens or images per second) with the last loss."""
-    log = TrainingLog()
-    bar = tqdm(total=steps * units_per_step, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True)
-    for index in range(steps):
-        batch = next_batch(index)
-        start = time.perf_counter()
-        loss = step(*batch).item()
-        log.seconds.append(time.perf_counter() - start)
-        log.losses.append(loss)
-        bar.set_postfix(loss=f"{loss:.4f}", step=index + 1, refresh=False)
-        bar.update(units_per_step)
-    bar.close()
-    log.replayed = step.replayed_steps
-    log.footprint = step.device_footprint
-    log.unreplayable = step.unreplayable_reasons
-    return log
-
-
-def loss_fell(before: float, after: float, what: str) -> bool:
-    """Whether ``after`` < ``before``; if not, says so on stderr with what to try."""
-    if after < before:
-        return True
-    print(f"error: the {what} did not fall ({before:.4f} -> {after:.4f}); try another --lr or more --steps",
-          file=sys.stderr)
-    return False
-
-
-def trainable_count(model: torch.nn.Module) -> tuple[int, int]:
-    """(trainable, all) parameter element counts."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_adreno.cli.finetune import (
+from torch_adreno.cli.finetune_steps import (
     backend_options,
     describe_device,
     loss_fell,

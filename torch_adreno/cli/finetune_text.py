@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from torch_adreno.cli.finetune import (
+from torch_adreno.cli.finetune_steps import (
     TrainingLog,
     backend_options,
     describe_device,
