@@ -1,6 +1,7 @@
 """The command line, ``python -m torch_adreno <command>``: devices, ops, train (the digits demo),
-bench (the fusion-gain suite), finetune (LoRA on a causal LM, MobileNetV2 transfer learning), project (step times on Adreno targets), export (a training step as
-ONNX), opinfo (PyTorch's OpInfo samples through the backend) and federated (Flower).
+finetune (LoRA on a causal LM, MobileNetV2 transfer learning), bench (the fusion-gain suite),
+project (step times on Adreno targets), export (a training step as ONNX), opinfo (PyTorch's
+OpInfo samples through the backend) and federated (Flower).
 
 Each command lives in a module of this package that registers its parser (``register``) and runs
 it (``cmd_<command>``). Every argument is checked when it is parsed
