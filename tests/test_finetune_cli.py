@@ -126,6 +126,7 @@ def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--steps", "0"], r"--steps: expected an integer >= 1, got '0'"),
+    (["--device", "nosuchdevice"], r"no OpenCL device matches 'nosuchdevice'"),
     (["--seq", "-1"], r"--seq: expected an integer >= 1, got '-1'"),
     (["--lr", "nan"], r"--lr: expected a number > 0, got 'nan'"),
     (["--target", "adreno999"], r"--target: invalid choice: 'adreno999'"),
