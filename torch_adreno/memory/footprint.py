@@ -31,7 +31,7 @@ FIT_ADVICE = (
 )
 
 
-def _mib(nbytes: int) -> str:
+def human_bytes(nbytes: int) -> str:
     """``nbytes`` in the largest binary unit that keeps it at least 1 (for messages)."""
     value, unit = float(nbytes), "bytes"
     for larger in ("KiB", "MiB", "GiB"):
@@ -65,9 +65,9 @@ def check_allocations(tensors: Iterable[tuple[str, int]], limits: MemoryLimits, 
     for name, nbytes in tensors:
         if nbytes > limits.max_allocation_bytes:
             raise DeviceMemoryError(
-                f"{what}: {name} takes {nbytes:,} bytes ({_mib(nbytes)}) on the device, more than the largest "
+                f"{what}: {name} takes {nbytes:,} bytes ({human_bytes(nbytes)}) on the device, more than the largest "
                 f"single allocation of {limits.owner} ({limits.max_allocation_bytes:,} bytes, "
-                f"{_mib(limits.max_allocation_bytes)}); one tensor is one buffer, which cannot be split across "
+                f"{human_bytes(limits.max_allocation_bytes)}); one tensor is one buffer, which cannot be split across "
                 "allocations. Make it smaller: split the layer into several parameters (a linear layer into "
                 "row blocks, an embedding table into several tables), store it in 16 bits (half its bytes), "
                 "or compile for a target with a larger limit")
@@ -81,9 +81,9 @@ def check_state_fits(tensors: Iterable[tuple[str, int]], limits: MemoryLimits, w
     total = sum(n for _, n in listed)
     if total > limits.global_memory_bytes:
         raise DeviceMemoryError(
-            f"{what}: its parameters, buffers and optimizer state alone take {total:,} bytes ({_mib(total)}), "
+            f"{what}: its parameters, buffers and optimizer state alone take {total:,} bytes ({human_bytes(total)}), "
             f"more than the global memory of {limits.owner} ({limits.global_memory_bytes:,} bytes, "
-            f"{_mib(limits.global_memory_bytes)}). To fit: 16-bit storage of the parameters (half their bytes), "
+            f"{human_bytes(limits.global_memory_bytes)}). To fit: 16-bit storage of the parameters (half their bytes), "
             "fewer trainable parameters (frozen ones carry no gradient or optimizer state: LoRA adapters), "
             "or a smaller model")
     return total
@@ -126,12 +126,12 @@ class DeviceFootprint:
 
     def describe(self) -> str:
         buffers = len(self.arena_buffers)
-        return (f"{self.total_bytes:,} bytes ({_mib(self.total_bytes)}) of {self.limits.owner}'s "
-                f"{self.limits.global_memory_bytes:,} ({_mib(self.limits.global_memory_bytes)}): persistent state "
-                f"{_mib(self.persistent_bytes)}, the replay's arena {_mib(self.arena_bytes)} in {buffers} "
-                f"buffer{'s' if buffers != 1 else ''}, images {_mib(self.image_bytes)}, the compiled graphs' "
-                f"arenas {_mib(self.graph_arena_bytes)}; largest allocation {_mib(self.largest_allocation_bytes)} "
-                f"(limit {_mib(self.limits.max_allocation_bytes)})")
+        return (f"{self.total_bytes:,} bytes ({human_bytes(self.total_bytes)}) of {self.limits.owner}'s "
+                f"{self.limits.global_memory_bytes:,} ({human_bytes(self.limits.global_memory_bytes)}): persistent state "
+                f"{human_bytes(self.persistent_bytes)}, the replay's arena {human_bytes(self.arena_bytes)} in {buffers} "
+                f"buffer{'s' if buffers != 1 else ''}, images {human_bytes(self.image_bytes)}, the compiled graphs' "
+                f"arenas {human_bytes(self.graph_arena_bytes)}; largest allocation {human_bytes(self.largest_allocation_bytes)} "
+                f"(limit {human_bytes(self.limits.max_allocation_bytes)})")
 
     def check(self, what: str) -> None:
         """Raise :class:`DeviceMemoryError` unless the footprint fits the limits (``what`` names
@@ -146,4 +146,4 @@ class DeviceFootprint:
                 f"{what} needs {self.describe()}: more than the global memory. To fit: {FIT_ADVICE}")
 
 
-__all__ = ["FIT_ADVICE", "DeviceFootprint", "MemoryLimits", "check_allocations", "check_state_fits"]
+__all__ = ["FIT_ADVICE", "DeviceFootprint", "MemoryLimits", "check_allocations", "check_state_fits", "human_bytes"]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from torch_adreno import ir
 from torch_adreno.errors import DeviceMemoryError
 from torch_adreno.fusion import FusedGraph, PointwiseKernel, SegmentedKernel
+from torch_adreno.memory.footprint import human_bytes
 from torch_adreno.memory.intervals import Interval, PresetSlot, pack_intervals
 from torch_adreno.target import DeviceProfile
 
@@ -200,17 +201,30 @@ def _donor_free_after(donor: str, aliases: Sequence[str], ranges: dict[str, tupl
 
 def check_allocation(graph: ir.Graph, name: str, kind: StorageKind, profile: DeviceProfile) -> None:
     """Refuse a buffer above the largest single allocation (``CL_DEVICE_MAX_MEM_ALLOC_SIZE``) of the
-    device, or of the target it is compiled for. Inputs are checked only for a target: on the
-    present device their host memory is the driver's to place, on the target it is one buffer."""
+    device, or of the target it is compiled for: one buffer is one allocation, which no plan can
+    split. Inputs are checked only for a target: on the present device their host memory is the
+    driver's to place, on the target it is one buffer. The error names the FX node that makes the
+    buffer (or the graph input it is), its bytes, the limit and what would make it fit."""
     buffer = graph.buffers[name]
     if buffer.nbytes <= profile.max_alloc_bytes or (kind is StorageKind.INPUT and not profile.target):
         return
     whose = f"target {profile.target}" if profile.target else "the device"
+    producer = graph.producers().get(name)
+    if kind is StorageKind.INPUT:
+        what = (f"input buffer {name} of {graph.name} (a graph input: a parameter, buffer or batch tensor; "
+                "split the parameter into several, or use a smaller batch)")
+    elif producer is not None and producer.origins:
+        made_by = "; ".join(f"FX node {o.node} ({o.op}{f', module {o.module}' if o.module else ''}"
+                            f"{f', at {o.source}' if o.source else ''})" for o in producer.origins[:3])
+        what = f"the output of {made_by} in {graph.name} (buffer {name})"
+    else:
+        what = f"buffer {name} of {graph.name}"
     raise DeviceMemoryError(
-        f"{'input ' if kind is StorageKind.INPUT else ''}buffer {name} of {graph.name} (shape "
-        f"{list(buffer.shape)}, {buffer.dtype.name}) needs {buffer.nbytes} bytes, more than the largest single "
-        f"allocation of {whose} ({profile.max_alloc_bytes} bytes, {profile.max_alloc_bytes / 2**20:.0f} MiB); "
-        "use a smaller batch or split the tensor"
+        f"{what}, shape {list(buffer.shape)} {buffer.dtype.name}, needs {buffer.nbytes} bytes, more than the "
+        f"largest single allocation of {whose} ({profile.max_alloc_bytes} bytes, "
+        f"{human_bytes(profile.max_alloc_bytes)}), and one tensor is one buffer. To fit: a smaller batch "
+        "(the tensor's first dimension), 16-bit storage (half its bytes: torch.autocast), or splitting the "
+        "op into smaller ones (a linear layer over fewer output features each)"
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch_adreno.target import DeviceProfile
 
@@ -29,6 +30,8 @@ SOURCES = {
     "clinfo-6xx": "https://github.com/BOINC/boinc/issues/3613 (clinfo of an Adreno on an OpenCL 2.0 driver)",
     "clinfo-3.0": "https://github.com/ggml-org/whisper.cpp/issues/3708 (clinfo of an Adreno on an OpenCL 3.0 driver)",
     "large-buffer": "https://github.com/ggml-org/llama.cpp/pull/20997 (cl_qcom_large_buffer on A7x and A8x GPUs)",
+    "alloc-cap": "https://github.com/a-ghorbani/pocketpal-ai/pull/699 (CL_DEVICE_MAX_MEM_ALLOC_SIZE 'typically ~1 GB' "
+                 "on Adreno drivers, even on phones with 12-24 GB of RAM)",
     "qcom-guide": "Qualcomm Snapdragon Mobile Platform OpenCL General Programming and Optimization (80-NB295-11), "
                   "https://developer.qualcomm.com/download/adrenosdk/adreno-opencl-programming-guide.pdf: "
                   "waves of 64 or 128 fibers chosen by the compiler, 32 KB local memory per work-group",
@@ -109,8 +112,8 @@ _COMMON_SOURCES = {
     "compute_units": "estimate: shader processor count from wikipedia (CL_DEVICE_MAX_COMPUTE_UNITS not found "
                      "in a public dump for this model)",
     "global_mem_bytes": "estimate: a 6-8 GB phone's share for the GPU; clinfo-750 reports 5.4 GiB",
-    "max_alloc_bytes": "clinfo-750 and clinfo-740 (1073741824 bytes); cl_qcom_large_buffer lifts it "
-                       "(large-buffer), which this project does not use",
+    "max_alloc_bytes": "clinfo-750 and clinfo-740 (1073741824 bytes); alloc-cap (~1 GB on most Adreno drivers); "
+                       "cl_qcom_large_buffer lifts it (large-buffer), which this project does not use",
 }
 
 
@@ -181,6 +184,28 @@ TARGETS: dict[str, AdrenoTarget] = {t.name: t for t in (
                 "bandwidth_gbs": "estimate: ~95% of 84.8 GB/s theoretical (LPDDR5X-5300, 64-bit)",
                 "compute_units": "estimate: 3 slices of 2 shader processors (wikipedia)"}),
 )}
+
+
+def derive_target(base: str, name: str, source: str, **changes: Any) -> AdrenoTarget:
+    """A profile like ``base``'s, named ``name``, with ``changes`` (field values: a phone whose driver
+    reports ``max_alloc_bytes=256 << 20``, say), each changed field's source ``source``. Make it
+    known to ``options={"target": name}`` with :func:`register_target`."""
+    target = get_target(base)
+    changeable = {f.name for f in dataclasses.fields(AdrenoTarget)} - {"name", "sources"}
+    unknown = sorted(set(changes) - changeable)
+    if unknown:
+        raise ValueError(f"derive_target: {', '.join(unknown)} are not fields a derived profile may change")
+    return dataclasses.replace(target, name=name, **changes,
+                               sources={**target.sources, **dict.fromkeys(changes, source)})
+
+
+def register_target(target: AdrenoTarget) -> None:
+    """Make ``target`` a valid ``options={"target": target.name}``; a name already taken by another
+    profile is a ValueError."""
+    known = TARGETS.get(target.name)
+    if known is not None and known != target:
+        raise ValueError(f"a target named {target.name!r} exists already; derive yours under another name")
+    TARGETS[target.name] = target
 
 
 def target_names() -> list[str]:

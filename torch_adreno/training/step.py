@@ -47,10 +47,9 @@ from typing import Any
 import torch
 
 from torch_adreno.config import Config
-from torch_adreno.memory.footprint import DeviceFootprint, MemoryLimits, check_state_fits
+from torch_adreno.memory.footprint import DeviceFootprint
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.events import BUS, StepRecord
-from torch_adreno.runtime.heap import HeapGroup
 from torch_adreno.target.profiles import profile_for
 from torch_adreno.training import guards, host_sync
 from torch_adreno.training.gradients import (
@@ -60,6 +59,7 @@ from torch_adreno.training.gradients import (
     gradient_clipper,
     mark_gradients_on_device,
 )
+from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
@@ -99,6 +99,14 @@ def _no_op(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _sync_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, hook: _SyncHook) -> list[Any]:
+    """``hook`` as the state_dict pre-hook of every module and the optimizer, and as their
+    load_state_dict pre-hook (the handles, to remove them)."""
+    return [*(module.register_state_dict_pre_hook(hook) for module in model.modules()),
+            model.register_load_state_dict_pre_hook(hook), optimizer.register_state_dict_pre_hook(hook),
+            optimizer.register_load_state_dict_pre_hook(hook)]
+
+
 class TrainingStep:
     """``step(*batch)`` runs ``loss_fn(model, *batch)``, its backward and ``optimizer.step()`` on the
     device, clears the gradients and returns the loss (detached). See the module docstring for
@@ -130,33 +138,21 @@ class TrainingStep:
         self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options or {})
         self._scaling = (DeviceGradScaling(grad_scaler, loss_fn, model, options or {})
                          if grad_scaler is not None and grad_scaler.is_enabled() else None)
-        if self._scaling is not None:
-            replay = False
         self._gradient_markers: dict[int, GradientOnDevice] = {}
         #: Each parameter's ``.grad`` as the last replay left it (its marker; None: frozen).
         self._marked: tuple[Any, ...] | None = None
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
-        #: The largest allocation and global memory this step is held to: the target's where one is
-        #: given (``options={"target": ...}``), else the present device's.
-        self.memory_limits = MemoryLimits.of(profile_for(self._residency.runtime.profile, config.target))
-        self._state_checked = False
+        self._memory = StepMemory(profile_for(self._residency.runtime.profile, config.target))
+        #: The largest allocation and global memory this step is held to (the target's, else the device's).
+        self.memory_limits = self._memory.limits
         self._replay_options = ReplayOptions(config.replay_arena_kernels, config.replay_merge_copies,
                                              config.verify_memory, self.memory_limits)
         self._heap_copies = config.heap_copies
-        hook = _SyncHook(self)
-        self._hooks = [
-            *(module.register_state_dict_pre_hook(hook) for module in model.modules()),
-            model.register_load_state_dict_pre_hook(hook),
-            optimizer.register_state_dict_pre_hook(hook),
-            optimizer.register_load_state_dict_pre_hook(hook),
-        ]
+        self._hooks = _sync_hooks(model, optimizer, _SyncHook(self))
         self._closed = False
         self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
-        self._replay_enabled = replay
-        #: This step's device heap group: its parameters, optimizer state and replay arenas share
-        #: slabs no other step's tensors are in, each slab within the largest allocation (see runtime/heap.py).
-        self._heap_group = HeapGroup(self.memory_limits.max_allocation_bytes, self.memory_limits.owner)
+        self._replay_enabled = replay and self._scaling is None  # (GradScaler steps are not replayed)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
         self._replays = Replays(MAX_REPLAYS)
@@ -168,10 +164,8 @@ class TrainingStep:
 
     @property
     def device_footprint(self) -> DeviceFootprint | None:
-        """The device memory the replay of the batch geometry captured last holds (persistent state,
-        its arena's buffers, images, the compiled graphs' arenas) against :attr:`memory_limits`;
-        None before a capture. A capture whose footprint does not fit is refused with a
-        :class:`~torch_adreno.errors.DeviceMemoryError` before its replay allocates anything."""
+        """The device memory of the replay captured last against :attr:`memory_limits` (None before a
+        capture; one that does not fit is refused, a :class:`~torch_adreno.errors.DeviceMemoryError`)."""
         replay = self._replays.latest
         return None if replay is None else replay.footprint
 
@@ -191,30 +185,12 @@ class TrainingStep:
             raise
 
     def _check_can_step(self, batch: tuple[Any, ...]) -> None:
-        if self._closed:
-            raise RuntimeError("this TrainingStep was closed; make a new one to train further")
+        """What a step needs (``__call__`` refused a closed step already), checked before it runs."""
         check_can_step(self._params, batch)
-        if not self._state_checked:
-            self._check_state_fits()
-            self._state_checked = True
+        self._memory.check_state(self.model, self.optimizer, self._name_of)
         signature = batch_signature(batch)
         if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
             self._batch_signatures[signature] = None
-
-    def _check_state_fits(self) -> None:
-        """Before the first step: each parameter, buffer and optimizer state tensor within the
-        largest allocation, all of them within the global memory (a
-        :class:`~torch_adreno.errors.DeviceMemoryError` naming the tensor or the total otherwise).
-        A storage shared by several tensors (tied weights) counts once."""
-        named: dict[int, tuple[str, int]] = {}
-        tensors = [*self.model.named_parameters(), *self.model.named_buffers(),
-                   *((self._name_of(v) or key, v) for state in self.optimizer.state.values()
-                     for key, v in state.items() if isinstance(v, torch.Tensor))]
-        for name, tensor in tensors:
-            if tensor.numel() and tensor.device.type == "cpu":
-                storage = tensor.untyped_storage()
-                named.setdefault(storage.data_ptr(), (f"{name} ({list(tensor.shape)}, {tensor.dtype})", storage.nbytes()))
-        check_state_fits(named.values(), self.memory_limits, "TrainingStep")
 
     def _name_of(self, tensor: torch.Tensor) -> str | None:
         return name_of(tensor, self.model, self.optimizer)
@@ -235,8 +211,7 @@ class TrainingStep:
                 replay.last_phases["after"] = after
                 replay.last_host_seconds += after
                 if BUS.active:
-                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches,
-                                        footprint=replay.footprint))
+                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches, None, replay.footprint))
                 return loss
         # The compiled graphs must not see host_sync's mode (Dynamo would trace it).
         host_sync.suspend(self._residency)
@@ -248,15 +223,14 @@ class TrainingStep:
         kind = "full"
         if recorder is not None and signature is not None:
             refused = self._replays.add(signature, lambda: build_replay(
-                recorder, loss, batch, self.model, self.optimizer, self._residency, self._heap_group,
+                recorder, loss, batch, self.model, self.optimizer, self._residency, self._memory.heap_group,
                 self._replay_options))
             kind, reason = ("capture", reason) if refused is None else (kind, refused)
         elif signature is not None and self._replays.unreplayable(signature) is not None:
             reason = self._replays.unreplayable(signature)
         if signature is not None:
             self._replays.warm(signature)
-        footprint = self.device_footprint if kind == "capture" else None
-        BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason, footprint))
+        BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason, self.device_footprint if kind == "capture" else None))
         return loss
 
     def _replayed(self, batch: tuple[Any, ...],
@@ -288,7 +262,7 @@ class TrainingStep:
         clear_gradient_markers(self._params)  # left by the previous step; autograd would accumulate into them
         versions_before = self._residency.deferred_versions()
         self._residency.deferring = True
-        self._residency.heap_group = self._heap_group  # its parameters' copies in slabs of its own
+        self._residency.heap_group = self._memory.heap_group  # its parameters' copies in slabs of its own
         self._residency.heap_copies = self._heap_copies
         try:
             # An eager fallback of the optimizer step would read gradients that never reached the host.

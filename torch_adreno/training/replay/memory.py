@@ -162,9 +162,11 @@ def arena_layout(recorder: StepRecorder, memory: StepMemoryPlan, batch_copied: b
 def step_footprint(recorder: StepRecorder, layout: ArenaLayout, image_bytes: Sequence[int], limits: MemoryLimits,
                    name_of: Callable[[Any, str], str]) -> DeviceFootprint:
     """What a replay of ``recorder`` in ``layout`` holds on the device (images of the sizes
-    ``image_bytes``), each persistent tensor checked against the largest allocation first
-    (:func:`~torch_adreno.memory.footprint.check_allocations`, naming it by ``name_of(tensor,
-    label)``). A persistent tensor counts its whole storage once (views of one share it)."""
+    ``image_bytes``), held to ``limits``: each persistent tensor checked against the largest
+    allocation first (:func:`~torch_adreno.memory.footprint.check_allocations`, naming it by
+    ``name_of(tensor, label)``), then the whole (:meth:`DeviceFootprint.check`); a
+    :class:`~torch_adreno.errors.DeviceMemoryError` where it does not fit. A persistent tensor
+    counts its whole storage once (views of one share it)."""
     storages: dict[int, tuple[str, int]] = {}
     for identity in recorder.identities:
         if identity.kind is not PERSISTENT:
@@ -178,8 +180,10 @@ def step_footprint(recorder: StepRecorder, layout: ArenaLayout, image_bytes: Seq
     check_allocations(storages.values(), limits, described_step(recorder))
     graph_arenas = sum(max(n, 1) for program in recorder.programs.values() for n in program.plan.arena_bytes)
     largest = max([*layout.parts, *image_bytes, *(n for _, n in storages.values())], default=0)
-    return DeviceFootprint(sum(n for _, n in storages.values()), layout.parts, sum(image_bytes), graph_arenas,
-                           largest, limits)
+    footprint = DeviceFootprint(sum(n for _, n in storages.values()), layout.parts, sum(image_bytes), graph_arenas,
+                                largest, limits)
+    footprint.check(described_step(recorder))
+    return footprint
 
 
 def described_step(recorder: StepRecorder) -> str:

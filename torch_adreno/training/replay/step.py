@@ -66,7 +66,6 @@ from torch_adreno.training.replay.capture import (
 from torch_adreno.training.replay.launch_list import Copy, Flush, Launch, LaunchList, Operation
 from torch_adreno.training.replay.memory import (
     arena_layout,
-    described_step,
     plan_step_memory,
     step_footprint,
     verify_step_memory,
@@ -129,25 +128,21 @@ class ReplayedStep:
             # need new images each step, so the batch goes into the replay's own buffers instead.
             self.batch_mode = BatchMode.UPLOADED
         limits = options.limits or MemoryLimits.of(self.runtime.profile)
-        # The memory made during the step, the seeds and the batch's own copy live in the arena, each
-        # at a fixed offset (internal identities at their slot's) of one of its buffers, each buffer
-        # within the largest allocation.
+        # The memory made during the step, the seeds and the batch's own copy live in the arena, each at
+        # a fixed offset (internal identities at their slot's) of one of its buffers, each within the limit.
         self.arena = arena_layout(recorder, self.memory, self.batch_mode is not BatchMode.IN_PLACE,
                                   self.runtime.device.mem_base_addr_align // 8, limits)
         if options.verify_memory:
             verify_step_memory(recorder, self.arena, {loss_identity})
-        #: The device memory the step holds (images counted once bound, below), held to ``limits``
-        #: before the arena is allocated.
+        #: The device memory the step holds, held to ``limits`` before the arena is (images: once bound).
         self.footprint = step_footprint(recorder, self.arena, [], limits, residency.name_of)
-        self.footprint.check(described_step(recorder))
         self._buffers = StepBuffers(self.runtime, recorder, self.arena,
                                     options.arena_kernels and not residency.zero_copy and not images, heap_group)
-        self._arenas = self._buffers.arenas
-        self._arena = self._arenas[0]
+        self._arena = self._buffers.arenas[0]
         bindings = self._batch_bindings(recorder)
         # (The seeds and the copied batch are in one of the arena's buffers, one write's bytes.)
         self._batch = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()),
-                                 self._arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
+                                 self._buffers.arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
         # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
@@ -169,7 +164,6 @@ class ReplayedStep:
         listed, described = self._bind_operations(recorder, kernels, copies, bindings)
         own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
         self.footprint = step_footprint(recorder, self.arena, list(own_images.values()), limits, residency.name_of)
-        self.footprint.check(described_step(recorder))
         #: The step's device operations on the replay's own queue (the C loop where available).
         self._operations = LaunchList(self._queue, listed)
         # Under profile(): on the runtime's queue, from Python, each call returning its event.
