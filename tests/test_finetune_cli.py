@@ -291,11 +291,10 @@ def test_images_task_trains_the_classifier_on_the_device(tmp_path, monkeypatch, 
     (step,) = steps.steps
     assert step.replayed_steps == 28  # type: ignore[attr-defined]
     assert re.search(r"img/s, loss=", captured.err)
-    first, last = map(float, re.search(r"training loss: ([\d.]+) -> ([\d.]+)", captured.out).groups())
-    assert last < first
-    # Reported, not judged: a random backbone's features carry little of the digits (about chance
-    # after 30 steps); transfer learning proper starts from --weights.
-    assert 0.0 <= float(re.search(r"held-out accuracy: ([\d.]+)%", captured.out).group(1)) <= 100.0
+    # The same held-out digits before and after (a random backbone's features carry little of the
+    # digits: the loss falls slowly, the accuracy stays near chance; --weights is transfer learning proper).
+    before, after = map(float, re.search(r"held-out loss: ([\d.]+) -> ([\d.]+), accuracy [\d.]+%", captured.out).groups())
+    assert after < before, captured.out
     state = torch.load(out / finetune_images.STATE_FILE)
     initial = finetune_images.build_model(_settings(["--task", "images", "--width-mult", "0.25"])).state_dict()
     assert not torch.equal(state["classifier.1.weight"], initial["classifier.1.weight"])

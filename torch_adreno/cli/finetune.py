@@ -35,7 +35,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
              "lora_modules": None, "eval_batches": 4, "base_dtype": "float32", "steps": 200, "batch": 8, "lr": 3e-3,
              "out": Path("finetuned-text")},
     "images": {"image_size": 32, "train_last": 0, "weights": None, "width_mult": 1.0, "steps": 150, "batch": 32,
-               "lr": 1e-3, "out": Path("finetuned-images")},
+               "lr": 3e-4, "out": Path("finetuned-images")},
 }
 
 #: An image side of at least the digits' own 8 pixels.
