@@ -89,7 +89,9 @@ def _train(target: str, options: dict, steps: int = 4, replay: bool = True):
     step = torch_adreno.TrainingStep(model, _loss, optimizer, options={"target": target, **options}, replay=replay)
     with torch_adreno.profile() as prof:
         losses = torch.stack([step(x, y) for x, y in _batches(steps)])
-    step.synchronize()
+    # Copy mode: the state's host copies stayed out of date through the capture (measuring the
+    # footprint reads no tensor, which would have synchronized it), until now.
+    assert step.synchronize() > 0 or step._residency.zero_copy
     assert step.replayed_steps == (steps - 2 if replay else 0)
     return losses, [p.detach().clone() for p in model.parameters()], step, prof
 

@@ -166,22 +166,21 @@ def step_footprint(recorder: StepRecorder, layout: ArenaLayout, image_bytes: Seq
     allocation first (:func:`~torch_adreno.memory.footprint.check_allocations`, naming it by
     ``name_of(tensor, label)``), then the whole (:meth:`DeviceFootprint.check`); a
     :class:`~torch_adreno.errors.DeviceMemoryError` where it does not fit. A persistent tensor
-    counts its whole storage once (views of one share it)."""
-    storages: dict[int, tuple[str, int]] = {}
+    counts once, with the bytes of its buffer, however many buffers a capture bound it through.
+
+    Only buffer sizes are read, never a tensor: a capture runs while host copies are out of date,
+    and a torch call on one would synchronize it (``host_sync``'s mode is armed then)."""
+    persistent: dict[int, int] = {}
     for identity in recorder.identities:
-        if identity.kind is not PERSISTENT:
-            continue
-        tensor = identity.tensor
-        if tensor is None or tensor.numel() == 0:
-            storages[-identity.index - 1] = (identity.label, identity.nbytes)
-            continue
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = (name_of(tensor, identity.label), max(storage.nbytes(), identity.nbytes))
-    check_allocations(storages.values(), limits, described_step(recorder))
+        if identity.kind is PERSISTENT:
+            key = -identity.index - 1 if identity.tensor is None else id(identity.tensor)
+            persistent[key] = max(persistent.get(key, 0), identity.nbytes)
+    check_allocations([(name_of(i.tensor, i.label) if i.tensor is not None else i.label, i.nbytes)
+                       for i in recorder.identities
+                       if i.kind is PERSISTENT and i.nbytes > limits.max_allocation_bytes], limits, described_step(recorder))
     graph_arenas = sum(max(n, 1) for program in recorder.programs.values() for n in program.plan.arena_bytes)
-    largest = max([*layout.parts, *image_bytes, *(n for _, n in storages.values())], default=0)
-    footprint = DeviceFootprint(sum(n for _, n in storages.values()), layout.parts, sum(image_bytes), graph_arenas,
-                                largest, limits)
+    largest = max([*layout.parts, *image_bytes, *persistent.values()], default=0)
+    footprint = DeviceFootprint(sum(persistent.values()), layout.parts, sum(image_bytes), graph_arenas, largest, limits)
     footprint.check(described_step(recorder))
     return footprint
 
