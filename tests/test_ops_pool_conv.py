@@ -161,8 +161,9 @@ def test_conv_transpose_forward_and_backward_are_implicit_gemms():
     fn = lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1)  # noqa: E731
     fw, bw = (lower_graph(gm, Config(), "g") for gm in capture_graphs(fn, x, w))
     (gemm,) = [n for n in fw.nodes if isinstance(n, ir.Gemm)]
-    # Output 10x10 positions, summed over the input channels times the kernel taps.
-    assert (gemm.batch, gemm.m, gemm.n, gemm.k) == (2, 3, 100, 4 * 9)
+    # Output 10x10 positions of both images as the columns (the batch folded in: no groups),
+    # summed over the input channels times the kernel taps.
+    assert (gemm.batch, gemm.m, gemm.n, gemm.k) == (1, 3, 2 * 100, 4 * 9)
     assert fw.buffers[gemm.output].shape == (2, 3, 10, 10)
     assert sum(isinstance(n, ir.Gemm) for n in bw.nodes) == 2
     assert not any(isinstance(n, ir.HostOp) for n in [*fw.nodes, *bw.nodes])

@@ -3,7 +3,9 @@
 Steps, each recording a reason for every decision (``TORCH_ADRENO_DEBUG`` writes them out):
 
 1. recomputation (``inline.py``): small reductions are unrolled, cheap pointwise producers are
-   substituted into their consumers, so their results never reach memory;
+   substituted into their consumers, so their results never reach memory; long reductions into
+   few outputs (``split_reductions.py``) become partial reductions and a reduction of the partials
+   (also without fusion, like split-K);
 2. scheduling (``schedule.py``): what remains is grouped into kernels where values can flow through
    registers (GEMM epilogues, reduction prologues/epilogues/inner stages, pointwise chains,
    horizontal siblings);
@@ -39,6 +41,7 @@ from torch_adreno.fusion.kernels import (
 from torch_adreno.fusion.multi_tensor import group_independent_pointwise, max_kernel_buffers
 from torch_adreno.fusion.schedule import FusionGroup, Scheduler
 from torch_adreno.fusion.split_k import split_long_gemms
+from torch_adreno.fusion.split_reductions import split_long_reductions
 
 __all__ = [
     "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "KernelSpec", "Phase",
@@ -76,13 +79,14 @@ def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None,
     decisions: list[Decision] = []
     if not config.fusion:
         scheduler = Scheduler(graph, decisions)
-        for node in graph.nodes:
+        for node in split_long_reductions(graph, list(graph.nodes), decisions, compute_units):
             scheduler._start(node, set(ir.node_inputs(node)))
         decisions.append(Decision("*", "*", False, "fusion disabled (options={'fusion': False}): one kernel per node"))
         groups = scheduler.finish("k")
     else:
         nodes = unroll_small_reductions(list(graph.nodes), decisions)
         nodes = inline_pointwise(graph, nodes, decisions)
+        nodes = split_long_reductions(graph, nodes, decisions, compute_units)
         scheduler = Scheduler(graph, decisions)
         for node in nodes:
             scheduler.place(node)

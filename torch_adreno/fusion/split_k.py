@@ -8,7 +8,7 @@ and a second, small launch adds the S slice sums and runs the fused epilogue. Th
 cost 2 x S x m x n floats of traffic, kept under a quarter of the bytes the operands move.
 
 The rule needs only the device's compute-unit count: enough output tiles (at the template's usual
-64 x 64) to give every compute unit two work-groups is all the parallelism splitting could add
+64 x 64) to give every compute unit four work-groups' worth is all the parallelism splitting could add
 (at least :data:`TARGET_TILES`, a phone GPU's few compute units several times over), and slices
 shorter than 256 leave too little work per work-group to pay for their partial sums.
 
@@ -28,10 +28,11 @@ from torch_adreno.fusion.kernels import GemmKernel
 from torch_adreno.fusion.schedule import FusionGroup
 
 #: Output tiles (64 x 64, times the batch) below which a GEMM is split, and the most it is split to,
-#: on a device of at most 32 compute units; larger ones get two tiles per compute unit (the H200's
-#: 132: ResNet-18's first-stage weight gradients, 9 tiles each, were 6.8 TFLOP/s split into 8).
+#: on a device of at most 16 compute units; larger ones get four tiles per compute unit (the H200's
+#: 132: ResNet-18's first-stage weight gradients, 9 tiles each, were 6.8 TFLOP/s split into 8, and
+#: GPT-2's head backward, 96 work-groups of 128 x 64 split in 2, still 1.45 waves at 19.8 TFLOP/s).
 TARGET_TILES = 64
-TILES_PER_COMPUTE_UNIT = 2
+TILES_PER_COMPUTE_UNIT = 4
 #: The shortest k slice.
 MIN_SLICE = 256
 #: Slice sums written and read again, at most this fraction of the operand bytes.
