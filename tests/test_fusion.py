@@ -222,3 +222,30 @@ def test_debug_directory_gets_every_stage(tmp_path):
         assert "memory plan" in (tmp_path / f"{name}.memory.txt").read_text()
         sources = list((tmp_path / name).glob("*.cl"))
         assert sources and all("from FX node" in s.read_text() for s in sources)
+
+
+def test_long_reduction_into_few_outputs_is_split_into_partials_with_reason():
+    from torch_adreno.fusion.split_reductions import choose_leading_dims
+
+    # A BatchNorm's per-channel sum over batch x height x width: 16 channels of 8 x 32 x 32.
+    x = torch.randn(8, 16, 32, 32)
+    result = fused(lambda x: x.sum(dim=(0, 2, 3)), x)
+    reductions = [n for g in result.groups for n in g.nodes if isinstance(n, ir.Reduction)]
+    assert [(n.ranges, n.reduction_ranges) for n in reductions] == [((16, 8), (32, 32)), ((16,), (8,))]
+    assert "split reduce_sum over 8192 elements into 16 output(s): 128 partial rows of 1024" in reasons(result)
+    # Enough outputs already, or rows too short to split: unchanged; the H200 aims at 528 rows.
+    assert choose_leading_dims(ir.Reduction("r", "o", (1024,), (8, 1024), "sum", ir.index(0), ()), 64) == 0
+    assert choose_leading_dims(ir.Reduction("r", "o", (16,), (8, 512), "sum", ir.index(0), ()), 64) == 0
+    assert choose_leading_dims(ir.Reduction("r", "o", (64,), (16, 112, 112), "sum", ir.index(0), ()), 528) == 1
+    assert choose_leading_dims(ir.Reduction("r", "o", (16,), (8, 4096), "argmax", ir.index(0), ()), 64) == 0
+
+
+@pytest.mark.device
+def test_split_batchnorm_statistics_and_backward_match_eager():
+    # Per-channel statistics and their backward over 8 x 32 x 32 elements each: two reduction
+    # kernels per split sum (partials, then their sum) in both graphs.
+    bn = torch.nn.BatchNorm2d(16)
+    prof = assert_matches_eager(lambda x: torch.relu(bn(x)), torch.randn(8, 16, 32, 32), atol=1e-4)
+    for graph in ("forward", "backward"):
+        reductions = [k for k in prof.kernels if k.kind == "reduction" and k.graph.startswith(graph)]
+        assert len(reductions) >= 2, [k.name for k in prof.kernels]
