@@ -99,7 +99,7 @@ WORKLOADS = {"mobilenet_v2": mobilenet, "gpt2_lora": lora}
 def run(args: argparse.Namespace) -> dict[str, Any]:
     target = args.target
     if args.max_alloc_mib is not None:
-        derived = profiles.derive_target(target, f"{target}_{args.max_alloc_mib}mib", "--max-alloc-mib",
+        derived = profiles.derive_target(target, f"{target}_{args.max_alloc_mib:g}mib", "--max-alloc-mib",
                                          max_alloc_bytes=int(args.max_alloc_mib * 2**20))
         profiles.register_target(derived)
         target = derived.name

@@ -6,9 +6,10 @@ argument bound once; memory made during the step (arena slots, saved activations
 scratch, the loss) is laid out anew by one memory plan spanning the whole step, so a saved
 activation's bytes are free after its last backward read and a gradient's after the optimizer's;
 persistent tensors (parameters, optimizer state) keep the residency's buffers. The step's own
-memory, its seeds and (where copied) its batch live in one buffer, the arena (:class:`ArenaLayout`),
-and the kernels are rebuilt to take it as one argument and find those operands at constant
-offsets (:mod:`torch_adreno.kernels.arena_params`): a driver's enqueue costs time per argument
+memory, its seeds and (where copied) its batch live in one buffer, the arena (:class:`ArenaLayout`;
+several buffers where one would exceed the largest allocation of the device or target, each then
+an argument of its own), and the kernels are rebuilt to take it as one argument and find those
+operands at constant offsets (:mod:`torch_adreno.kernels.arena_params`): a driver's enqueue costs time per argument
 (NVIDIA's ~0.45 us each with the device busy), and resnet_mini's step passes 300 arguments instead
 of 648. A replay then:
 
@@ -22,6 +23,11 @@ of 648. A replay then:
    the same write);
 3. enqueues the launches in one loop with nothing in it but the enqueue;
 4. reads the loss (the one blocking wait of the step).
+
+Before it allocates anything, a replay holds its device footprint (persistent state, arena,
+images, the compiled graphs' arenas: :attr:`ReplayedStep.footprint`) to the global memory and
+largest allocation of its limits (:class:`ReplayOptions`), refusing with a
+:class:`~torch_adreno.errors.DeviceMemoryError` that says what would make it fit.
 
 No Dynamo, AOTAutograd wrapper or autograd engine runs. What a replay assumes (the same batch
 geometry, the same tensors, hyperparameters, modes) is checked by its owner before each call
