@@ -127,7 +127,8 @@ LAYERS = {
     "bmm": (torch.bmm, [(3, 4, 8), (3, 8, 12)]),
     "conv2d_padded": (lambda x, w, b: F.conv2d(x, w, b, padding=1), [(2, 4, 9, 9), (8, 4, 3, 3), (8,)]),
     "conv2d_strided": (lambda x, w: F.conv2d(x, w, stride=2), [(2, 3, 11, 11), (8, 3, 3, 3)]),
-    "conv2d_depthwise": (lambda x, w: F.conv2d(x, w, padding=1, groups=4), [(2, 4, 8, 8), (4, 1, 3, 3)]),
+    # Grouped (a GEMM batch per group); depthwise convolutions are reductions and read no image.
+    "conv2d_grouped": (lambda x, w: F.conv2d(x, w, padding=1, groups=2), [(2, 4, 8, 8), (4, 2, 3, 3)]),
     # The weight gradient (k = 2048 rows into 8 x 16 outputs) is split over k: images in the slices.
     "linear_split_k": (lambda x, w: F.linear(x, w), [(2048, 16), (8, 16)]),
 }
