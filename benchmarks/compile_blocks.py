@@ -13,9 +13,11 @@ Each block count runs in a fresh process whose caches start empty (cold): the pr
 (``TORCH_ADRENO_CACHE_DIR``), the tuning choices (``TORCH_ADRENO_CACHE``), PyTorch's compile cache
 (``TORCHINDUCTOR_CACHE_DIR``) and the drivers' (``POCL_CACHE_DIR``, ``CUDA_CACHE_PATH``). It makes the
 step, runs the calls up to and including the first replayed one (``until_replay_s``: compiling
-the loss and optimizer graphs, running them, the capture and the first replay), then times three
+the loss and optimizer graphs, running them, the capture and the first replay; ``until_replay_cpu_s``
+the process's CPU time in them, which the load of a shared host moves less), then times three
 replayed steps (``step_s``, their median). Seconds by stage, each the time spent inside the
-function named (wrapped where its caller looks it up, so a renamed function fails loudly here):
+function named (wrapped where its caller looks it up, so a renamed function fails loudly here;
+``stage_cpu_s`` the CPU seconds of each):
 
 * ``backend_s``: our backend as Dynamo calls it per graph (``trace_and_compile``): AOTAutograd's
   joint trace and partition plus everything below; ``aot_s`` is its part outside ``compile_graph``;
@@ -88,11 +90,13 @@ STAGES = (
 
 
 class StageTimers:
-    """Seconds spent inside each stage's function, and the OpenCL build seconds within the replay's
-    setup (the rest of the builds are the compiled graphs')."""
+    """Seconds spent inside each stage's function (wall clock, and this process's CPU time: the
+    host is shared, and CPU time moves less with the load of others), and the OpenCL build seconds
+    within the replay's setup (the rest of the builds are the compiled graphs')."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu_seconds: dict[str, float] = defaultdict(float)
         self.replay_build_s = 0.0
 
     def install(self) -> None:
@@ -108,11 +112,12 @@ class StageTimers:
     def _wrap(self, label: str, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start, built = time.perf_counter(), build_stats().build_seconds
+            start, cpu, built = time.perf_counter(), time.process_time(), build_stats().build_seconds
             try:
                 return function(*args, **kwargs)
             finally:
                 self.seconds[label] += time.perf_counter() - start
+                self.cpu_seconds[label] += time.process_time() - cpu
                 if label == "replay_setup":
                     self.replay_build_s += build_stats().build_seconds - built
         return timed
@@ -145,6 +150,7 @@ def child(args: argparse.Namespace, layers: int) -> dict[str, Any]:
     step = torch_adreno.TrainingStep(model, gpt2_lora.lm_loss, opt, options=_options(args))
     profiler = cProfile.Profile() if args.cprofile else None
     calls: list[float] = []
+    cpu_start = time.process_time()
     if profiler is not None:
         profiler.enable()
     while step.replayed_steps == 0:
@@ -153,6 +159,7 @@ def child(args: argparse.Namespace, layers: int) -> dict[str, Any]:
         start = time.perf_counter()
         float(step(tokens, targets))
         calls.append(time.perf_counter() - start)
+    until_replay_cpu = time.process_time() - cpu_start
     if profiler is not None:
         profiler.disable()
         args.cprofile.mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,9 @@ def child(args: argparse.Namespace, layers: int) -> dict[str, Any]:
     s = {name: stages.get(name, 0.0) for name, _, _ in STAGES if name != "replays"}
     record = {
         "layers": layers, "config": dataclasses.asdict(cfg), "options": {k: str(v) for k, v in _options(args).items()},
-        "calls_s": calls, "until_replay_s": until_replay, "step_s": statistics.median(steady),
+        "calls_s": calls, "until_replay_s": until_replay, "until_replay_cpu_s": until_replay_cpu,
+        "stage_cpu_s": {name: timers.cpu_seconds.get(name, 0.0) for name, _, _ in STAGES},
+        "step_s": statistics.median(steady),
         **{f"{name}_s": value for name, value in s.items() if name != "compile_graph"},
         "aot_s": s["backend"] - s["compile_graph"],
         "opencl_build_s": stats.build_seconds, "replay_build_s": timers.replay_build_s,
@@ -213,7 +222,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     return out
 
 
-COLUMNS = (("until_replay_s", "total"), ("dynamo_and_host_s", "dynamo+"), ("aot_s", "aot"), ("lowering_s", "lower"),
+COLUMNS = (("until_replay_s", "total"), ("until_replay_cpu_s", "cpu"), ("dynamo_and_host_s", "dynamo+"), ("aot_s", "aot"), ("lowering_s", "lower"),
            ("fusion_s", "fuse"), ("memory_plan_s", "plan"), ("rendering_s", "render"), ("graph_build_s", "build"),
            ("tuning_s", "tune"), ("graph_calls_s", "calls"), ("replay_setup_s", "replay"),
            ("replay_build_s", "r.build"), ("first_replay_s", "1st rep"))
