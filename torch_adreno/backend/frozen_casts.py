@@ -193,7 +193,7 @@ def split_partitioned(fw: GraphModule, bw: GraphModule, num_fwd_outputs: int,
     for i, pair in swaps.items():
         outputs[i] = copies[pair]
     output.args = (tuple(outputs), *output.args[1:])
-    swapped = {name: pair for name, pair in ((p[0], p) for p in swaps.values())}
+    swapped = {pair[0]: pair for pair in swaps.values()}
     for node in _placeholders(bw):
         if node.name not in swapped:
             continue
