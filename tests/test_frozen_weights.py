@@ -9,6 +9,8 @@ must give the same bits.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -146,6 +148,12 @@ def test_compiled_loop_and_inference_read_the_current_copies():
         with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
             eager = model(tokens)
         torch.testing.assert_close(logits.float(), eager.float(), rtol=2e-2, atol=2e-2)
+    # The copies live as long as the graphs that read them (the loss's autograd graph holds them too).
+    live = len(FROZEN_COPIES)
+    del compiled, loss
+    torch._dynamo.reset()
+    gc.collect()
+    assert len(FROZEN_COPIES) == live - 3
     assert results[True][0] == results[False][0] and results[True][0][0] != results[True][0][1]
     assert torch.equal(results[True][1], results[False][1])
     assert results[True][2] < results[False][2]

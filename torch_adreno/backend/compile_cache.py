@@ -326,6 +326,7 @@ class CompiledGraph(OutputCode):
         self.version_bumped_inputs = tuple(version_bumped_inputs)
         self.restrided_outputs = _outputs_to_restride(program, output_strides)
         self.executable: Executable | None = None
+        self._held_copies: list[Any] = []
 
     def bind(self) -> Executable:
         """Build the program's kernels and buffers on the device (once)."""
@@ -340,6 +341,8 @@ class CompiledGraph(OutputCode):
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         if self.frozen_copies:
             inputs = self.frozen_copies.extend(inputs, self.program.graph.name)
+            # Held until the next call: the copies live as long as a graph that reads them.
+            self._held_copies = inputs[self.frozen_copies.first:]
         # Boxed: the very list AOTAutograd passes, which the Executable may clear as it goes.
         outputs = self.bind()(inputs)  # type: ignore[arg-type]
         for position, strides in self.restrided_outputs:
@@ -349,7 +352,7 @@ class CompiledGraph(OutputCode):
         return outputs
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "executable": None}
+        return {**self.__dict__, "executable": None, "_held_copies": []}
 
     def prepare_for_serialization(self) -> None:
         if any(isinstance(step, HostStep) for step in self.program.steps):

@@ -41,14 +41,17 @@ COPY_DTYPES = (torch.float16, torch.bfloat16)
 @dataclass
 class _Copy:
     source: weakref.ref[torch.Tensor]
-    version: int | None
-    address: int
-    copy: torch.Tensor
+    copy: weakref.ref[torch.Tensor]
+    #: The source's version counter and address when the copy was made.
+    version: int | None = None
+    address: int = 0
 
 
 class FrozenCopies:
     """The 16-bit copies of frozen tensors in this process, by source tensor and dtype (see the
-    module docstring). A copy lives as long as its source."""
+    module docstring). The table holds sources and copies weakly: a copy lives while something
+    reads it -- the compiled graphs that last bound it (:class:`FrozenCopyInputs` users keep their
+    last call's copies) and the replays that bind it -- and never longer than its source."""
 
     def __init__(self) -> None:
         self._copies: dict[tuple[int, torch.dtype], _Copy] = {}
@@ -65,39 +68,44 @@ class FrozenCopies:
             raise ValueError(f"a frozen copy is float16 or bfloat16, not {dtype}")
         key = (id(source), dtype)
         entry = self._copies.get(key)
+        copy = entry.copy() if entry is not None else None
         version = version_of(source)
-        if entry is not None and entry.source() is source and version is not None \
+        if copy is not None and entry is not None and entry.source() is source and version is not None \
                 and entry.version == version and entry.address == source.data_ptr():
-            return entry.copy
+            return copy
         with self._lock:
             return self._make(key, source, dtype, version)
 
     def _make(self, key: tuple[int, torch.dtype], source: torch.Tensor, dtype: torch.dtype,
               version: int | None) -> torch.Tensor:
         entry = self._copies.get(key)
+        copy = entry.copy() if entry is not None and entry.source() is source else None
         # As eager computes it, whatever mode the caller runs under (no autograd, no autocast).
         with torch.no_grad(), torch._C.DisableTorchFunction():
-            if entry is not None and entry.source() is source and entry.copy.shape == source.shape:
-                entry.copy.copy_(source)  # the same host memory: bound buffers and replays stay valid
+            if entry is not None and copy is not None and copy.shape == source.shape:
+                copy.copy_(source)  # the same host memory: bound buffers stay valid, its version moves
             else:
                 copy = source.detach().to(dtype, memory_format=torch.contiguous_format)
-                entry = _Copy(weakref.ref(source, self._forget_source(key)), None, 0, copy)
-                self._copies[key] = entry
-                self._sources[id(copy)] = entry.source
+                entry = self._remember(key, source, copy)
         entry.version, entry.address = version, source.data_ptr()
         self.copies_made += 1
-        self.bytes_made += entry.copy.numel() * entry.copy.element_size()
-        return entry.copy
+        self.bytes_made += copy.numel() * copy.element_size()
+        return copy
 
-    def _forget_source(self, key: tuple[int, torch.dtype]) -> Any:
-        copies, sources = self._copies, self._sources
+    def _remember(self, key: tuple[int, torch.dtype], source: torch.Tensor, copy: torch.Tensor) -> _Copy:
+        copies, sources, copy_id = self._copies, self._sources, id(copy)
+        entry: _Copy
 
-        def forget(_: object) -> None:
-            entry = copies.pop(key, None)
-            if entry is not None:
-                sources.pop(id(entry.copy), None)
+        def forget(_: object) -> None:  # the source or the copy died: the entry goes (unless replaced)
+            if copies.get(key) is entry:
+                del copies[key]
+            if sources.get(copy_id) is entry.source:
+                del sources[copy_id]
 
-        return forget
+        entry = _Copy(weakref.ref(source, forget), weakref.ref(copy, forget))
+        copies[key] = entry
+        sources[copy_id] = entry.source
+        return entry
 
     def source_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """The tensor ``tensor`` is a frozen copy of (None: it is not one)."""
@@ -106,14 +114,15 @@ class FrozenCopies:
         if source is None:
             return None
         entry = self._copies.get((id(source), tensor.dtype))
-        return source if entry is not None and entry.copy is tensor else None
+        return source if entry is not None and entry.copy() is tensor else None
 
     def __len__(self) -> int:
-        return len(self._copies)
+        return sum(1 for e in list(self._copies.values()) if e.copy() is not None)
 
     def nbytes(self) -> int:
-        """Host bytes the copies hold (on unified memory, the device's copies themselves)."""
-        return sum(e.copy.numel() * e.copy.element_size() for e in list(self._copies.values()))
+        """Host bytes the live copies hold (on unified memory, the device's copies themselves)."""
+        live = [e.copy() for e in list(self._copies.values())]
+        return sum(c.numel() * c.element_size() for c in live if c is not None)
 
 
 #: The process's frozen copies (host tensors: one table serves every device).
@@ -137,7 +146,8 @@ class FrozenCopyInputs:
         return range(self.first, self.first + len(self.sources))
 
     def extend(self, args: Sequence[Any], graph: str) -> list[Any]:
-        """``args`` with the frozen copies after them."""
+        """``args`` with the frozen copies after them (the caller keeps them alive while it may
+        bind them again: :class:`FrozenCopies` holds them weakly)."""
         if len(args) != self.first:
             raise RuntimeError(f"{graph} takes {self.first} arguments before its frozen copies, got {len(args)}")
         copies = []
