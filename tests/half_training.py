@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from helpers import LaunchProfile
 
+from torch_adreno.kernels.expressions import STORAGE_CTYPE
+from torch_adreno.kernels.params import Role
 from torch_adreno.models import MODELS
 
 #: precision -> (autocast dtype or None, parameter dtype, GradScaler or not)
@@ -89,15 +90,25 @@ def train(model_name: str, precision: str, steps: int, compiled: bool, lr: float
 STORAGE_TYPE = {torch.float16: "half", torch.bfloat16: "ushort"}
 
 
+#: IR buffers of float32 partial sums by design, whatever the model's type: split-K slice sums and
+#: split reductions' partial rows (an accumulator's precision, as a GEMM's registers are).
+PARTIAL_SUM_SUFFIXES = ("_slices", "_partials")
+
+
 def buffer_types(prof: LaunchProfile) -> dict[tuple[str, str], set[str]]:
     """Per (graph kind, "read" or "write"), the element types of the ``__global`` buffers the
-    launched kernels declare (``const`` ones are read): what the device stored, whatever the
-    results' dtypes say."""
+    launched kernels take (their parameter records): what the device stored, whatever the
+    results' dtypes say. Partial sums (:data:`PARTIAL_SUM_SUFFIXES`) are left out."""
     types: dict[tuple[str, str], set[str]] = {}
     for kernel in {k.name: k for k in prof.launched}.values():
         kind = kernel.name.split("_", 1)[0]
-        for const, ctype in re.findall(r"__global (const )?(\w+)\*", kernel.source):
-            types.setdefault((kind, "read" if const else "write"), set()).add(ctype)
+        for param in kernel.arguments:
+            if (param.address_space != "__global" or param.role is Role.ARENA
+                    or param.key.endswith(PARTIAL_SUM_SUFFIXES)):
+                continue  # an arena argument holds buffers of several types (each located one counts)
+            ctype = STORAGE_CTYPE.get(param.dtype)
+            if ctype is not None:
+                types.setdefault((kind, "write" if param.written else "read"), set()).add(ctype)
     return types
 
 

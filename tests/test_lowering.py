@@ -39,7 +39,8 @@ def test_conv_is_an_implicit_gemm_with_masked_im2col():
     g = lower(lambda x, w: F.conv2d(x, w, padding=1), torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3))
     (gemm,) = g.nodes
     assert isinstance(gemm, ir.Gemm)
-    assert (gemm.batch, gemm.m, gemm.n, gemm.k) == (2, 4, 25, 27)
+    # One GEMM over both images' 25 positions (the batch folded into the columns: no groups).
+    assert (gemm.batch, gemm.m, gemm.n, gemm.k) == (1, 4, 2 * 25, 27)
     assert str(gemm.rhs).startswith("where(")  # padding is a guarded read
     assert g.buffers[gemm.output].shape == (2, 4, 5, 5)
 
