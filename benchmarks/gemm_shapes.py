@@ -1,0 +1,188 @@
+"""Our GEMM and convolution kernels at the shapes of the real workloads, each kernel on its own.
+
+The workloads (benchmarks/workloads.py) spend most of their device time in GEMM kernels: GPT-2
+LoRA's linear layers (1,024 tokens x 768 / 2,304 / 3,072 features, forward and the input
+gradient of the frozen weights), its 50,257-word head, and ResNet-18's convolutions (forward,
+input gradient, weight gradient). This times every GEMM kernel of each such layer compiled on its
+own (forward and backward graphs), with the heuristic's tiling and, with ``--tune``, the tuner's
+best, next to PyTorch's forward and backward of the same layer on the same GPU (CUDA events; TF32
+off). Each kernel's row says its launch geometry (work-groups x work-items), FLOPs, bytes and
+achieved GFLOP/s, so that the heuristic's choices can be judged shape by shape.
+
+    python benchmarks/gemm_shapes.py --device NVIDIA [--tune] [--cases gpt2 resnet18] [--reps 10]
+
+Appends JSON lines to benchmarks/results/gemm_shapes.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import RESULTS, append_jsonl, device_arg, run_context
+
+import torch_adreno
+
+#: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
+Layer = tuple[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]]
+
+
+class FrozenLinear(torch.nn.Module):
+    """A frozen linear layer (LoRA's base weights): the backward computes only the input gradient."""
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = True) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(d_in, d_out, bias=bias)
+        self.linear.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class Conv(torch.nn.Module):
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def _linear(tokens: int, d_in: int, d_out: int, bias: bool = True) -> Callable[[], tuple[torch.nn.Module, torch.Tensor]]:
+    return lambda: (FrozenLinear(d_in, d_out, bias), torch.randn(tokens, d_in, requires_grad=True))
+
+
+def _conv(batch: int, c_in: int, c_out: int, size: int, kernel: int, stride: int,
+          input_grad: bool = True) -> Callable[[], tuple[torch.nn.Module, torch.Tensor]]:
+    return lambda: (Conv(c_in, c_out, kernel, stride),
+                    torch.randn(batch, c_in, size, size, requires_grad=input_grad))
+
+
+CASES: dict[str, list[Layer]] = {
+    "gpt2": [
+        ("gpt2 c_attn 1024x768->2304", _linear(1024, 768, 2304)),
+        ("gpt2 attn c_proj 1024x768->768", _linear(1024, 768, 768)),
+        ("gpt2 mlp c_fc 1024x768->3072", _linear(1024, 768, 3072)),
+        ("gpt2 mlp c_proj 1024x3072->768", _linear(1024, 3072, 768)),
+        ("gpt2 head 1024x768->50257", _linear(1024, 768, 50257, bias=False)),
+    ],
+    "resnet18": [
+        ("resnet18 stem 3->64 7x7 s2 @224", _conv(16, 3, 64, 224, 7, 2, input_grad=False)),
+        ("resnet18 layer1 64->64 3x3 @56", _conv(16, 64, 64, 56, 3, 1)),
+        ("resnet18 layer2 64->128 3x3 s2 @56", _conv(16, 64, 128, 56, 3, 2)),
+        ("resnet18 layer2 128->128 3x3 @28", _conv(16, 128, 128, 28, 3, 1)),
+        ("resnet18 layer2 down 64->128 1x1 s2 @56", _conv(16, 64, 128, 56, 1, 2)),
+        ("resnet18 layer3 256->256 3x3 @14", _conv(16, 256, 256, 14, 3, 1)),
+        ("resnet18 layer4 512->512 3x3 @7", _conv(16, 512, 512, 7, 3, 1)),
+    ],
+}
+
+
+def _our_kernels(module: torch.nn.Module, x: torch.Tensor, reps: int, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each kernel of the layer's forward and backward graphs: median device time over ``reps`` calls."""
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="adreno", options=options)
+    grad = None
+    times: dict[tuple[str, str], list[float]] = {}
+    records: dict[tuple[str, str], Any] = {}
+    for rep in range(reps + 1):
+        with torch_adreno.profile() as prof:
+            y = compiled(x)
+            if grad is None:
+                grad = torch.randn_like(y)
+            y.backward(grad)
+        if rep == 0:
+            continue  # the first call compiles
+        for k in prof.kernels:
+            key = (k.graph, k.name)
+            times.setdefault(key, []).append(k.device_time_us or 0.0)
+            records[key] = k
+    rows = []
+    for key, samples in times.items():
+        k = records[key]
+        us = statistics.median(samples)
+        groups = math.prod(g // max(loc, 1) for g, loc in zip(k.global_size, k.local_size, strict=False)) \
+            if k.local_size else None
+        rows.append({"graph": "backward" if "backward" in k.graph else "forward", "kernel": k.name, "kind": k.kind,
+                     "aten_ops": list(k.aten_ops), "us": us, "gflop": k.flops / 1e9,
+                     "gflops": k.flops / us / 1e3 if us else None, "mb": (k.bytes_read + k.bytes_written) / 1e6,
+                     "global_size": list(k.global_size), "local_size": list(k.local_size), "work_groups": groups})
+    return rows
+
+
+def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[str, float]:
+    """PyTorch's forward and backward of the layer (CUDA events, TF32 off), microseconds."""
+    if not torch.cuda.is_available():
+        return {}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    module = module.cuda()
+    x = x.detach().cuda().requires_grad_(x.requires_grad)
+    y = module(x)
+    grad = torch.randn_like(y)
+    forward, backward = [], []
+    for _ in range(reps + 2):
+        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        y = module(x)
+        mid.record()
+        y.backward(grad)
+        end.record()
+        torch.cuda.synchronize()
+        forward.append(start.elapsed_time(mid) * 1e3)
+        backward.append(mid.elapsed_time(end) * 1e3)
+    return {"torch_forward_us": statistics.median(forward[2:]), "torch_backward_us": statistics.median(backward[2:])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--only", nargs="*", default=None, help="substrings of the layer names to run")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--device", default=None, type=device_arg)
+    parser.add_argument("--tune", action="store_true", help="also time the tuner's choice of each kernel")
+    parser.add_argument("--label", default="", help="a label recorded with each row (the variant measured)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "gemm_shapes.jsonl")
+    args = parser.parse_args()
+    base = {"device": args.device} if args.device is not None else {}
+    context = run_context(base.get("device"))
+    for case in args.cases:
+        for name, make in CASES[case]:
+            if args.only and not any(s in name for s in args.only):
+                continue
+            torch.manual_seed(0)
+            module, x = make()
+            reference = _torch_times(module, x, args.reps)
+            module = module.cpu()
+            variants = [("heuristic", base)] + ([("tuned", {**base, "tune": True})] if args.tune else [])
+            for variant, options in variants:
+                kernels = _our_kernels(module, x, args.reps, options)
+                gemm = [k for k in kernels if k["kind"] == "gemm"]
+                row = {**context, "benchmark": "gemm_shapes", "label": args.label, "layer": name, "variant": variant,
+                       **reference, "ours_forward_us": sum(k["us"] for k in kernels if k["graph"] == "forward"),
+                       "ours_backward_us": sum(k["us"] for k in kernels if k["graph"] == "backward"),
+                       "gemm_us": sum(k["us"] for k in gemm), "gemm_gflop": sum(k["gflop"] for k in gemm),
+                       "kernels": kernels}
+                row["gemm_gflops"] = row["gemm_gflop"] / row["gemm_us"] * 1e6 if row["gemm_us"] else None
+                append_jsonl(args.out, [row])
+                print(f"{name:<42} {variant:<9} ours fwd {row['ours_forward_us']:8.1f} bwd {row['ours_backward_us']:8.1f} us"
+                      f"  torch fwd {reference.get('torch_forward_us', float('nan')):8.1f} "
+                      f"bwd {reference.get('torch_backward_us', float('nan')):8.1f}  gemm {row['gemm_gflops'] or 0:8.0f} GFLOP/s",
+                      flush=True)
+                for k in gemm:
+                    print(f"    {k['graph']:<8} {k['kernel'][:60]:<60} {k['us']:8.1f} us {k['gflops'] or 0:8.0f} GFLOP/s"
+                          f" groups {k['work_groups']} local {k['local_size']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
