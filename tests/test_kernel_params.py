@@ -9,7 +9,13 @@ from test_kernels import compile_stages, lenet_program
 
 from torch_adreno import ir
 from torch_adreno.kernels import render_program
-from torch_adreno.kernels.arena_params import ARENA_PARAM, arena_buffer, place_in_arena
+from torch_adreno.kernels.arena_params import (
+    ARENA_PARAM,
+    OFFSET_ALIGNMENT,
+    OFFSET_SUFFIX,
+    arena_buffer,
+    place_in_arena,
+)
 from torch_adreno.kernels.params import ArenaLocation, Role
 from torch_adreno.kernels.program import RECORD_MACROS, assemble
 from torch_adreno.runtime.tuning import kernel_key
@@ -82,8 +88,10 @@ def test_place_in_arena_replaces_records_and_keeps_the_text():
         assert placed.text == kernel.text
         assert placed.arguments[0].role is Role.ARENA and placed.params[0] == arena_buffer(0)
         located = [r for r in placed.arguments if not r.is_argument]
+        buffers = [r for r in kernel.arguments if r.is_argument and r.role is Role.BUFFER]
         assert [(r.key, r.located) for r in located] == [
-            (kernel.params[p], ArenaLocation(ARENA_PARAM, at)) for p, at in sorted(offsets.items())]
+            (kernel.params[p], ArenaLocation(ARENA_PARAM, buffers[p].c_name + OFFSET_SUFFIX, OFFSET_ALIGNMENT))
+            for p in sorted(offsets)]
         assert _define(placed.source, "KERNEL_LOCALS") == " ".join(r.local_declaration() for r in located)
         assert _define(placed.source, "KERNEL_PARAMS") == ", ".join(
             r.declaration() for r in placed.arguments if r.is_argument)

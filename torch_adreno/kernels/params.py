@@ -4,7 +4,7 @@ The code writer knows, for every argument it declares, which IR buffer it binds,
 element type, whether the kernel writes through it and whether another argument shares its bytes.
 :class:`KernelParam` keeps exactly that, so that every later stage reads the records instead of
 the rendered text: the kernel's signature (the ``KERNEL_PARAMS`` macro) and the operands it
-reaches at constant offsets of an arena (the ``KERNEL_LOCALS`` macro) are rendered from them
+reaches at offsets of an arena (the ``KERNEL_LOCALS`` macro) are rendered from them
 (:meth:`torch_adreno.kernels.program.KernelSource.render`), the arena rewrite of a replayed step
 replaces records (:mod:`torch_adreno.kernels.arena_params`), the runtime binds arguments by them.
 
@@ -33,8 +33,10 @@ class Role(enum.Enum):
     INDEX_ERROR = "index error"
     #: The token naming the launch in that record (an ``int`` passed by value).
     INDEX_TOKEN = "index check token"
-    #: A buffer holding several operands at constant byte offsets (a replayed step's arena).
+    #: A buffer holding several operands at byte offsets (a replayed step's arena).
     ARENA = "arena"
+    #: An ``int`` passed by value: where an operand is in an arena (see :class:`ArenaLocation`).
+    ARENA_OFFSET = "arena offset"
 
 
 #: The roles bound to a buffer the caller names in :attr:`KernelSource.params`.
@@ -43,11 +45,13 @@ BOUND_BUFFER_ROLES = (Role.BUFFER, Role.ARENA)
 
 @dataclass(frozen=True)
 class ArenaLocation:
-    """Where an operand is when it is not an argument of its own: byte ``offset`` of the arena
-    argument whose C name is ``arena``."""
+    """Where an operand is when it is not an argument of its own: in the arena argument whose C
+    name is ``arena``, at ``unit`` times the value of the argument whose C name is ``offset`` bytes
+    (an argument, not a constant: kernels alike but for their operands' offsets are one function)."""
 
     arena: str
-    offset: int
+    offset: str
+    unit: int
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,8 @@ class KernelParam:
 
     ``key`` is the IR buffer bound to it (an image's: the buffer it views), or for the arguments
     that are not IR buffers the key of their role (:data:`INDEX_ERROR_KEY`, an arena's name).
-    ``located``: a buffer the kernel does not take as an argument but finds at a constant offset
-    of an arena argument (it is then declared as a local pointer at the top of the body, with the
+    ``located``: a buffer the kernel does not take as an argument but finds at an offset of an
+    arena argument (it is then declared as a local pointer at the top of the body, with the
     same type and qualifiers, under the same C name, so the kernel text is the same either way).
     """
 
@@ -96,7 +100,8 @@ class KernelParam:
         """A located operand's declaration at the top of the body: its pointer at its offset."""
         assert self.located is not None, f"{self.c_name} is an argument, not an operand in an arena"
         pointer = self.pointer_type()
-        return f"{self.declaration()} = ({pointer})({self.located.arena} + {self.located.offset}UL);"
+        where = self.located
+        return f"{self.declaration()} = ({pointer})({where.arena} + (size_t){where.offset} * {where.unit}UL);"
 
 
 #: Keys of the index check arguments (no IR buffer has such a name).
