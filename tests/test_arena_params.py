@@ -13,10 +13,14 @@ import torch_adreno
 from torch_adreno.kernels.arena_params import (
     ARENA_BUFFER,
     ARENA_PARAM,
+    MAX_OFFSET,
+    OFFSET_ALIGNMENT,
+    OFFSET_SUFFIX,
     ArenaRewriteError,
     arena_buffer,
     arena_param,
     copy_ranges,
+    offset_values,
     place_in_arena,
 )
 from torch_adreno.kernels.params import Role
@@ -44,27 +48,37 @@ def test_every_kind_of_kernel_takes_the_arena_first_and_declares_its_operands_at
         offsets = {position: 256 * (position + 1) for position in range(0, len(kernel.params), 2)}
         rewritten = place_in_arena(kernel, offsets)
         kinds.add(kernel.kind)
-        # Records replaced: the arena first, the placed buffers located at their offsets, in place.
+        # Records replaced: the arena first, an offset argument per placed buffer, the placed
+        # buffers located in the arena, in place.
         arena, *rest = rewritten.arguments
         assert (arena.key, arena.c_name, arena.role, arena.is_argument) == (ARENA_BUFFER, ARENA_PARAM, Role.ARENA, True)
+        offset_records, rest = rest[:len(offsets)], rest[len(offsets):]
+        assert {r.role for r in offset_records} == {Role.ARENA_OFFSET}
         assert [dataclasses.replace(r, located=None) for r in rest] == list(kernel.arguments)
         assert rewritten.params == (ARENA_BUFFER, *(p for i, p in enumerate(kernel.params) if i not in offsets))
+        assert offset_values(kernel, offsets) == tuple(offsets[p] // OFFSET_ALIGNMENT for p in sorted(offsets))
         # The text is the kernel's own; the macros are rendered from the new records.
         assert rewritten.text == kernel.text
-        signature = _macro(rewritten.source, "KERNEL_PARAMS")
-        assert signature.split(", ")[0] == f"__global uchar* {ARENA_PARAM}"
+        signature = _macro(rewritten.source, "KERNEL_PARAMS").split(", ")
         locals_ = _macro(rewritten.source, "KERNEL_LOCALS")
         buffers = [r for r in kernel.arguments if r.role is Role.BUFFER]
+        assert signature[0] == f"__global uchar* {ARENA_PARAM}"
+        assert signature[1:1 + len(offsets)] == [f"const int {buffers[p].c_name}{OFFSET_SUFFIX}" for p in sorted(offsets)]
         for position, record in enumerate(buffers):
             declaration = record.declaration()
             if position in offsets:
                 assert declaration not in signature
                 pointer = record.pointer_type()
-                assert f"{declaration} = ({pointer})({ARENA_PARAM} + {offsets[position]}UL);" in locals_
+                assert (f"{declaration} = ({pointer})({ARENA_PARAM} + (size_t){record.c_name}{OFFSET_SUFFIX} * "
+                        f"{OFFSET_ALIGNMENT}UL);") in locals_
             else:
                 assert declaration in signature and declaration not in locals_, (kernel.name, declaration)
         assert _macro(kernel.source, "KERNEL_LOCALS") == ""
         assert assemble([rewritten])  # one program source, as the replay builds it
+        # Other offsets of the same operands: the same function (a repeated block's kernel).
+        elsewhere = place_in_arena(kernel, {p: at + 4096 for p, at in offsets.items()})
+        assert elsewhere.content() == rewritten.content()
+        assert offset_values(kernel, {p: at + 4096 for p, at in offsets.items()}) != offset_values(kernel, offsets)
     assert {"gemm", "pointwise", "reduction"} <= kinds
 
 
@@ -75,7 +89,14 @@ def test_operands_in_several_arenas_take_one_argument_per_arena_first():
     assert signature.split(", ")[:2] == [f"__global uchar* {arena_param(0)}", f"__global uchar* {arena_param(1)}"]
     assert rewritten.params[:2] == (arena_buffer(0), arena_buffer(1))
     assert rewritten.params[2:] == kernel.params[3:]
-    assert f"{arena_param(1)} + 512UL" in rewritten.source and f"{arena_param(0)} + 0UL" in rewritten.source
+    names = [r.c_name for r in kernel.arguments if r.role is Role.BUFFER]
+    locals_ = _macro(rewritten.source, "KERNEL_LOCALS")
+    for position, base in ((0, 1), (1, 0), (2, 1)):
+        assert f"({arena_param(base)} + (size_t){names[position]}{OFFSET_SUFFIX} * 16UL)" in locals_
+    assert offset_values(kernel, {0: 512, 1: 0, 2: 256}) == (32, 0, 16)
+    # Which arena an operand is in is part of the function; its offset is not.
+    assert place_in_arena(kernel, {0: 0, 1: 0, 2: 0}, {0: 1, 1: 0, 2: 1}).content() == rewritten.content()
+    assert place_in_arena(kernel, {0: 512, 1: 0, 2: 256}, {0: 0, 1: 1, 2: 1}).content() != rewritten.content()
     with pytest.raises(ArenaRewriteError, match=r"arenas \[1\] are not numbered 0\.\.n-1"):
         place_in_arena(kernel, {0: 0}, {0: 1})
 
@@ -109,6 +130,9 @@ def test_bad_offsets_and_positions_are_refused_with_the_kernel_named():
     kernel = _kernels()[0]
     with pytest.raises(ArenaRewriteError, match=f"kernel {kernel.name}: offset 8 is not a multiple of 16"):
         place_in_arena(kernel, {0: 8})
+    assert offset_values(kernel, {0: MAX_OFFSET}) == (2**31 - 1,)  # an int's largest
+    with pytest.raises(ArenaRewriteError, match=f"kernel {kernel.name}: offset {MAX_OFFSET + 16} is outside"):
+        place_in_arena(kernel, {0: MAX_OFFSET + 16})
     with pytest.raises(ArenaRewriteError, match="no buffer argument 99"):
         place_in_arena(kernel, {99: 0})
 
@@ -140,6 +164,7 @@ def test_replay_addressing_its_arena_is_bit_identical_to_the_kernels_as_compiled
     assert torch.equal(arena_losses, plain_losses)
     assert all(torch.equal(a, b) for a, b in zip(arena_state, plain_state, strict=True))
     assert arena_replay.kernel_arguments < plain_replay.kernel_arguments * 0.75
+    assert arena_replay.offset_arguments > 0 and plain_replay.offset_arguments == 0
     # Every launch of the arena replay was rewritten (one argument fewer per operand it holds), none
     # of the other's.
     assert all(arena_replay._rewritten) and not any(plain_replay._rewritten)
@@ -152,7 +177,8 @@ def test_replay_addressing_its_arena_is_bit_identical_to_the_kernels_as_compiled
         # Parameters and Adam's state are device heap regions in the arena's slab: each launch takes
         # that slab and nothing else (but the index check's record and token), except the one
         # reading the loss's tangent (an input of the backward graph, a buffer of its own).
-        extra = [k.num_args - 1 - 2 * s.checks_indices for _, s, k in arena_replay._launches]
+        extra = [k.num_args - offsets - 1 - 2 * s.checks_indices
+                 for (_, s, k), offsets in zip(arena_replay._launches, arena_replay._offset_arguments, strict=True)]
         assert sorted(extra)[-2:] == [0, 1]
         assert len(arena_replay._bases) == 1
 

@@ -9,9 +9,10 @@ persistent tensors (parameters, optimizer state) keep the residency's buffers. T
 memory, its seeds and (where copied) its batch live in one buffer, the arena (:class:`ArenaLayout`;
 several buffers where one would exceed the largest allocation of the device or target, each then
 an argument of its own), and the kernels are rebuilt to take it as one argument and find those
-operands at constant offsets (:mod:`torch_adreno.kernels.arena_params`): a driver's enqueue costs time per argument
-(NVIDIA's ~0.45 us each with the device busy), and resnet_mini's step passes 300 arguments instead
-of 648. A replay then:
+operands at offsets passed as ``int`` arguments, bound once (:mod:`torch_adreno.kernels.arena_params`:
+the kernels of repeated blocks are then one function, built once): a driver's enqueue costs time
+per buffer argument (NVIDIA's ~0.45 us each with the device busy), and resnet_mini's step passes
+300 buffer arguments instead of 648. A replay then:
 
 1. puts the batch in place: on a unified-memory device with zero-copy, binds each new batch's host
    memory to the kernels that read it (a host-pointer buffer made over it, nothing copied); on a
@@ -165,8 +166,9 @@ class ReplayedStep:
         #: The slabs the kernels take (a kernel argument holds no reference).
         self._bases = list({id(b): b for k in kernels for b in k.slabs or ()}.values())
         self._bases += [slab for slab in copies.slabs if all(slab is not b for b in self._bases)]
-        #: Per launch: its graph, source and kernel object.
+        #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
+        self._offset_arguments: list[int] = []
         listed, described = self._bind_operations(recorder, kernels, copies, bindings)
         own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
         self.footprint = step_footprint(recorder, self.arena, list(own_images.values()), limits, residency.name_of)
@@ -176,8 +178,10 @@ class ReplayedStep:
         self._profiled_operations = LaunchList(self.runtime.queue, listed, native=False).calls
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
         self._described = described
-        #: Buffer arguments a replay's enqueues pass (the driver's cost grows with them).
-        self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches)
+        #: Arguments a replay's enqueues pass but the arena kernels' offsets (the driver's cost grows
+        #: with buffer arguments), and those offsets (an ``int`` each).
+        self.offset_arguments = sum(self._offset_arguments)
+        self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches) - self.offset_arguments
         self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
         self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
         self._loss_shape = tuple(loss.shape)
@@ -229,8 +233,9 @@ class ReplayedStep:
             else:
                 kernel.set_arg(position, buffer)
 
-        def launch(graph: str, kernel: cl.Kernel, source: Any) -> None:
+        def launch(graph: str, kernel: cl.Kernel, source: Any, offsets: int = 0) -> None:
             self._launches.append((graph, source, kernel))
+            self._offset_arguments.append(offsets)
             listed.append(Launch(kernel, source.global_size, source.local_size))
             described.append((graph, source))
 
@@ -266,16 +271,15 @@ class ReplayedStep:
                         if not image.shared:
                             listed.append(image.refresh)
                             described.append(None)
-            else:
-                for argument, slab in enumerate(slabs):
-                    kernel.set_arg(argument, slab)
+            else:  # (its slabs and offsets bound already)
                 kept = [index for argument, index in enumerate(op.args) if argument not in replay_kernel.placed]
-                for argument, index in enumerate(kept, start=len(slabs)):
+                for argument, index in enumerate(kept, start=replay_kernel.first_argument):
                     bind_or_defer(kernel, argument, index, buffers.buffers[index])
             if source.checks_indices:  # the device's index error record, the launch's token
-                first = len(slabs) + len(op.args) - len(replay_kernel.placed) if slabs is not None else len(op.args)
+                first = (replay_kernel.first_argument + len(op.args) - len(replay_kernel.placed) if slabs is not None
+                         else len(op.args))
                 self.runtime.index_errors.bind(kernel, source, first)
-            launch(op.graph, kernel, source)
+            launch(op.graph, kernel, source, len(replay_kernel.offsets))
             if len(self._launches) in FLUSH_AFTER:
                 # Hand what is enqueued to the device now, so that it computes while the host enqueues
                 # the rest (some drivers submit only at a flush or a blocking call).
