@@ -56,6 +56,18 @@ def _auto_bool(value: Any) -> str | bool:
         raise ValueError(f"must be 'auto', True or False, got {value!r}") from None
 
 
+def _auto_bool_or_count(value: Any) -> str | bool | int:
+    """'auto', True, False, or a positive int (a count that also means True)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return _auto_bool(value)
+    except ValueError:
+        raise ValueError(f"must be 'auto', True, False or a positive number of tokens, got {value!r}") from None
+
+
 def _fraction(value: Any) -> float:
     try:
         number = float(value)
@@ -195,6 +207,14 @@ OPTIONS: dict[str, OptionSpec] = {
             "in the kernels that read it, as for trainable weights)",
         ),
         OptionSpec(
+            "chunked_cross_entropy", _auto_bool_or_count, "auto", "TORCH_ADRENO_CHUNKED_CROSS_ENTROPY",
+            "fuse a language-model head (linear or matmul, no bias) with the cross-entropy of its logits, "
+            "computed in chunks of tokens in the forward and the backward, so that the tokens x vocabulary "
+            "logits are never in memory ('auto', the default: where the float32 logits would take 32 MB or "
+            "more; True: every such head, an error where one cannot be fused; a number: True with that "
+            "many tokens per chunk; False: never)",
+        ),
+        OptionSpec(
             "target", _target, None, "TORCH_ADRENO_TARGET",
             "compile for an Adreno GPU's limits and preferences while running on the present device: "
             "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them); work-group "
@@ -225,6 +245,7 @@ class Config:
     replay_merge_copies: bool = True
     heap_copies: bool = True
     frozen_casts: bool = True
+    chunked_cross_entropy: str | bool | int = "auto"
     target: str | None = None
 
     @classmethod

@@ -34,6 +34,8 @@ from torch_adreno.backend.compile_cache import CompiledGraph
 from torch_adreno.backend.decompositions import OWN_DECOMPOSITIONS
 from torch_adreno.backend.donation import NO_DONATION, Donation, donatable_saved_tensors
 from torch_adreno.backend.frozen_casts import CASTS, frozen_in_partition, split_inference, split_partitioned
+from torch_adreno.backend.fused_cross_entropy import DECOMPOSITIONS as FUSED_HEAD_DECOMPOSITIONS
+from torch_adreno.backend.fused_cross_entropy import fuse_head_and_loss
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.fusion import fuse, max_kernel_buffers
@@ -104,7 +106,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
     table.update(OWN_DECOMPOSITIONS)
-    return {op: with_eager_checks(op, decomposition) for op, decomposition in table.items()}
+    checked = {op: with_eager_checks(op, decomposition) for op, decomposition in table.items()}
+    return checked | FUSED_HEAD_DECOMPOSITIONS
 
 
 class _Decompositions(Mapping[Any, Callable[..., Any]]):
@@ -475,6 +478,7 @@ def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]
     # inlines cheap producers anyway; measured: the same launches and bytes per step on mlp,
     # lenet and resnet_mini, and fewer on the transformer (80 vs 82 launches, 158 vs 161 MB).
     with _compile_lock(), _mkldnn_rnn_off(gm):
+        fuse_head_and_loss(gm, config)
         region = next(_graph_ids)
         with (torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget, cse=False),
               _tracing_context(example_inputs), compile_cache.caching(gm, config, region)):
