@@ -4,12 +4,12 @@ The workloads (benchmarks/workloads.py) spend most of their device time in GEMM 
 LoRA's linear layers (1,024 tokens x 768 / 2,304 / 3,072 features, forward and the input
 gradient of the frozen weights), its 50,257-word head, and ResNet-18's convolutions (forward,
 input gradient, weight gradient). This times every GEMM kernel of each such layer compiled on its
-own (forward and backward graphs), with the heuristic's tiling and, with ``--tune``, the tuner's
+own (forward and backward graphs), with the heuristic's tiling, variants of it (``--variants``) and the tuner's
 best, next to PyTorch's forward and backward of the same layer on the same GPU (CUDA events; TF32
 off). Each kernel's row says its launch geometry (work-groups x work-items), FLOPs, bytes and
 achieved GFLOP/s, so that the heuristic's choices can be judged shape by shape.
 
-    python benchmarks/gemm_shapes.py --device NVIDIA [--tune] [--cases gpt2 resnet18] [--reps 10]
+    python benchmarks/gemm_shapes.py --device NVIDIA [--variants heuristic double_buffer split2 tuned] [--cases gpt2 resnet18] [--reps 10]
 
 Appends JSON lines to benchmarks/results/gemm_shapes.jsonl.
 """
@@ -17,10 +17,12 @@ Appends JSON lines to benchmarks/results/gemm_shapes.jsonl.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import math
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
+from torch_adreno.fusion import split_k
+from torch_adreno.kernels import gemm
 
 #: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
 Layer = tuple[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]]
@@ -143,13 +147,41 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
     return {"torch_forward_us": statistics.median(forward[2:]), "torch_backward_us": statistics.median(backward[2:])}
 
 
+VARIANTS = ("heuristic", "double_buffer", "split2", "split2_double_buffer", "tuned")
+
+
+@contextlib.contextmanager
+def _heuristics(variant: str) -> Iterator[None]:
+    """The compiler's tiling and split-K choices, changed for one measured variant."""
+    original_tiling, original_split = gemm.choose_tiling, split_k.choose_split
+
+    def double_buffered(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+        return gemm._fit_local_memory(dataclasses.replace(original_tiling(m, n, batch, profile), double_buffer=True),
+                                      profile)
+
+    def split_in_two(g: Any, target: int = split_k.TARGET_TILES) -> int:
+        split = original_split(g, target)
+        return 2 if split == 1 and g.k >= 512 else split
+
+    if "double_buffer" in variant:
+        gemm.choose_tiling = double_buffered
+    if "split2" in variant:
+        split_k.choose_split = split_in_two
+    try:
+        yield
+    finally:
+        gemm.choose_tiling, split_k.choose_split = original_tiling, original_split
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--only", nargs="*", default=None, help="substrings of the layer names to run")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--tune", action="store_true", help="also time the tuner's choice of each kernel")
+    parser.add_argument("--variants", nargs="+", default=["heuristic"], choices=list(VARIANTS),
+                        help="heuristic: as compiled today; double_buffer: its tilings with two local tiles; "
+                             "split2: GEMMs of k >= 512 that are not split cut in 2 slices; tuned: the tuner's choice")
     parser.add_argument("--label", default="", help="a label recorded with each row (the variant measured)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gemm_shapes.jsonl")
     args = parser.parse_args()
@@ -163,9 +195,10 @@ def main() -> None:
             module, x = make()
             reference = _torch_times(module, x, args.reps)
             module = module.cpu()
-            variants = [("heuristic", base)] + ([("tuned", {**base, "tune": True})] if args.tune else [])
-            for variant, options in variants:
-                kernels = _our_kernels(module, x, args.reps, options)
+            for variant in args.variants:
+                options = {**base, "compile_cache": False, **({"tune": True} if variant == "tuned" else {})}
+                with _heuristics(variant):
+                    kernels = _our_kernels(module, x, args.reps, options)
                 gemm = [k for k in kernels if k["kind"] == "gemm"]
                 row = {**context, "benchmark": "gemm_shapes", "label": args.label, "layer": name, "variant": variant,
                        **reference, "ours_forward_us": sum(k["us"] for k in kernels if k["graph"] == "forward"),

@@ -6,7 +6,7 @@
 // float2/float4), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row, stored with
 // STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
-// that direction).
+// that direction), DOUBLE_BUFFER (1: two local tiles of each operand, one barrier per K step).
 //
 // The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS,
 // KERNEL_LOCALS (written from the kernel's parameter records), and the operand and epilogue
@@ -68,6 +68,19 @@
 #define B_NN(e) ((e) / TILE_K)
 #endif
 
+// The prefetched registers into a pair of tiles.
+#define STORE_TILES(a_dst, b_dst) { \
+    for (int i = 0; i < LOADS_A; ++i) { \
+        const int e = tid + i * THREADS; \
+        if (e < TILE_M * TILE_K) \
+            (a_dst)[A_KK(e) * PITCH_M + A_MM(e)] = a_next[i]; \
+    } \
+    for (int i = 0; i < LOADS_B; ++i) { \
+        const int e = tid + i * THREADS; \
+        if (e < TILE_N * TILE_K) \
+            (b_dst)[B_KK(e) * PITCH_N + B_NN(e)] = b_next[i]; \
+    } }
+
 __kernel __attribute__((reqd_work_group_size(THREADS_N, THREADS_M, 1)))
 void KERNEL_NAME(KERNEL_PARAMS)
 {
@@ -79,8 +92,16 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T m0 = (INDEX_T)get_group_id(1) * TILE_M;
     const INDEX_T b = get_group_id(2);
 
-    __local float a_tile[TILE_K * PITCH_M] __attribute__((aligned(16)));
-    __local float b_tile[TILE_K * PITCH_N] __attribute__((aligned(16)));
+#if DOUBLE_BUFFER
+    // Two tiles of each operand: a K step multiplies out of one while the next step's operands
+    // are stored into the other, so one barrier per step suffices (the buffer written in step i
+    // was last read in step i - 1, which every work-item finished before step i - 1's barrier).
+    __local float a_tiles[2 * TILE_K * PITCH_M] __attribute__((aligned(16)));
+    __local float b_tiles[2 * TILE_K * PITCH_N] __attribute__((aligned(16)));
+#else
+    __local float a_tiles[TILE_K * PITCH_M] __attribute__((aligned(16)));
+    __local float b_tiles[TILE_K * PITCH_N] __attribute__((aligned(16)));
+#endif
 
     float acc[WPT_M][WPT_N];
     for (int wm = 0; wm < WPT_M; ++wm)
@@ -107,18 +128,21 @@ void KERNEL_NAME(KERNEL_PARAMS)
         b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
     }
 
+#if DOUBLE_BUFFER
+    STORE_TILES(a_tiles, b_tiles)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int step = 0;
+#endif
     for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
-        for (int i = 0; i < LOADS_A; ++i) {
-            const int e = tid + i * THREADS;
-            if (e < TILE_M * TILE_K)
-                a_tile[A_KK(e) * PITCH_M + A_MM(e)] = a_next[i];
-        }
-        for (int i = 0; i < LOADS_B; ++i) {
-            const int e = tid + i * THREADS;
-            if (e < TILE_N * TILE_K)
-                b_tile[B_KK(e) * PITCH_N + B_NN(e)] = b_next[i];
-        }
+#if DOUBLE_BUFFER
+        __local const float *a_tile = a_tiles + (step & 1) * (TILE_K * PITCH_M);
+        __local const float *b_tile = b_tiles + (step & 1) * (TILE_K * PITCH_N);
+#else
+        __local float *a_tile = a_tiles;
+        __local float *b_tile = b_tiles;
+        STORE_TILES(a_tile, b_tile)
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
         const INDEX_T k1 = k0 + TILE_K;
         if (k1 < SIZE_K) {
@@ -152,6 +176,12 @@ void KERNEL_NAME(KERNEL_PARAMS)
                 for (int wn = 0; wn < WPT_N; ++wn)
                     acc[wm][wn] = fma(a_reg[wm], b_reg[wn], acc[wm][wn]);
         }
+#if DOUBLE_BUFFER
+        if (k1 < SIZE_K) {
+            ++step;
+            STORE_TILES(a_tiles + (step & 1) * (TILE_K * PITCH_M), b_tiles + (step & 1) * (TILE_K * PITCH_N))
+        }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
@@ -190,3 +220,4 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef A_MM
 #undef B_KK
 #undef B_NN
+#undef STORE_TILES

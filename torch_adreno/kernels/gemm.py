@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -38,6 +39,8 @@ class GemmTiling:
     tile_k: int
     wpt_m: int
     wpt_n: int
+    #: Two local tiles of each operand (``DOUBLE_BUFFER``): one barrier per K step instead of two.
+    double_buffer: bool = False
 
     @property
     def threads(self) -> tuple[int, int]:
@@ -51,7 +54,7 @@ class GemmTiling:
 
     def local_bytes(self) -> int:
         """Both tiles, their rows padded by 4 floats as ``gemm.cl`` lays them out."""
-        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4)
+        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4) * (2 if self.double_buffer else 1)
 
 
 def _vector_width(outputs: int) -> int:
@@ -72,7 +75,7 @@ def _threads_per_direction(profile: DeviceProfile) -> int:
 
 def _fit_local_memory(tiling: GemmTiling, profile: DeviceProfile) -> GemmTiling:
     while tiling.local_bytes() > profile.local_mem_bytes and tiling.tile_k > 4:
-        tiling = GemmTiling(tiling.tile_m, tiling.tile_n, tiling.tile_k // 2, tiling.wpt_m, tiling.wpt_n)
+        tiling = dataclasses.replace(tiling, tile_k=tiling.tile_k // 2)
     return tiling
 
 
@@ -422,7 +425,8 @@ def tiled_launch(m: int, n: int, batch: int, tiling: GemmTiling) -> Launch:
     """Geometry of ``gemm.cl``: one work-group per output tile, its size fixed by the tiling."""
     vw_m, vw_n = tiling.vector_widths
     defines = (f"-DTILE_M={tiling.tile_m}", f"-DTILE_N={tiling.tile_n}", f"-DTILE_K={tiling.tile_k}",
-               f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}", f"-DVW_M={vw_m}", f"-DVW_N={vw_n}")
+               f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}", f"-DVW_M={vw_m}", f"-DVW_N={vw_n}",
+               f"-DDOUBLE_BUFFER={int(tiling.double_buffer)}")
     tn, tm = tiling.threads
     global_size = (math.ceil(n / tiling.tile_n) * tn, math.ceil(m / tiling.tile_m) * tm, batch)
     return Launch(defines, global_size, (tn, tm, 1))
