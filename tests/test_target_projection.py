@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from torch_adreno.bench.calibration import load_calibration
 from torch_adreno.cli import main
 from torch_adreno.profiler.roofline import project_step
 from torch_adreno.target.profiles import get_target
@@ -55,6 +56,17 @@ def test_bad_project_arguments_are_refused_by_name(capsys, argv, message):
     assert re.search(message, capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["project", "--model", "gpt2_lora", "--profile-layers", "2", "1"], "expected two increasing depths, got 2 1"),
+    (["project", "--model", "mlp", "--profile-layers", "1", "2"], "none of mlp has repeated blocks"),
+    (["project", "--model", "mlp", "--calibration", "/nonexistent/calibration.json"],
+     "--calibration: .*not a readable calibration.*calibrate_projection.py"),
+])
+def test_bad_calibration_arguments_are_refused_before_anything_is_profiled(capsys, argv, message):
+    assert main(argv) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
 @pytest.mark.device
 def test_devices_shows_the_matched_profile_and_the_targets(capsys):
     assert main(["devices"]) == 0
@@ -91,3 +103,16 @@ def test_project_profiles_a_replayed_step_compiled_for_the_target(capsys, tmp_pa
     assert math.isclose(row["mflop"], prof.flops / 1e6)
     assert "| seed_mlp | adreno740 |" in out and "Nothing here was measured on an Adreno" in out
     assert "forward_" in out and "memory" in out  # the per-kernel table
+    # Both figures: the roofline's and the one calibrated by the H200's measured fractions (pooled:
+    # the H200 never ran the seed's MLP), each kernel's roofline time over its kind's fraction.
+    fractions = load_calibration().fractions["pooled"]
+    kernels = project_step(prof.kernels, ADRENO740, launch_us=5.0).kernels
+    assert row["calibration"] == "pooled" and row["profiled"] == "profiled"
+    assert math.isclose(row["calibrated_kernel_ms"], sum(k.roofline_us / fractions[k.kind].fraction for k in kernels) / 1e3)
+    assert math.isclose(row["calibrated_ms"], row["calibrated_kernel_ms"] + row["launch_ms"] + row["copy_ms"])
+    assert row["calibrated_ms"] > row["projected_ms"]
+    assert math.isclose(row["samples_per_s"], 32 / (row["projected_ms"] * 1e-3))
+    assert math.isclose(row["samples_per_s_calibrated"], 32 / (row["calibrated_ms"] * 1e-3))
+    assert "| projected step ms (roofline) | calibrated step ms |" in out
+    assert f"| {row['projected_ms']:.3f} | {row['calibrated_ms']:.3f} (pooled) |" in out
+    assert re.search(r"seed_mlp .*: profiled; calibration 'pooled': copies 0\.\d+ \(as pointwise\), gemm", out)

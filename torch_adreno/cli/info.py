@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from torch_adreno.bench.calibration import CALIBRATION_FILE, load_calibration
+from torch_adreno.bench.projected_workloads import DEFAULT_MODELS, SEED_MLP, step_workloads
 from torch_adreno.bench.projection import (
-    SEED_MLP,
+    calibration_lines,
     format_table,
     kernel_table,
     project_model,
     summary_row,
-    workloads,
 )
 from torch_adreno.cli.arguments import DEVICE_HELP, bounded, device_spec, refuse_bad_device
 from torch_adreno.lowering import supported_ops
@@ -27,12 +29,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     """The ``devices``, ``ops`` and ``project`` commands."""
     sub.add_parser("devices", help="list OpenCL devices and their capabilities").set_defaults(fn=cmd_devices)
     sub.add_parser("ops", help="list the ATen ops the backend lowers").set_defaults(fn=cmd_ops)
-    project = sub.add_parser("project", help="project training-step times onto Adreno targets' rooflines")
+    project = sub.add_parser("project", help="project training-step times onto Adreno targets' rooflines, "
+                                          "as they are and calibrated by our kernels' measured efficiency")
     project.add_argument("--target", nargs="+", choices=target_names(), default=["adreno740"], metavar="TARGET",
                          help=f"Adreno profiles, of: {', '.join(target_names())} (default: %(default)s)")
-    project.add_argument("--model", nargs="+", choices=sorted(workloads()), default=None, metavar="MODEL",
-                         help=f"models, of: {', '.join(sorted(workloads()))} (default: mlp lenet resnet_mini "
-                              f"transformer {SEED_MLP}; {SEED_MLP} is the seed's MLP 784-256-128-16, batch 32)")
+    project.add_argument("--model", nargs="+", choices=sorted(step_workloads()), default=None, metavar="MODEL",
+                         help=f"models, of: {', '.join(sorted(step_workloads()))} (default: {' '.join(DEFAULT_MODELS)}; "
+                              f"{SEED_MLP} is the seed's MLP 784-256-128-16, batch 32; resnet18 and mobilenet_v2 "
+                              "are 224x224 at batch 16, *_b32 at 32; gpt2_lora is GPT-2 124M LoRA r=8, seq 256 "
+                              "batch 4, gpt2_lora_s512 seq 512)")
+    project.add_argument("--profile-layers", nargs=2, type=bounded(int, "a whole number", 1), default=None,
+                         metavar=("A", "B"),
+                         help="profile the GPT-2 workloads with A and B blocks and extrapolate per block to 12 "
+                              "(a full-depth GPT-2 step takes many minutes to compile and run on a CPU device); "
+                              "default: the full depth")
+    project.add_argument("--calibration", type=Path, default=CALIBRATION_FILE,
+                         help="the kernel kinds' achieved fractions of a GPU's roofline (default: the H200's, "
+                              "made by benchmarks/calibrate_projection.py)")
     project.add_argument("--launch-us", type=bounded(float, "a number", 0.0), default=10.0,
                          help="assumed cost of one kernel launch on the target, microseconds (default: %(default)s)")
     project.add_argument("--kernels", action="store_true", help="also print each model's kernels by projected time")
@@ -88,18 +101,37 @@ def cmd_project(args: argparse.Namespace) -> int:
     if refuse_bad_device(args.device):
         return 2
     targets = [get_target(name) for name in args.target]
-    models = args.model or ["mlp", "lenet", "resnet_mini", "transformer", SEED_MLP]
-    rows = []
+    models = args.model or list(DEFAULT_MODELS)
+    try:
+        calibration = load_calibration(args.calibration)
+    except ValueError as error:
+        print(f"error: --calibration: {error}", file=sys.stderr)
+        return 2
+    workloads = step_workloads()
+    if args.profile_layers:
+        low, high = args.profile_layers
+        if low >= high:
+            print(f"error: --profile-layers: expected two increasing depths, got {low} {high}", file=sys.stderr)
+            return 2
+        if not any(workloads[m].layers for m in models):
+            print(f"error: --profile-layers: none of {', '.join(models)} has repeated blocks to extrapolate "
+                  "(only gpt2_lora and gpt2_lora_s512 do)", file=sys.stderr)
+            return 2
+    projections = []
     for model in models:
-        for projected in project_model(model, targets, args.launch_us, args.device):
-            rows.append(summary_row(projected))
+        layers = tuple(args.profile_layers) if args.profile_layers and workloads[model].layers else None
+        for projected in project_model(model, targets, args.launch_us, args.device, calibration, layers):
+            projections.append(projected)
             if args.kernels:
-                print(f"== {model} on {projected.projection.target}: kernels by projected time")
+                print(f"== {model} on {projected.target.name}: kernels by projected time")
                 print(kernel_table(projected))
+    rows = [summary_row(p) for p in projections]
     print(format_table(rows))
+    print("\n".join(calibration_lines(projections, calibration)))
     low, high = SEED_GEMM_GFLOPS
-    print(f"Assumed: each launch costs {args.launch_us:g} us; kernels reach the target's roofline (bytes / "
-          f"bandwidth, FLOPs / fp32 peak); a copy reads and writes DRAM. Seed's figures: GPU GEMM {low:.0f}-"
+    print(f"Assumed: each launch costs {args.launch_us:g} us; roofline: kernels reach the target's roofline (bytes / "
+          f"bandwidth, FLOPs / fp32 peak); calibrated: they reach the share of it their kind reached on the "
+          f"{calibration.device}; a copy reads and writes DRAM. Seed's figures: GPU GEMM {low:.0f}-"
           f"{high:.0f} GFLOP/s on Snapdragon 8-series; data movement {SEED_DATA_MOVEMENT_SHARE:.0%} of an MNN "
           "training step. Nothing here was measured on an Adreno.")
     if args.jsonl:
