@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from torch_adreno.lowering.attention import fused_attention_refusal, record_unfused
+
 aten = torch.ops.aten
 
 
@@ -80,6 +82,10 @@ def flash_attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch
     log-sum-exp is float32 whatever the inputs' type, the kernel's contract (its backward refuses a
     16-bit one)."""
     _check_no_dropout(dropout_p)
+    refusal = fused_attention_refusal(query, key, value, attn_mask)
+    if refusal is None:
+        return NotImplemented  # (traced as the op itself: lowering/attention.py runs it fused)
+    record_unfused(refusal)
     dtype = query.dtype
     query, key, value, attn_mask = (_widened(t) for t in (query, key, value, attn_mask))
     heads = query.shape[-3] if query.dim() >= 3 else 1
@@ -103,6 +109,8 @@ def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     matrix; tests/test_attention.py checks that it does not.)
     """
     _check_no_dropout(dropout_p)
+    if fused_attention_refusal(query, key, value, attn_mask) is None:
+        return NotImplemented
     dtypes = query.dtype, key.dtype, value.dtype
     grad_out, query, key, value, out, attn_mask = (
         _widened(t) for t in (grad_out, query, key, value, out, attn_mask))

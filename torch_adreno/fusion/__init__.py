@@ -36,6 +36,7 @@ from torch_adreno.fusion.kernels import (
     ReductionKernel,
     SegmentedKernel,
     Store,
+    TemplateKernel,
     format_spec,
 )
 from torch_adreno.fusion.multi_tensor import group_independent_pointwise, max_kernel_buffers
@@ -45,7 +46,7 @@ from torch_adreno.fusion.split_reductions import split_long_reductions
 
 __all__ = [
     "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "KernelSpec", "Phase",
-    "PointwiseKernel", "ReductionKernel", "SegmentedKernel", "Store", "fuse", "max_kernel_buffers",
+    "PointwiseKernel", "ReductionKernel", "SegmentedKernel", "Store", "TemplateKernel", "fuse", "max_kernel_buffers",
 ]
 
 

@@ -22,6 +22,7 @@ from torch_adreno.fusion.kernels import (
     PointwiseKernel,
     ReductionKernel,
     Store,
+    TemplateKernel,
     spec_exprs,
     spec_kind,
     spec_stores,
@@ -171,10 +172,11 @@ def _close(kernel: OpenKernel, needed: set[str], name: str) -> FusionGroup:
                                                   ir.Load(acc.buffer, spec.loop_vars, acc.dtype)))
     if isinstance(spec, GemmKernel) and spec.gemm.output in needed:
         spec.stores.insert(0, Store(spec.gemm.output, spec.gemm.out_index, spec.result))
-    writes = [s.buffer for s in spec_stores(spec)] if not isinstance(spec, HostKernel) else list(spec.node.outputs)
+    by_node = isinstance(spec, HostKernel | TemplateKernel)
+    writes = list(spec.node.outputs) if by_node else [s.buffer for s in spec_stores(spec)]
     produced = set(kernel.held)
     loaded = [ld.buffer for e in spec_exprs(spec) for ld in ir.loads(e)]
-    if isinstance(spec, HostKernel):
+    if by_node:
         loaded = spec.node.input_buffers()
     reads = list(dict.fromkeys(b for b in loaded if b not in produced))
     return FusionGroup(name, spec, kernel.nodes, reads, writes)

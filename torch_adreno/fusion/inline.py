@@ -229,6 +229,8 @@ def _refusal(producer: ir.Pointwise, consumers: list[ir.Node], outputs: set[str]
         return "no consumer"
     if any(isinstance(c, ir.HostOp) for c in consumers):
         return "a host op reads it from memory"
+    if any(isinstance(c, ir.TemplateOp) for c in consumers):
+        return "a template kernel (fused attention) reads it from memory"
     loads = ir.loads(producer.body)
     cost = op_cost(producer.body)
     if not loads or (len({ld.buffer for ld in loads}) == 1 and cost <= 1):

@@ -149,7 +149,14 @@ class HostKernel:
     node: ir.HostOp
 
 
-KernelSpec = PointwiseKernel | SegmentedKernel | ReductionKernel | GemmKernel | HostKernel
+@dataclass
+class TemplateKernel:
+    """A template node alone in its kernel (its renderer in the kernels stage writes every launch)."""
+
+    node: ir.TemplateOp
+
+
+KernelSpec = PointwiseKernel | SegmentedKernel | ReductionKernel | GemmKernel | HostKernel | TemplateKernel
 
 
 def _format_store(s: Store) -> str:
@@ -181,12 +188,14 @@ def format_spec(spec: KernelSpec) -> list[str]:
         return [f"gemm batch={g.batch} m={g.m} n={g.n} k={g.k}", f"  lhs(b, m, k) = {g.lhs}",
                 f"  rhs(b, k, n) = {g.rhs}", f"  result = {spec.result}",
                 *(f"  {_format_store(s)}" for s in spec.stores), *rows]
+    if isinstance(spec, TemplateKernel):
+        return [f"template {spec.node.target} {dict(spec.node.attributes)}"]
     return [f"host {spec.node.target}"]
 
 
 def spec_kind(spec: KernelSpec) -> str:
     return {PointwiseKernel: "pointwise", SegmentedKernel: "segmented", ReductionKernel: "reduction",
-            GemmKernel: "gemm", HostKernel: "host"}[type(spec)]
+            GemmKernel: "gemm", HostKernel: "host", TemplateKernel: "template"}[type(spec)]
 
 
 def spec_stores(spec: KernelSpec) -> list[Store]:

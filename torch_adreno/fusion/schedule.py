@@ -42,6 +42,7 @@ from torch_adreno.fusion.kernels import (
     PointwiseKernel,
     ReductionKernel,
     Store,
+    TemplateKernel,
     spec_kind,
 )
 
@@ -84,6 +85,10 @@ class Scheduler:
         elif isinstance(node, ir.Gemm):
             kernel = self.assembly.open(node, GemmKernel(node, []))
             kernel.held[node.output] = node.out_index
+        elif isinstance(node, ir.TemplateOp):
+            kernel = self.assembly.open(node, TemplateKernel(node))
+            for out in node.outputs:
+                kernel.held[out] = None
         else:
             kernel = self.assembly.open(node, HostKernel(node))
             for out in node.outputs:
@@ -95,6 +100,8 @@ class Scheduler:
         spec = kernel.spec
         if isinstance(node, ir.HostOp) or isinstance(spec, HostKernel):
             return "host ops run alone"
+        if isinstance(node, ir.TemplateOp) or isinstance(spec, TemplateKernel):
+            return "a template kernel (fused attention) runs alone"
         if isinstance(node, ir.Gemm):
             return "a GEMM starts its own kernel"
         not_ready = self.assembly.not_ready(kernel, reads)

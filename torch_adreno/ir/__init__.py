@@ -52,6 +52,7 @@ from torch_adreno.ir.graph import (
     OutputRole,
     Pointwise,
     Reduction,
+    TemplateOp,
     format_graph,
     node_inputs,
     node_outputs,
@@ -60,7 +61,7 @@ from torch_adreno.ir.view import View, contiguous_strides, placeholder_vars
 
 __all__ = [
     "GEMM_VARS", "OPS", "REDUCE_OPS", "Buffer", "Call", "Const", "DType", "Expr", "Gemm", "Graph", "GraphOutput",
-    "HostOp", "IndexCheck", "Load", "Node", "OpInfo", "Origin", "OutputRole", "Pointwise", "Reduction", "Var", "View", "bounds",
+    "HostOp", "IndexCheck", "Load", "Node", "OpInfo", "Origin", "OutputRole", "Pointwise", "Reduction", "TemplateOp", "Var", "View", "bounds",
     "call", "cast", "const", "contiguous_strides", "format_graph", "index",
     "linear_terms", "loads", "loop_var", "node_inputs",
     "node_outputs", "placeholder_vars", "rewrite", "round_to", "substitute", "walk", "where",

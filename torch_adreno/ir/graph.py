@@ -168,17 +168,39 @@ class HostOp:
         return _dedupe([v.buffer for v in self.inputs])
 
 
-Node = Pointwise | Reduction | Gemm | HostOp
+@dataclass
+class TemplateOp:
+    """A kernel template with buffers in and out, which fusion never merges (fused attention).
+
+    ``target`` names the template (its renderer in the kernels stage), ``attributes`` its static
+    parameters. It reads ``inputs`` through their views (a transposed head layout is read in place)
+    and writes every element of each of ``outputs``, none of which is one of its inputs."""
+
+    name: str
+    target: str
+    inputs: tuple[View, ...]
+    outputs: tuple[str, ...]
+    attributes: tuple[tuple[str, Any], ...]
+    origins: tuple[Origin, ...]
+
+    def input_buffers(self) -> list[str]:
+        return _dedupe([v.buffer for v in self.inputs])
+
+    def attribute(self, name: str) -> Any:
+        return dict(self.attributes)[name]
+
+
+Node = Pointwise | Reduction | Gemm | HostOp | TemplateOp
 
 
 def node_inputs(node: Node) -> list[str]:
-    if isinstance(node, HostOp):
+    if isinstance(node, HostOp | TemplateOp):
         return node.input_buffers()
     return node.inputs()
 
 
 def node_outputs(node: Node) -> list[str]:
-    return list(node.outputs) if isinstance(node, HostOp) else [node.output]
+    return list(node.outputs) if isinstance(node, HostOp | TemplateOp) else [node.output]
 
 
 def _dedupe(names: list[str]) -> list[str]:
@@ -258,7 +280,8 @@ def _format_node(node: Node) -> str:
                 f"n={node.n}, k={node.k}) lhs={node.lhs} rhs={node.rhs}")
     else:
         ins = ", ".join(str(v.buffer) for v in node.inputs)
-        text = f"{', '.join(node.outputs)} = host {node.target}({ins})"
+        kind = "template" if isinstance(node, TemplateOp) else "host"
+        text = f"{', '.join(node.outputs)} = {kind} {node.target}({ins})"
     return f"  {text}  # {origins}"
 
 

@@ -21,8 +21,10 @@ from torch_adreno.fusion import (
     PointwiseKernel,
     ReductionKernel,
     SegmentedKernel,
+    TemplateKernel,
 )
 from torch_adreno.ir.ops import OPS
+from torch_adreno.kernels.attention import attention_flops, render_attention
 from torch_adreno.kernels.expressions import INDEX_CHECK_CALL
 from torch_adreno.kernels.gemm import gemm_candidates, render_gemm
 from torch_adreno.kernels.generated import (
@@ -87,6 +89,8 @@ def _describe(group: FusionGroup) -> str:
     if isinstance(spec, ReductionKernel):
         ops = ", ".join(a.reduce_op for a in spec.accumulators())
         return f"{ops} over {list(spec.inner)} for each of {list(spec.outer)} in {len(spec.phases)} pass(es)"
+    if isinstance(spec, TemplateKernel):
+        return f"fused {spec.node.target.replace('_', ' ')} {dict(spec.node.attributes)}"
     assert isinstance(spec, GemmKernel)
     g = spec.gemm
     return f"gemm batch={g.batch} m={g.m} n={g.n} k={g.k}, {len(spec.stores)} store(s)"
@@ -116,6 +120,8 @@ def estimate_flops(group: FusionGroup) -> int:
         inner += sum(_float_ops(s.value) for p in spec.phases for s in p.stores)
         outer = sum(_float_ops(s.value) for s in spec.outer_stores)
         return math.prod(spec.outer) * (spec.inner_numel * inner + outer)
+    if isinstance(spec, TemplateKernel):
+        return attention_flops(spec.node)
     return 0
 
 
@@ -154,6 +160,12 @@ def _render_group(graph: ir.Graph, group: FusionGroup, index: int, params: dict[
     extensions: tuple[str, ...] = ()
     if isinstance(spec, GemmKernel):
         return _gemm_steps(graph, group, spec, index, params, profile, images)
+    if isinstance(spec, TemplateKernel):
+        rendered = render_attention(spec, params, profile)
+        return [kernel("attention", rendered.text, rendered.build_options, rendered.arguments, rendered.global_size,
+                       rendered.local_size, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
+                       estimate_flops(group), writes=tuple(group.writes), reads=tuple(group.reads),
+                       name_kind=spec.node.target, macros=rendered.macros)]
     if isinstance(spec, PointwiseKernel):
         text, global_size, local_size, extensions = render_pointwise(spec, params, profile, native_half)
     elif isinstance(spec, SegmentedKernel):
@@ -247,6 +259,8 @@ def launch_candidates(kernel: KernelSource, profile: DeviceProfile) -> list[Kern
     if kernel.kind == "gemm":
         launches = gemm_candidates(int(defines["SIZE_M"]), int(defines["SIZE_N"]), kernel.global_size[2],
                                    "TILE_M" in defines, profile)
+    elif kernel.kind == "attention":
+        launches = []  # (one geometry: its blocks follow from the head dimension and local memory)
     elif GROUP_SIZE in defines:
         launches = tree_reduction_candidates(kernel.global_size[0] // kernel.local_size[0], int(defines[GROUP_SIZE]),
                                              profile)

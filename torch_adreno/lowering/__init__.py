@@ -21,7 +21,16 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch_adreno import ir
 from torch_adreno.config import Config
 from torch_adreno.errors import LoweringError, SymbolicShapeError, UnsupportedOpError
-from torch_adreno.lowering import conv, linalg, pointwise, pool, random, reduction, views  # noqa: F401  (registers)
+from torch_adreno.lowering import (  # noqa: F401  (registers)
+    attention,
+    conv,
+    linalg,
+    pointwise,
+    pool,
+    random,
+    reduction,
+    views,
+)
 from torch_adreno.lowering.checks import check_like_eager
 from torch_adreno.lowering.context import (
     LOWERINGS,

@@ -1,0 +1,173 @@
+"""Fused attention launches: ``attention.cl`` with ``-D`` options, the operand and store helpers
+written by the code writer (so that strided head layouts are read in place and 16-bit storage is
+widened and rounded where eager does).
+
+Three templates (the ``target`` of an :class:`ir.TemplateOp`, see ``lowering/attention.py``):
+
+* ``attention_forward``: inputs (q, k, v), outputs (out, lse);
+* ``attention_grad_query``: inputs (grad_out, q, k, v, lse, delta), output grad_q;
+* ``attention_grad_key_value``: the same inputs, outputs (grad_k, grad_v).
+
+Attributes: ``causal`` (bool), ``scale`` (float), ``group`` (query heads per key/value head).
+Shapes: q, out, grad_out [batch, heads, queries, d]; k, v [batch, heads / group, keys, d];
+lse and delta [batch, heads, queries], float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+from torch_adreno import ir
+from torch_adreno.fusion import Store, TemplateKernel
+from torch_adreno.kernels.generated import index_ctype_for, write_stores
+from torch_adreno.kernels.params import KernelParam
+from torch_adreno.kernels.program import HELPER_NAMING, HELPER_NAMING_MACROS, helper_name
+from torch_adreno.kernels.writer import CodeWriter, Param, records
+from torch_adreno.lowering.attention import FORWARD, GRAD_KEY_VALUE, GRAD_QUERY
+from torch_adreno.target import DeviceProfile
+
+#: Template -> (its ATTENTION_PASS, the names its inputs are loaded by, the names its outputs are stored by).
+_PASSES: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
+    FORWARD: (1, ("Q", "K", "V"), ("O", "LSE")),
+    GRAD_QUERY: (2, ("DO", "Q", "K", "V", "LSE", "DELTA"), ("DQ",)),
+    GRAD_KEY_VALUE: (3, ("DO", "Q", "K", "V", "LSE", "DELTA"), ("DK", "DV")),
+}
+TEMPLATES = tuple(_PASSES)
+
+#: Work-items per group (rows) and streamed rows per step (tile) tried, largest first: 64 x 32
+#: for head dim 64 on a GPU (48 KB of local memory), smaller where the device's local memory asks.
+_ROW_CHOICES = (64, 32, 16)
+_TILE_CHOICES = (32, 16, 8)
+#: Keys whose scores the forward takes before it rescales its accumulator.
+_CHUNK = 8
+
+_INDEX_NAMES = ("b", "h", "s", "d")
+
+
+@dataclass(frozen=True)
+class AttentionBlocks:
+    """Work-items per group (one row each) and rows of the streamed operand per local-memory tile."""
+
+    rows: int
+    tile: int
+
+    def local_bytes(self, template: str, head_dim: int) -> int:
+        """Local memory of one group, as ``attention.cl`` declares it: owned rows padded by one
+        float (one array in the forward, two in the backward), two streamed tiles, and the
+        backward's per-query statistics."""
+        owned = 1 if template == FORWARD else 2
+        statistics = {FORWARD: 0, GRAD_QUERY: 2 * self.rows, GRAD_KEY_VALUE: 2 * self.tile}[template]
+        return 4 * (owned * self.rows * (head_dim + 1) + 2 * self.tile * head_dim + statistics)
+
+
+def choose_blocks(template: str, head_dim: int, rows_needed: int, profile: DeviceProfile) -> AttentionBlocks:
+    """The largest rows x tile that fits the device's local memory and group size, rows no more
+    than the rows there are (rounded up to 16)."""
+    cap = max(16, 1 << max(0, rows_needed - 1).bit_length())
+    for rows in _ROW_CHOICES:
+        if rows > profile.max_work_group_size or (rows > cap and rows != _ROW_CHOICES[-1]):
+            continue
+        for tile in _TILE_CHOICES:
+            blocks = AttentionBlocks(rows, tile)
+            if blocks.local_bytes(template, head_dim) <= profile.local_mem_bytes:
+                return blocks
+    raise ValueError(
+        f"fused attention with head dimension {head_dim} needs "
+        f"{AttentionBlocks(_ROW_CHOICES[-1], _TILE_CHOICES[-1]).local_bytes(template, head_dim)} bytes of local "
+        f"memory, more than the device's {profile.local_mem_bytes}; use a smaller head dimension")
+
+
+@dataclass(frozen=True)
+class RenderedAttention:
+    text: str
+    build_options: tuple[str, ...]
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+    macros: tuple[str, ...]
+    arguments: tuple[KernelParam, ...]
+
+
+def _index_vars(shape: tuple[int, ...]) -> tuple[tuple[ir.Expr, ...], dict[ir.Var, str]]:
+    vars_ = tuple(ir.loop_var(name, size) for name, size in zip(_INDEX_NAMES, shape, strict=False))
+    return vars_, {v: n for v, n in zip(vars_, _INDEX_NAMES, strict=False) if isinstance(v, ir.Var)}
+
+
+def _load_helper(name: str, view: ir.View, params: dict[str, Param]) -> str:
+    """``LOAD_<name>(b, h, s[, d])``: one element of ``view`` as a float."""
+    vars_, names = _index_vars(view.shape)
+    writer = CodeWriter(params, names, prefix=f"{name.lower()}_t")
+    value = writer.expr(ir.cast(view.load(vars_), ir.DType.F32))
+    body = writer.close_scope()
+    suffix = f"_load_{name.lower()}"
+    index_args = ", ".join(f"const INDEX_T {n}" for n in _INDEX_NAMES[:len(view.shape)])
+    decls = ", ".join(p.declaration() for p in params.values())
+    arg_names = ", ".join(p.c_name for p in params.values())
+    dims = ", ".join(_INDEX_NAMES[:len(view.shape)])
+    return "\n".join([f"inline float {helper_name(suffix)}({index_args}, {decls}) {{", *("    " + ln for ln in body),
+                      f"    return {value};", "}",
+                      f"#define LOAD_{name}({dims}) {helper_name(suffix)}({dims}, {arg_names})"])
+
+
+def _store_helper(name: str, buffer: str, params: dict[str, Param]) -> str:
+    """``STORE_<name>(b, h, s[, d], value)``: a float rounded to the buffer's type and stored."""
+    param = params[buffer]
+    vars_, names = _index_vars(param.shape)
+    register = ir.Load(buffer, vars_, ir.DType.F32)
+    writer = CodeWriter(params, names, prefix=f"{name.lower()}_t", registers={register: "value"})
+    write_stores(writer, [Store(buffer, vars_, ir.cast(register, param.dtype))])
+    body = writer.close_scope()
+    suffix = f"_store_{name.lower()}"
+    index_args = ", ".join(f"const INDEX_T {n}" for n in _INDEX_NAMES[:len(param.shape)])
+    decls = ", ".join(p.declaration() for p in params.values())
+    arg_names = ", ".join(p.c_name for p in params.values())
+    dims = ", ".join(_INDEX_NAMES[:len(param.shape)])
+    return "\n".join([f"inline void {helper_name(suffix)}({index_args}, const float value, {decls}) {{",
+                      *("    " + ln for ln in body), "}",
+                      f"#define STORE_{name}({dims}, v) {helper_name(suffix)}({dims}, v, {arg_names})"])
+
+
+def _float_literal(value: float) -> str:
+    return f"{float(value)!r}f"
+
+
+def attention_shapes(node: ir.TemplateOp) -> tuple[int, int, int, int, int, int]:
+    """(batch, heads, queries, keys, head dim, group) of a fused attention node."""
+    offset = 0 if node.target == FORWARD else 1
+    batch, heads, queries, head_dim = node.inputs[offset].shape
+    keys = node.inputs[offset + 1].shape[2]
+    return batch, heads, queries, keys, head_dim, int(node.attribute("group"))
+
+
+def attention_flops(node: ir.TemplateOp) -> int:
+    """Multiply-adds of the products each pass computes, two FLOPs each (a causal mask halves the
+    pairs): forward QK^T and PV; dQ pass QK^T, dO V^T and dS K; dK/dV pass all four."""
+    batch, heads, queries, keys, head_dim, _ = attention_shapes(node)
+    pairs = batch * heads * queries * keys // (2 if node.attribute("causal") else 1)
+    products = {FORWARD: 2, GRAD_QUERY: 3, GRAD_KEY_VALUE: 4}[node.target]
+    return 2 * products * pairs * head_dim
+
+
+def render_attention(spec: TemplateKernel, params: dict[str, Param], profile: DeviceProfile) -> RenderedAttention:
+    """The one launch of a fused attention pass."""
+    node = spec.node
+    attention_pass, input_names, output_names = _PASSES[node.target]
+    batch, heads, queries, keys, head_dim, group = attention_shapes(node)
+    rows_needed = keys if node.target == GRAD_KEY_VALUE else queries
+    blocks = choose_blocks(node.target, head_dim, rows_needed, profile)
+    index_t = index_ctype_for(params, batch * heads * max(queries, keys) * head_dim)
+    helpers = [_load_helper(name, view, params) for name, view in zip(input_names, node.inputs, strict=True)]
+    helpers += [_store_helper(name, buffer, params) for name, buffer in zip(output_names, node.outputs, strict=True)]
+    template = resources.files("torch_adreno.kernels").joinpath("attention.cl").read_text()
+    text = "\n".join([f"#define INDEX_T {index_t}", *HELPER_NAMING, *helpers, template])
+    options = (f"-DATTENTION_PASS={attention_pass}", f"-DHEAD_DIM={head_dim}", f"-DSEQ_Q={queries}",
+               f"-DSEQ_K={keys}", f"-DHEADS={heads}", f"-DGROUP={group}", f"-DCAUSAL={int(node.attribute('causal'))}",
+               f"-DSCALE={_float_literal(node.attribute('scale'))}", f"-DROWS={blocks.rows}", f"-DTILE={blocks.tile}",
+               f"-DCHUNK={min(_CHUNK, blocks.tile)}")
+    row_groups = math.ceil(rows_needed / blocks.rows)
+    heads_launched = heads // group if node.target == GRAD_KEY_VALUE else heads
+    macros = ("INDEX_T", *HELPER_NAMING_MACROS, *(f"LOAD_{n}" for n in input_names),
+              *(f"STORE_{n}" for n in output_names))
+    return RenderedAttention(text, options, (row_groups * blocks.rows, batch * heads_launched), (blocks.rows, 1),
+                             macros, records(params))
