@@ -102,10 +102,16 @@ def _total(values: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def _loss_scale(targets: torch.Tensor, ignore_index: int, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the softmax and the loss are computed in: float32, or float64 for float64 operands."""
+    return torch.float64 if dtype is torch.float64 else torch.float32
+
+
+def _loss_scale(targets: torch.Tensor, ignore_index: int, reduction: str,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(which tokens count, the divisor of their summed losses: their count for a mean, else 1)."""
     valid = targets != ignore_index
-    divisor = valid.sum().to(torch.float32) if reduction == "mean" else torch.ones((), dtype=torch.float32)
+    divisor = valid.sum().to(dtype) if reduction == "mean" else torch.ones((), dtype=dtype)
     return valid, divisor
 
 
@@ -116,15 +122,15 @@ def chunked_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     ``tokens_per_chunk x words_per_chunk`` at a time: per chunk its log-sum-exp per token and the
     targets' logits among its words; per token the chunks' log-sum-exps combined. ``hidden``
     [..., d] and ``weight`` [vocab, d] of one dtype, ``targets`` [tokens] class indices."""
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    valid, divisor = _loss_scale(targets, ignore_index, reduction)
+    flat, wide = hidden.reshape(-1, hidden.shape[-1]), softmax_dtype(hidden.dtype)
+    valid, divisor = _loss_scale(targets, ignore_index, reduction, wide)
     safe_targets = torch.where(valid, targets, 0).unsqueeze(1)
     lses, losses = [], []
     for start, end in _ranges(flat.shape[0], tokens_per_chunk):
         rows, wanted = flat[start:end], safe_targets[start:end]
         parts, target_logits = [], []
         for first, last in _ranges(weight.shape[0], words_per_chunk):
-            logits = torch.mm(rows, weight[first:last].t()).to(torch.float32)
+            logits = torch.mm(rows, weight[first:last].t()).to(wide)
             row_max = logits.amax(1, keepdim=True)
             parts.append(torch.log(torch.exp(logits - row_max).sum(1, keepdim=True)) + row_max)
             # A reduction over the chunk, not a gather: fusion would inline a gather into the sum of
@@ -144,10 +150,10 @@ def chunked_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torc
     loss, each chunk's logits recomputed and its probabilities taken from ``lse``. Sums over chunks
     (a token's over the vocabulary's chunks, a word's over the tokens' chunks) are float32, then
     given the operand's dtype."""
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    valid, divisor = _loss_scale(targets, ignore_index, reduction)
+    flat, wide = hidden.reshape(-1, hidden.shape[-1]), softmax_dtype(hidden.dtype)
+    valid, divisor = _loss_scale(targets, ignore_index, reduction, wide)
     safe_targets = torch.where(valid, targets, 0).unsqueeze(1)
-    row_scale = torch.where(valid, grad_loss.to(torch.float32) / divisor, 0.0).unsqueeze(1)
+    row_scale = torch.where(valid, grad_loss.to(wide) / divisor, 0.0).unsqueeze(1)
     word_ranges = _ranges(weight.shape[0], words_per_chunk)
     grad_rows: list[torch.Tensor] = []
     grad_words: list[list[torch.Tensor]] = [[] for _ in word_ranges]
@@ -155,15 +161,15 @@ def chunked_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torc
         rows, shares = flat[start:end], []
         for (first, last), word_shares in zip(word_ranges, grad_words, strict=True):
             words = weight[first:last]
-            logits = torch.mm(rows, words.t()).to(torch.float32)
+            logits = torch.mm(rows, words.t()).to(wide)
             probabilities = torch.exp(logits - lse[start:end].unsqueeze(1))
             ids = torch.arange(first, last, device=weight.device).unsqueeze(0)
             grad_logits = torch.where(ids == safe_targets[start:end], probabilities - 1.0, probabilities)
             grad_logits = (grad_logits * row_scale[start:end]).to(weight.dtype)
             if hidden_grad:
-                shares.append(torch.mm(grad_logits, words).to(torch.float32))
+                shares.append(torch.mm(grad_logits, words).to(wide))
             if weight_grad:
-                word_shares.append(torch.mm(grad_logits.t(), rows).to(torch.float32))
+                word_shares.append(torch.mm(grad_logits.t(), rows).to(wide))
         if hidden_grad:
             grad_rows.append(_total(shares).to(hidden.dtype))
     grads = []
@@ -186,7 +192,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
 @linear_cross_entropy.register_fake
 def _(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str,
       tokens_per_chunk: int, words_per_chunk: int, loss_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    return hidden.new_empty((), dtype=loss_dtype), hidden.new_empty((targets.shape[0],), dtype=torch.float32)
+    return (hidden.new_empty((), dtype=loss_dtype),
+            hidden.new_empty((targets.shape[0],), dtype=softmax_dtype(hidden.dtype)))
 
 
 @torch.library.custom_op("adreno::linear_cross_entropy_backward", mutates_args=())
