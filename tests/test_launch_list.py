@@ -55,14 +55,26 @@ def test_native_loop_matches_python_loop() -> None:
     assert np.array_equal(native[1][16:48], copied)
 
 
-def test_refused_launch_names_the_kernel() -> None:
-    if launch_list.native_loop() is None:
+@pytest.mark.parametrize("native", [True, False], ids=["C-loop", "Python-loop"])
+def test_refused_launch_names_the_kernel(native: bool) -> None:
+    if native and launch_list.native_loop() is None:
         pytest.fail(f"the C loop is not available here: {launch_list.native_loop_status()}")
     context = cl.create_some_context(interactive=False)
     queue = cl.CommandQueue(context)
-    kernel = cl.Kernel(cl.Program(context, _SOURCE).build(), "affine")  # argument never bound
-    with pytest.raises(LaunchError, match=r"operation 0 .*kernel affine.*error -52 \(INVALID_KERNEL_ARGS\)"):
-        LaunchList(queue, [Launch(kernel, (64,), None)])()
+    program = cl.Program(context, _SOURCE).build()
+    kernel = cl.Kernel(program, "affine")  # argument never bound
+    with pytest.raises(LaunchError, match=r"operation 0 .*\(kernel affine\).*error -52 \(INVALID_KERNEL_ARGS\)"):
+        LaunchList(queue, [Launch(kernel, (64,), None)], native=native)()
+    # A kernel run by another's function (equal content, one function of the program): named by
+    # its own name, the function after it.
+    bound = cl.Kernel(program, "affine")
+    buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, 256)  # (an argument holds no reference)
+    bound.set_arg(0, buffer)
+    listed = LaunchList(queue, [Launch(bound, (64,), None, "g_3_0_affine"), Launch(kernel, (64,), None, "g_3_12_affine")],
+                        native=native)
+    with pytest.raises(LaunchError, match=r"operation 1 of a launch list \(kernel g_3_12_affine \(program function "
+                                          r"affine\)\): error -52"):
+        listed()
 
 
 def test_bad_launch_geometry_is_refused_at_construction() -> None:

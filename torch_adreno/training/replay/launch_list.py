@@ -54,11 +54,22 @@ class LaunchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Launch:
-    """A kernel launch; the kernel's arguments are bound before the list is enqueued."""
+    """A kernel launch; the kernel's arguments are bound before the list is enqueued. ``name``: the
+    kernel's own (``KernelSource.name``), what an error names; "" for the kernel object's function.
+    (Kernels of equal content run one function of their program, named by the first of them: a
+    deduplicated kernel's ``function_name`` is another kernel's symbol.)"""
 
     kernel: cl.Kernel
     global_size: tuple[int, ...]
     local_size: tuple[int, ...] | None
+    name: str = ""
+
+    def describe(self) -> str:
+        """``kernel <name>``, with the program function that runs it where that is named otherwise."""
+        function = self.kernel.function_name
+        if not self.name or self.name == function:
+            return f"kernel {function}"
+        return f"kernel {self.name} (program function {function})"
 
 
 @dataclass(frozen=True)
@@ -277,8 +288,12 @@ class LaunchList:
         if self._native is None:
             if self._fell_back:
                 _warn_python_loop(native_loop_status())
-            for call in self.calls:
-                call()
+            index = 0
+            try:
+                for index, call in enumerate(self.calls):  # noqa: B007 (read by the handler)
+                    call()
+            except cl.Error as error:
+                raise self._refused(index, error.code) from None
             return
         function = self._native.function
         queue, entry_points, status = self._call_arguments
@@ -288,11 +303,15 @@ class LaunchList:
                 continue
             failed = function(queue, records, count, entry_points, status)
             if failed >= 0:
-                operation = self.operations[first + failed]
-                what = (f"kernel {operation.kernel.function_name}" if isinstance(operation, Launch)
-                        else type(operation).__name__.lower())
-                raise LaunchError(f"the OpenCL driver refused operation {first + failed} of a launch list "
-                                  f"({what}): error {self._status.value} ({_error_name(self._status.value)})")
+                raise self._refused(first + failed, self._status.value)
+
+    def _refused(self, index: int, code: int) -> LaunchError:
+        """The error for operation ``index``, refused by the driver with error ``code``."""
+        operation = self.operations[index]
+        what = (operation.describe() if isinstance(operation, Launch) else type(operation).__name__.lower()
+                if isinstance(operation, Copy | Flush) else "a Python operation")
+        return LaunchError(f"the OpenCL driver refused operation {index} of a launch list ({what}): "
+                           f"error {code} ({_error_name(code)})")
 
 
 def _error_name(code: int) -> str:

@@ -236,7 +236,7 @@ class ReplayedStep:
         def launch(graph: str, kernel: cl.Kernel, source: Any, offsets: int = 0) -> None:
             self._launches.append((graph, source, kernel))
             self._offset_arguments.append(offsets)
-            listed.append(Launch(kernel, source.global_size, source.local_size))
+            listed.append(Launch(kernel, source.global_size, source.local_size, source.name))
             described.append((graph, source))
 
         for position, op in enumerate(recorder.operations):
