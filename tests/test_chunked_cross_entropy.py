@@ -148,7 +148,7 @@ def test_untied_trainable_head_trains_in_a_replayed_step_with_grad_w():
         step(*_batch())
     step.synchronize()
     grads = {n: (before[n] - p.detach()) / lr for n, p in model.named_parameters()}
-    eager_loss, eager_grads = _eager_gradients(_model(tied=False), torch.float32, "sum")
+    _, eager_grads = _eager_gradients(_model(tied=False), torch.float32, "sum")
     exact_loss, exact_grads = _eager_gradients(_model(tied=False), torch.float64, "sum")
     # (the update's own rounding, p - lr * g in float32, is part of both sides' error here)
     for name in ("head.weight", "proj.weight", "table.weight"):
@@ -228,6 +228,30 @@ def test_auto_fuses_only_above_the_threshold_and_false_never():
     large = _dynamo_graph(lambda t, y: _loss(model, t, y), big, big)  # 8,192 tokens: 32 MB of logits
     assert fused.fuse_head_and_loss(large, Config.from_options()) == 1
     assert _fused_ops(large)[0].args[5:7] == (1024, VOCAB)  # 1,024 tokens x the whole vocabulary: 4 MB
+
+
+@pytest.mark.parametrize("form", ["linear", "matmul"])
+def test_the_rewritten_graph_computes_the_loss_and_gradients_on_the_host(form):
+    """The pass's graph run eagerly (the op's own kernel is its chunked decomposition): ``hidden @
+    table.T`` as well as the linear head."""
+    model = _model()
+
+    def loss(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        hidden = model.norm(model.table(t))
+        logits = model.head(hidden) if form == "linear" else hidden @ model.table.weight.T
+        return F.cross_entropy(logits.view(-1, VOCAB).float(), y.view(-1), ignore_index=IGNORE, reduction="sum")
+
+    def fusing(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        assert fused.fuse_head_and_loss(gm, Config.from_options({"chunked_cross_entropy": EIGHT_CHUNKS})) == 1
+        return gm.forward
+
+    torch._dynamo.reset()
+    ours = torch.compile(loss, backend=fusing, fullgraph=True)(*_batch())
+    (grad,) = torch.autograd.grad(ours, model.table.weight)
+    expected = loss(*_batch())
+    (expected_grad,) = torch.autograd.grad(expected, model.table.weight)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(("case", "reason"), [

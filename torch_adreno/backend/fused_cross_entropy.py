@@ -326,7 +326,8 @@ def match(loss: Node) -> HeadAndLoss | str:
     if logits is None or targets is None or h is None or w is None:
         return "Dynamo recorded no example values for its operands"
     if not all(_static(t) for t in (logits, targets, h, w)):
-        return "its shapes are symbolic (they are specialised per call, after this pass)"
+        return ("its shapes are symbolic (they are specialised per call, after this pass); compile with "
+                "torch.compile(..., dynamic=False)")
     vocab = w.shape[1] if transposed else w.shape[0]
     tokens = math.prod(h.shape[:-1])
     if w.dim() != 2 or tuple(logits.shape) != (tokens, vocab) or tuple(targets.shape) != (tokens,) \
