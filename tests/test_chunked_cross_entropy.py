@@ -271,10 +271,11 @@ def test_unfusable_chains_stay_with_a_reason_or_are_refused_when_forced(case, re
                                 reduction="none" if case == "none" else "mean")
         return (value, logits.amax()) if case == "logits_read" else value
 
-    gm = _dynamo_graph(loss, *_batch())
+    big = torch.randint(0, VOCAB, (BATCH, 4096))  # 32 MB of logits: "auto" would fuse them
     with caplog.at_level(logging.INFO, logger="torch_adreno"):
-        assert fused.fuse_head_and_loss(gm, Config.from_options()) == 0
+        assert fused.fuse_head_and_loss(_dynamo_graph(loss, big, big), Config.from_options()) == 0
     assert reason in caplog.text
+    gm = _dynamo_graph(loss, *_batch())
     with pytest.raises(OptionError, match=reason):
         fused.fuse_head_and_loss(gm, Config.from_options({"chunked_cross_entropy": True}))
 

@@ -338,12 +338,16 @@ def match(loss: Node) -> HeadAndLoss | str:
                        arguments["reduction"], tokens, vocab)
 
 
-def _fused(chain: HeadAndLoss, mode: str | bool | int) -> bool:
-    if mode is False:
-        return False
-    if mode == "auto":
-        return chain.tokens * chain.vocab * 4 >= AUTO_THRESHOLD_BYTES
-    return True
+def _wanted(loss: Node, mode: str | bool | int) -> bool:
+    """Whether ``mode`` asks to fuse the head of ``loss``: always when forced; under "auto" where
+    the loss's input, as float32 logits, would take :data:`AUTO_THRESHOLD_BYTES` or more (an
+    input of unknown size is looked at, so that the reason it is not fused is logged)."""
+    if mode != "auto":
+        return True
+    logits = _example(loss.args[0] if loss.args else loss.kwargs.get("input"))
+    if logits is None or not _static(logits):
+        return True
+    return math.prod(logits.shape) * 4 >= AUTO_THRESHOLD_BYTES
 
 
 def _rewrite(gm: GraphModule, chain: HeadAndLoss, chunk: ChunkShape) -> None:
@@ -390,13 +394,11 @@ def fuse_head_and_loss(gm: GraphModule, config: Config) -> int:
         return 0
     replaced = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not F.cross_entropy:
+        if node.op != "call_function" or node.target is not F.cross_entropy or not _wanted(node, mode):
             continue
         chain = match(node)
         if isinstance(chain, str):
             _not_fused(node, chain, mode)
-            continue
-        if not _fused(chain, mode):
             continue
         budget = mode if isinstance(mode, int) and not isinstance(mode, bool) else CHUNK_LOGITS_BYTES
         chunk = chunk_shape(chain.tokens, chain.vocab, budget)
