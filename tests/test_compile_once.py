@@ -209,3 +209,62 @@ def test_identical_kernels_of_a_graph_are_tuned_once(tmp_path, monkeypatch):
     assert second.chosen.name == gemms[1].name and second.chosen.origins == gemms[1].origins
     assert (second.chosen.build_options, second.chosen.local_size) == (first.chosen.build_options,
                                                                        first.chosen.local_size)
+
+
+def _replayed_arena_functions(blocks: int, monkeypatch) -> tuple[int, int, int]:
+    """``blocks`` blocks trained by a replayed ``TrainingStep`` (copy mode: parameters, optimizer
+    state and the step's memory all in one heap slab, so every kernel is rebuilt for the arena),
+    its losses eager's: the rebuilt launches, the distinct compiled kernels they replace, and the
+    functions of the programs the replay built for them."""
+    from torch_adreno.training.replay import arena_kernels as replay_kernels
+
+    built: list[int] = []
+
+    def counting(runtime, sources):  # the functions of each program the replay builds
+        before = build_stats().kernels_unique
+        kernels = build_kernels(runtime, sources)
+        built.append(build_stats().kernels_unique - before)
+        return kernels
+
+    monkeypatch.setattr(replay_kernels, "build_kernels", counting)
+    torch._dynamo.reset()
+    model, reference = _stack(blocks), _stack(blocks)
+    loss_fn = lambda m, x, y: nn.functional.cross_entropy(m(x), y)  # noqa: E731
+    step = torch_adreno.TrainingStep(model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                     options={"zero_copy": False, "compile_cache": False})
+    eager = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x, y = torch.randn(6, 12, generator=generator), torch.randint(0, 5, (6,), generator=generator)
+        loss = step(x, y)
+        eager.zero_grad()
+        expected = loss_fn(reference, x, y)
+        expected.backward()
+        eager.step()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-5)
+    replay = step.replay
+    assert step.replayed_steps == 2 and replay is not None and all(replay._rewritten)
+    compiled = {source.content() for _, source, _ in replay._launches}
+    functions = {(kernel.program.int_ptr, kernel.function_name) for _, _, kernel in replay._launches}
+    assert len(functions) == sum(built), (len(functions), built)  # each function built once
+    return replay.kernel_launches, len(compiled), len(functions)
+
+
+@pytest.mark.device
+def test_replayed_blocks_arena_kernels_are_as_many_functions_as_their_compiled_kernels(monkeypatch):
+    """The replay's kernels take their operands' offsets as arguments: the kernels of repeated
+    blocks rebuilt for the arena are one function each, as their compiled kernels are (43 launches,
+    35 functions; with the offsets in the text, a function per launch)."""
+    launches, compiled, functions = _replayed_arena_functions(3, monkeypatch)
+    assert functions == compiled < launches, (launches, compiled, functions)
+
+
+@pytest.mark.slow
+@pytest.mark.device
+def test_more_replayed_blocks_build_no_more_arena_functions(monkeypatch):
+    """From four blocks on (the first, last and two alternating inner patterns: see
+    :func:`test_training_programs_of_identical_blocks_have_a_constant_number_of_functions`) two
+    more blocks add launches and not one function to the replay's programs."""
+    four = _replayed_arena_functions(4, monkeypatch)
+    six = _replayed_arena_functions(6, monkeypatch)
+    assert six[0] - four[0] >= 2 * 8 and six[2] == four[2] == four[1], (four, six)
