@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -41,18 +42,19 @@ import torch_adreno
 REDUCED = GPT2Config(layers=2, d=128, heads=4, positions=128, seq=128, batch=4)
 
 
+def _loss(autocast: torch.dtype | None, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        return lm_loss(model, x, y)
+
+
 def measure(cfg: GPT2Config, option: bool | int | str, steps: int, options: dict[str, Any],
             autocast: torch.dtype | None) -> dict[str, Any]:
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = gpt2_lora(cfg)
-
-    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            return lm_loss(m, x, y)
-
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-3)
-    step = torch_adreno.TrainingStep(model, loss_fn, optimizer, {**options, "chunked_cross_entropy": option})
+    step = torch_adreno.TrainingStep(model, functools.partial(_loss, autocast), optimizer,
+                                     {**options, "chunked_cross_entropy": option})
     batch = token_batch(cfg, torch.Generator().manual_seed(0))
     started = time.perf_counter()
     with torch_adreno.profile() as compiled:
