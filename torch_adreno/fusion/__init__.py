@@ -29,6 +29,7 @@ from torch_adreno.fusion.inline import inline_pointwise, unroll_small_reductions
 from torch_adreno.fusion.kernels import (
     Accumulator,
     GemmKernel,
+    StreamK,
     HostKernel,
     KernelSpec,
     Phase,
@@ -45,7 +46,7 @@ from torch_adreno.fusion.split_k import split_long_gemms
 from torch_adreno.fusion.split_reductions import split_long_reductions
 
 __all__ = [
-    "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "KernelSpec", "Phase",
+    "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "StreamK", "KernelSpec", "Phase",
     "PointwiseKernel", "ReductionKernel", "SegmentedKernel", "Store", "TemplateKernel", "fuse", "max_kernel_buffers",
 ]
 
@@ -73,10 +74,12 @@ class FusedGraph:
 
 
 def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None,
-         compute_units: int | None = None) -> FusedGraph:
+         compute_units: int | None = None, stream_k: bool = False) -> FusedGraph:
     """``max_buffers``: the most buffer arguments a kernel may take on the target device
     (:func:`max_kernel_buffers`; default: what every full-profile OpenCL device accepts);
-    ``compute_units``: the target's, for how far long GEMMs are split (default: a phone GPU's few)."""
+    ``compute_units``: the target's, for how far long GEMMs are split (default: a phone GPU's few);
+    ``stream_k``: GEMMs of few waves of 128 x 128 tiles get a stream-K schedule (a desktop GPU
+    running the tiled template: see ``split_k.py``)."""
     decisions: list[Decision] = []
     if not config.fusion:
         scheduler = Scheduler(graph, decisions)
@@ -92,7 +95,7 @@ def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None,
         for node in nodes:
             scheduler.place(node)
         groups = scheduler.finish("k")
-    split_long_gemms(graph, groups, decisions, compute_units)
+    split_long_gemms(graph, groups, decisions, compute_units, stream_k)
     if config.fusion:
         groups = group_independent_pointwise(groups, decisions, max_buffers or max_kernel_buffers())
     return FusedGraph(graph, groups, decisions)

@@ -7,6 +7,15 @@ work-groups walk all of k while the rest of the GPU idles (measured on the H200:
 and a second, small launch adds the S slice sums and runs the fused epilogue. The slice sums
 cost 2 x S x m x n floats of traffic, kept under a quarter of the bytes the operands move.
 
+Stream-K, on a desktop GPU (many compute units, the tiled template's 128 x 128 tiles): a GEMM
+of a few waves of tiles loses to wave quantization what splitting cannot win back: GPT-2's
+1,024 x 2,304 product is 144 tiles on the H200's 132 compute units, so 12 compute units multiply
+a second tile while 120 idle (180 us, where 23.8 waves of the same tile in its head take 87 us
+each). The whole waves of tiles stay as they are; only the tiles left over are cut into k slices,
+as many as the compute units hold (12 tiles x 11 slices: one more work-group per compute unit,
+each 1/11 of a tile), and a second launch adds the slices up (:class:`StreamK`). A GEMM of fewer
+tiles than compute units is all remainder: its tiles are cut to fill two work-groups per compute unit.
+
 The rule needs only the device's compute-unit count: enough output tiles (at the template's usual
 64 x 64) to give every compute unit four work-groups' worth is all the parallelism splitting could add
 (at least :data:`TARGET_TILES`, a phone GPU's few compute units several times over), and slices
@@ -24,7 +33,7 @@ import math
 
 from torch_adreno import ir
 from torch_adreno.fusion.decisions import Decision
-from torch_adreno.fusion.kernels import GemmKernel
+from torch_adreno.fusion.kernels import GemmKernel, StreamK
 from torch_adreno.fusion.schedule import FusionGroup
 
 #: Output tiles (64 x 64, times the batch) below which a GEMM is split, and the most it is split to,
@@ -69,10 +78,47 @@ def choose_split(gemm: ir.Gemm, target: int = TARGET_TILES) -> int:
     return split
 
 
+#: Stream-K's tile (the tiled template's largest, which it then uses).
+STREAM_TILE = 128
+#: Stream-K only where the tiles number fewer waves than this (past it, the last wave's loss is small).
+STREAM_MAX_WAVES = 4
+#: Stream-K's shortest k slice.
+STREAM_MIN_SLICE = 64
+#: Work-groups of 128 x 128 tiles a compute unit runs at once (the H200: 256 work-items of ~128 registers).
+STREAM_GROUPS_PER_UNIT = 2
+
+
+def choose_stream(gemm: ir.Gemm, compute_units: int) -> StreamK | None:
+    """The stream-K schedule of ``gemm`` on a device of ``compute_units``, or None where its
+    tiles fill the waves well enough (or it is too thin for 128 x 128 tiles, or too short in k).
+
+    Invariants: ``full_tiles`` is a multiple of ``compute_units``; every remaining tile is cut
+    into ``split`` >= 2 slices of ``slice_k`` (a multiple of 8, the tile's K step) that cover k."""
+    tile = STREAM_TILE
+    if gemm.m < tile or gemm.n < tile or compute_units <= 1:
+        return None
+    tiles_m, tiles_n = math.ceil(gemm.m / tile), math.ceil(gemm.n / tile)
+    tiles = gemm.batch * tiles_m * tiles_n
+    if tiles >= STREAM_MAX_WAVES * compute_units or tiles % compute_units == 0:
+        return None
+    full = tiles // compute_units * compute_units
+    remainder = tiles - full
+    # The leftover tiles share the compute units' second work-group (or, with no whole wave, both).
+    slots = compute_units if full else STREAM_GROUPS_PER_UNIT * compute_units
+    split = min(slots // remainder, gemm.k // STREAM_MIN_SLICE)
+    if split < 2:
+        return None
+    slice_k = math.ceil(math.ceil(gemm.k / split) / 8) * 8
+    split = math.ceil(gemm.k / slice_k)
+    return StreamK(tile, tiles_m, tiles_n, full, split, slice_k)
+
+
 def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list[Decision],
-                     compute_units: int | None = None) -> None:
+                     compute_units: int | None = None, stream_k: bool = False) -> None:
     """Give every GEMM kernel that :func:`choose_split` splits its slice count and a buffer for the
-    slice sums (written and read by the kernel's own two launches only); record each choice."""
+    slice sums (written and read by the kernel's own two launches only); with ``stream_k``, every
+    other GEMM without a fused row sum that :func:`choose_stream` schedules its schedule and a
+    slices buffer; record each choice."""
     for group in groups:
         spec = group.spec
         if not isinstance(spec, GemmKernel):
@@ -80,6 +126,19 @@ def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list
         g = spec.gemm
         split = choose_split(g, target_tiles(compute_units))
         if split == 1:
+            stream = choose_stream(g, compute_units) if stream_k and compute_units and spec.row_sum is None else None
+            if stream is not None:
+                name = f"{g.name}_slices"
+                graph.buffers[name] = ir.Buffer(name, (stream.slice_floats(g.batch),), ir.DType.F32)
+                spec.stream, spec.partials = stream, name
+                group.writes.append(name)
+                remainder = stream.remainder_tiles(g.batch)
+                decisions.append(Decision(
+                    g.name, g.name, True,
+                    f"stream-K: {g.batch * stream.tiles} tiles of {stream.tile}x{stream.tile} on {compute_units} compute "
+                    f"units: {stream.full_tiles} in whole waves, the other {remainder} cut into {stream.split} k slices "
+                    f"of {stream.slice_k} ({stream.work_groups(g.batch)} work-groups); slices add "
+                    f"{2 * stream.slice_floats(g.batch) * 4} bytes"))
             continue
         rows = g.batch * g.m if spec.row_sum is not None else 0
         name = f"{g.name}_slices"

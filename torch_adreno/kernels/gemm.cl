@@ -6,7 +6,10 @@
 // float2/float4), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row, stored with
 // STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
-// that direction), DOUBLE_BUFFER (1: two local tiles of each operand, one barrier per K step).
+// that direction), DOUBLE_BUFFER (1: two local tiles of each operand, one barrier per K step),
+// STREAM (1: a stream-K schedule, fusion/split_k.py: FULL_TILES, REMAINDER_TILES, STREAM_SPLIT,
+// SLICE_K, TILES_M, TILES_N; one-dimensional groups; products go to STORE_SLICE(i, v), and
+// gemm_stream_sum.cl runs the epilogue; ROW_SUM must be 0).
 //
 // The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS,
 // KERNEL_LOCALS (written from the kernel's parameter records), and the operand and epilogue
@@ -88,9 +91,25 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const int tn = get_local_id(0);
     const int tm = get_local_id(1);
     const int tid = tm * THREADS_N + tn;
+#if STREAM
+    // Stream-K: work-group g < FULL_TILES multiplies tile g over all of k; the others slice s of
+    // remaining tile r over [s * SLICE_K, (s + 1) * SLICE_K). Tiles: batch, row of tiles, column.
+    const int group = get_group_id(0);
+    const int full = group < FULL_TILES;
+    const int remaining = full ? 0 : (group - FULL_TILES) / STREAM_SPLIT;
+    const int slice = full ? 0 : (group - FULL_TILES) % STREAM_SPLIT;
+    const int tile = full ? group : FULL_TILES + remaining;
+    const INDEX_T k_begin = full ? 0 : (INDEX_T)slice * SLICE_K;
+    const INDEX_T k_end = full ? (INDEX_T)SIZE_K : min((INDEX_T)SIZE_K, k_begin + SLICE_K);
+    const INDEX_T b = tile / (TILES_M * TILES_N);
+    const INDEX_T m0 = (INDEX_T)(tile / TILES_N % TILES_M) * TILE_M;
+    const INDEX_T n0 = (INDEX_T)(tile % TILES_N) * TILE_N;
+#else
     const INDEX_T n0 = (INDEX_T)get_group_id(0) * TILE_N;
     const INDEX_T m0 = (INDEX_T)get_group_id(1) * TILE_M;
     const INDEX_T b = get_group_id(2);
+    const INDEX_T k_begin = 0, k_end = SIZE_K;
+#endif
 
 #if DOUBLE_BUFFER
     // Two tiles of each operand: a K step multiplies out of one while the next step's operands
@@ -119,13 +138,13 @@ void KERNEL_NAME(KERNEL_PARAMS)
     float b_next[LOADS_B];
     for (int i = 0; i < LOADS_A; ++i) {
         const int e = tid + i * THREADS;
-        const INDEX_T m = m0 + A_MM(e), k = A_KK(e);
-        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
+        const INDEX_T m = m0 + A_MM(e), k = k_begin + A_KK(e);
+        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < k_end) ? LOAD_A(b, m, k) : 0.0f;
     }
     for (int i = 0; i < LOADS_B; ++i) {
         const int e = tid + i * THREADS;
-        const INDEX_T n = n0 + B_NN(e), k = B_KK(e);
-        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
+        const INDEX_T n = n0 + B_NN(e), k = k_begin + B_KK(e);
+        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < k_end) ? LOAD_B(b, k, n) : 0.0f;
     }
 
 #if DOUBLE_BUFFER
@@ -133,7 +152,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
     barrier(CLK_LOCAL_MEM_FENCE);
     int step = 0;
 #endif
-    for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
+    for (INDEX_T k0 = k_begin; k0 < k_end; k0 += TILE_K) {
 #if DOUBLE_BUFFER
         __local const float *a_tile = a_tiles + (step & 1) * (TILE_K * PITCH_M);
         __local const float *b_tile = b_tiles + (step & 1) * (TILE_K * PITCH_N);
@@ -145,16 +164,16 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #endif
 
         const INDEX_T k1 = k0 + TILE_K;
-        if (k1 < SIZE_K) {
+        if (k1 < k_end) {
             for (int i = 0; i < LOADS_A; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T m = m0 + A_MM(e), k = k1 + A_KK(e);
-                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
+                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < k_end) ? LOAD_A(b, m, k) : 0.0f;
             }
             for (int i = 0; i < LOADS_B; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T n = n0 + B_NN(e), k = k1 + B_KK(e);
-                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
+                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < k_end) ? LOAD_B(b, k, n) : 0.0f;
             }
         }
 
@@ -177,7 +196,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
                     acc[wm][wn] = fma(a_reg[wm], b_reg[wn], acc[wm][wn]);
         }
 #if DOUBLE_BUFFER
-        if (k1 < SIZE_K) {
+        if (k1 < k_end) {
             ++step;
             STORE_TILES(a_tiles + (step & 1) * (TILE_K * PITCH_M), b_tiles + (step & 1) * (TILE_K * PITCH_N))
         }
@@ -185,6 +204,14 @@ void KERNEL_NAME(KERNEL_PARAMS)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
+#if STREAM
+    // The tile's product (over this group's k range) into the slices buffer: a full tile at its
+    // number, slice s of remaining tile r after them at FULL_TILES + s * REMAINDER_TILES + r.
+    const INDEX_T base = (INDEX_T)(full ? tile : FULL_TILES + slice * REMAINDER_TILES + remaining) * (TILE_M * TILE_N);
+    for (int wm = 0; wm < WPT_M; ++wm)
+        for (int wn = 0; wn < WPT_N; ++wn)
+            STORE_SLICE(base + ROW_OF(tm, wm) * TILE_N + COL_OF(tn, wn), acc[wm][wn]);
+#else
     for (int wm = 0; wm < WPT_M; ++wm) {
         const INDEX_T m = m0 + ROW_OF(tm, wm);
         for (int wn = 0; wn < WPT_N; ++wn) {
@@ -193,6 +220,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
                 STORE_C(b, m, n, acc[wm][wn]);
         }
     }
+#endif
 #if ROW_SUM
     // The fused reduction of A over k: the first column of work-items of the first block stores it.
     if (get_group_id(0) == 0 && tn == 0) {
