@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 import torch_adreno
 import torch_adreno.backend as backend
+from tests.test_onnx_bodies import _evaluate
 from torch_adreno import ir
 from torch_adreno.export.kernel_bodies import SplitK, flat, split_slices, stream_sums
 from torch_adreno.fusion import split_k
 from torch_adreno.kernels import gemm as gemm_kernels
-from tests.test_onnx_bodies import _evaluate
 
 F32 = ir.DType.F32
 

@@ -29,7 +29,6 @@ from torch_adreno.fusion.inline import inline_pointwise, unroll_small_reductions
 from torch_adreno.fusion.kernels import (
     Accumulator,
     GemmKernel,
-    StreamK,
     HostKernel,
     KernelSpec,
     Phase,
@@ -37,6 +36,7 @@ from torch_adreno.fusion.kernels import (
     ReductionKernel,
     SegmentedKernel,
     Store,
+    StreamK,
     TemplateKernel,
     format_spec,
 )
@@ -46,8 +46,22 @@ from torch_adreno.fusion.split_k import split_long_gemms
 from torch_adreno.fusion.split_reductions import split_long_reductions
 
 __all__ = [
-    "Accumulator", "Decision", "FusedGraph", "FusionGroup", "GemmKernel", "HostKernel", "StreamK", "KernelSpec", "Phase",
-    "PointwiseKernel", "ReductionKernel", "SegmentedKernel", "Store", "TemplateKernel", "fuse", "max_kernel_buffers",
+    "Accumulator",
+    "Decision",
+    "FusedGraph",
+    "FusionGroup",
+    "GemmKernel",
+    "HostKernel",
+    "KernelSpec",
+    "Phase",
+    "PointwiseKernel",
+    "ReductionKernel",
+    "SegmentedKernel",
+    "Store",
+    "StreamK",
+    "TemplateKernel",
+    "fuse",
+    "max_kernel_buffers",
 ]
 
 
