@@ -1,4 +1,4 @@
-"""A language-model head and its cross-entropy fused and chunked over tokens: no logits in memory.
+"""A language-model head and its cross-entropy fused and chunked: no tokens x vocab logits in memory.
 
 ``F.cross_entropy(linear(hidden, W), targets)`` over a large vocabulary materialises the float32
 logits ``[tokens, vocab]`` (GPT-2: 206 MB at 1,024 tokens), keeps them (or their log-softmax) from
@@ -8,18 +8,23 @@ on the Dynamo FX graph before AOTAutograd traces it, the chain
     linear(hidden, W) | matmul(hidden, W^T)  [-> reshape / view / flatten / float cast]  -> cross_entropy
 
 whose logits feed nothing but the loss is replaced by one op, ``adreno::linear_cross_entropy``
-(:func:`fuse_head_and_loss`). Its forward and backward are decomposed into ATen ops chunk by chunk
-of tokens, as AOTAutograd traces the joint graph (:data:`DECOMPOSITIONS`):
+(:func:`fuse_head_and_loss`). Its forward and backward are decomposed into ATen ops chunk by chunk,
+a chunk being ``tokens_per_chunk`` tokens by ``words_per_chunk`` words of the vocabulary
+(:func:`chunk_shape`), as AOTAutograd traces the joint graph (:data:`DECOMPOSITIONS`):
 
-- forward: per chunk, the chunk's logits (a GEMM), their log-sum-exp and the target's logit; the
-  forward returns the loss and the per-token log-sum-exp, and saves only hidden, W, the targets and
-  that log-sum-exp (``tokens`` floats);
+- forward: per chunk, the chunk's logits (a GEMM of the tokens' hidden states by a slice of W),
+  in one reduction their log-sum-exp and the logit of each target among the chunk's words; per
+  token the chunks' log-sum-exps combined. The forward returns the loss and the per-token
+  log-sum-exp, and saves only hidden, W, the targets and that log-sum-exp (``tokens`` floats);
 - backward: per chunk, the logits again, ``softmax - one_hot(target)`` scaled by the incoming
-  gradient (the mean's count, ignored tokens zero), then ``grad_hidden`` of the chunk and, when W
-  needs a gradient (an untied trainable head), its share of ``grad_W`` summed in float32.
+  gradient (over the mean's count; ignored tokens zero), read by the GEMMs of ``grad_hidden``'s
+  share and, when W needs a gradient (a tied trainable table, an untied trainable head), of
+  ``grad_W``'s; shares summed in float32.
 
-Each chunk's logits are a buffer of ``chunk x vocab``; chunks' lifetimes do not overlap, so the
-memory planner gives them one range: the peak does not grow with tokens x vocab.
+Chunks' logits have lifetimes that do not overlap, so the memory planner gives them one range:
+the peak holds one chunk, whatever the number of tokens and the vocabulary's size. Chunks span as
+many tokens as they can (up to :data:`MAX_CHUNK_TOKENS`) and split the vocabulary instead: a
+chunk's GEMM reads its rows of W once, and W (vocab x d) is far larger than the hidden states.
 
 Invariants: the matrix products run in the head's own dtype (autocast's: the pass casts hidden
 and W to the linear's output dtype, as autocast's linear does, so a frozen W's cast is one that
@@ -46,7 +51,6 @@ from torch.fx import GraphModule, Node
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
 
-aten = torch.ops.aten
 _log = logging.getLogger("torch_adreno")
 
 #: Under ``chunked_cross_entropy="auto"``, the head and loss are fused when their float32 logits
@@ -60,7 +64,7 @@ CHUNK_LOGITS_BYTES = 32 << 20
 MAX_CHUNK_TOKENS = 1024
 #: Vocabulary words per chunk at least (below it the budget takes tokens off instead), in
 #: multiples of :data:`WORD_GRANULE`: a GEMM of a few hundred tokens by 256 words still has tiles
-#: enough for a phone's GPU, and every chunk of one size is one kernel.
+#: enough for a phone's GPU, and a multiple of 64 words fits the GEMM templates' tiles.
 MIN_CHUNK_WORDS = 256
 WORD_GRANULE = 64
 
