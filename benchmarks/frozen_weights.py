@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import RESULTS, append_jsonl, device_arg, run_context
 from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainable_parameters
+from workloads import breakdown
 
 import torch_adreno
 from torch_adreno.runtime.frozen import FROZEN_COPIES
@@ -94,6 +95,7 @@ def measure(cfg: GPT2Config, variant: str, steps: int, options: dict[str, Any]) 
         "h2d_bytes": prof.bytes_host_to_device, "device_ms": prof.device_time_us / 1e3,
         "median_step_ms": 1e3 * statistics.median(times), "copies_made_in_timed_steps": FROZEN_COPIES.copies_made - made,
         "persistent_device_bytes": persistent, "compile_and_capture_s": warm_s, "losses": losses,
+        **{key: value for key, value in breakdown(prof, 12).items() if key.startswith("by_")},
     }
 
 
