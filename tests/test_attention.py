@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_matches_eager, capture_graphs
+from helpers import LaunchProfile, assert_matches_eager, capture_graphs
+
+from torch_adreno.ir.torch_dtypes import TORCH_TO_IR
 
 g = torch.Generator().manual_seed(11)
 
@@ -88,3 +90,139 @@ def test_16_bit_sdpa_computes_in_float32_like_eagers_kernel(dtype, is_causal):
     for what, o, e, r in zip(("output", "grad q", "grad k", "grad v"), ours, eager, reference, strict=True):
         ours_off, eager_off = (o - r).abs().max().item(), (e - r).abs().max().item()
         assert ours_off <= 2 * eager_off + 1e-3, f"{what}: ours {ours_off:.3g} from float64, eager {eager_off:.3g}"
+
+
+# -- the fused kernels (kernels/attention.cl) ---------------------------------------------------------
+
+@pytest.fixture
+def compiled_programs(monkeypatch):
+    """Every KernelProgram the backend compiles while the test runs (with its graph and memory plan)."""
+    import torch_adreno.backend as backend
+
+    programs = []
+    original = backend.compile_program
+
+    def keep(*args, **kwargs):
+        programs.append(original(*args, **kwargs))
+        return programs[-1]
+
+    monkeypatch.setattr(backend, "compile_program", keep)
+    return programs
+
+
+def assert_fused_without_scores(prof, programs, queries, keys):
+    """The three fused passes ran, and no compiled graph holds a buffer of queries x keys elements
+    (the scores or probabilities of any head) in its memory plan."""
+    passes = {o for k in prof.launched if k.kind == "attention" for o in k.build_options if "ATTENTION_PASS" in o}
+    assert passes == {f"-DATTENTION_PASS={p}" for p in (1, 2, 3)}, passes  # forward, dQ, dK/dV
+    assert programs, "nothing was compiled"
+    for program in programs:
+        graph = program.graph
+        squares = [n for n in program.plan.allocations if n in graph.buffers and graph.buffers[n].numel > 0
+                   and graph.buffers[n].numel % (queries * keys) == 0 and tuple(graph.buffers[n].shape[-2:]) == (queries, keys)]
+        assert squares == [], f"{graph.name} keeps {[(n, graph.buffers[n].shape) for n in squares]}"
+
+
+def _attention_case(heads, kv_heads, queries, keys, dim, dtype, causal, generator):
+    q = torch.randn(2, heads, queries, dim, generator=generator)
+    k, v = (torch.randn(2, kv_heads, keys, dim, generator=generator) for _ in range(2))
+    return [t.to(dtype) for t in (q, k, v)], (lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, enable_gqa=kv_heads != heads))
+
+
+@pytest.mark.device
+@pytest.mark.parametrize(("heads", "kv_heads", "queries", "keys", "dim", "causal"), [
+    (4, 2, 37, 37, 32, True),      # grouped-query, causal, two key tiles and a partial one
+    pytest.param(2, 2, 20, 45, 64, False, marks=pytest.mark.slow),  # more keys than queries
+    (3, 1, 45, 20, 64, True),      # causal with more queries than keys (top-left aligned)
+], ids=["gqa_causal_d32", "d64_long_keys", "mqa_causal_d64"])
+def test_fused_attention_matches_eager(compiled_programs, heads, kv_heads, queries, keys, dim, causal):
+    generator = torch.Generator().manual_seed(3)
+    inputs, attention = _attention_case(heads, kv_heads, queries, keys, dim, torch.float32, causal, generator)
+    prof = assert_matches_eager(attention, *inputs, options={"compile_cache": False})
+    assert_fused_without_scores(prof, compiled_programs, queries, keys)
+
+
+@pytest.mark.device
+@pytest.mark.slow
+def test_fused_attention_head_dim_128_matches_eager(compiled_programs):
+    generator = torch.Generator().manual_seed(4)
+    inputs, attention = _attention_case(4, 2, 40, 40, 128, torch.float32, True, generator)
+    prof = assert_matches_eager(attention, *inputs, options={"compile_cache": False})
+    assert_fused_without_scores(prof, compiled_programs, 40, 40)
+
+
+@pytest.mark.device
+@pytest.mark.parametrize(("dtype", "causal", "kv_heads", "dim"), [
+    (torch.float16, True, 2, 64), (torch.bfloat16, False, 1, 32)], ids=["float16_causal_d64", "bfloat16_mqa_d32"])
+def test_fused_16_bit_attention_follows_float64_like_eager(compiled_programs, dtype, causal, kv_heads, dim):
+    """16-bit storage, float32 arithmetic: the float64 rule of test_graph_accuracy (ours at most
+    twice eager's distance from a float64 run, plus a little)."""
+    generator = torch.Generator().manual_seed(5)
+    inputs, attention = _attention_case(2, kv_heads, 33, 33, dim, torch.float32, causal, generator)
+    grad = torch.randn(2, 2, 33, dim, generator=generator)
+
+    def run(fn, cast):
+        leaves = [t.to(cast).requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        out.backward(grad.to(cast))
+        return [out.detach().double(), *(t.grad.double() for t in leaves)]
+
+    reference = run(attention, torch.float64)
+    eager = run(attention, dtype)
+    with LaunchProfile() as prof:
+        ours = run(torch.compile(attention, backend="adreno", options={"compile_cache": False}), dtype)
+    for what, o, e, r in zip(("output", "grad q", "grad k", "grad v"), ours, eager, reference, strict=True):
+        ours_off, eager_off = (o - r).abs().max().item(), (e - r).abs().max().item()
+        assert ours_off <= 2 * eager_off + 1e-3, f"{what}: ours {ours_off:.3g} from float64, eager {eager_off:.3g}"
+    assert_fused_without_scores(prof, compiled_programs, 33, 33)
+    forward = next(k for k in prof.launched if "-DATTENTION_PASS=1" in k.build_options)
+    assert [r.dtype for r in forward.arguments].count(TORCH_TO_IR[dtype]) == 4  # q, k, v read and O written in 16 bits
+
+
+@pytest.mark.device
+def test_hand_written_attention_runs_fused(compiled_programs):
+    """softmax(q k^T / sqrt(d)) v written out, heads split from a [batch, seq, dim] projection as the
+    reference transformer's EncoderLayer does, becomes the fused kernels forward and backward."""
+    def attention(x):
+        q, k, v = ((x * c).reshape(2, 12, 2, 16).transpose(1, 2) for c in (1.0, 0.5, 2.0))
+        return (torch.softmax(q @ k.transpose(-2, -1) / 16**0.5, dim=-1) @ v).transpose(1, 2).reshape(2, 12, 32)
+
+    x = torch.randn(2, 12, 32, generator=g)
+    prof = assert_matches_eager(attention, x, options={"compile_cache": False})
+    assert_fused_without_scores(prof, compiled_programs, 12, 12)
+
+
+def test_probabilities_used_elsewhere_stay_decomposed():
+    """A chain whose probabilities are also returned is not rewritten (they must exist)."""
+    from torch_adreno.backend.attention_pattern import fuse_attention_patterns
+
+    def attention(q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
+        return p @ v, p
+
+    def count(gm, example_inputs):
+        counts.append(fuse_attention_patterns(gm))
+        return gm
+
+    counts = []
+    q, k, v = _qkv()
+    torch.compile(attention, backend=count)(q, k, v)
+    torch.compile(lambda q, k, v: attention(q, k, v)[0], backend=count)(q, k, v)
+    assert counts == [0, 1]
+
+
+@pytest.mark.device
+def test_unfused_attention_says_why():
+    """An attention the fused kernels do not take (an attn_mask) decomposes with a warning naming
+    the reason, kept in UNFUSED_REASONS; no fused kernel runs."""
+    from torch_adreno.lowering import attention as fused
+
+    q, k, v = _qkv(queries=6, keys=6)
+    mask = torch.randn(6, 6, generator=g)
+    fused.UNFUSED_REASONS.clear()
+    with pytest.warns(UserWarning, match="attn_mask is not built into the fused kernels"):
+        prof = assert_matches_eager(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), q, k, v,
+                                    options={"compile_cache": False})
+    assert any("attn_mask" in reason for reason in fused.UNFUSED_REASONS)
+    assert not [k for k in prof.launched if k.kind == "attention"]

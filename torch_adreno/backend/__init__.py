@@ -30,6 +30,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from torch_adreno.backend import compile_cache, debug
+from torch_adreno.backend.attention_pattern import fuse_attention_patterns
 from torch_adreno.backend.compile_cache import CompiledGraph
 from torch_adreno.backend.decompositions import OWN_DECOMPOSITIONS
 from torch_adreno.backend.donation import NO_DONATION, Donation, donatable_saved_tensors
@@ -266,6 +267,7 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
                              version_bumped_inputs=_version_bumped_input_indices(gm), frozen_copies=copies)
 
     def compile_region(gm: GraphModule, example_inputs: list[Any]) -> Any:
+        fuse_attention_patterns(gm)  # (hand-written softmax(q k^T) v as scaled_dot_product_attention)
         return _aot_autograd(
             gm, example_inputs,
             fw_compiler=compile_cache.serializable(forward_compiler, config),

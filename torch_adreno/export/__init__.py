@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 
 from torch_adreno import ir
 from torch_adreno.config import VERSION
+from torch_adreno.export.attention_bodies import attention_body
 from torch_adreno.export.kernel_bodies import (
     ONNX_TYPE,
     Body,
@@ -429,6 +430,9 @@ def _kernel_function(name: str, graph: ir.Graph, source: KernelSource, reads: li
     # The slice launch of a split GEMM computes the operands (and any prologue fused into them).
     targets = ir.node_inputs(split.gemm) if slices and split is not None else writes
     for node in kernel_nodes(graph, targets, set(reads), name):
+        if isinstance(node, ir.TemplateOp):  # (fused attention: several outputs)
+            values.update(attention_body(body, node, values, graph.buffers, name))
+            continue
         values[ir.node_outputs(node)[0]] = translate_node(
             body, node, values, graph.buffers, name,
             split if split is not None and isinstance(node, ir.Gemm) and node is split.gemm else None)

@@ -306,9 +306,7 @@ def translate_node(body: Body, node: ir.Node, values: dict[str, str], shapes: di
     """The flat value of ``node``'s output; ``values`` holds the flat value of every buffer it may read."""
     if isinstance(node, ir.HostOp):
         raise ExportError(f"kernel {kernel}: {node.target} runs on the host (fallback='host'); not exportable")
-    if isinstance(node, ir.TemplateOp):
-        raise ExportError(f"kernel {kernel}: the fused {node.target} template has no ONNX body yet; export a model "
-                          "whose attention is decomposed (torch_adreno.lowering.attention.unfused_attention())")
+    assert not isinstance(node, ir.TemplateOp), "a template's outputs come from export.attention_bodies"
     out = shapes[node.output]
     if isinstance(node, ir.Pointwise):
         grid = Grid(body, {n: a for a, n in enumerate(_var_names(node.ranges, "i"))}, len(node.ranges), values, shapes,

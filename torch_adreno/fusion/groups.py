@@ -172,11 +172,11 @@ def _close(kernel: OpenKernel, needed: set[str], name: str) -> FusionGroup:
                                                   ir.Load(acc.buffer, spec.loop_vars, acc.dtype)))
     if isinstance(spec, GemmKernel) and spec.gemm.output in needed:
         spec.stores.insert(0, Store(spec.gemm.output, spec.gemm.out_index, spec.result))
-    by_node = isinstance(spec, HostKernel | TemplateKernel)
-    writes = list(spec.node.outputs) if by_node else [s.buffer for s in spec_stores(spec)]
     produced = set(kernel.held)
-    loaded = [ld.buffer for e in spec_exprs(spec) for ld in ir.loads(e)]
-    if by_node:
-        loaded = spec.node.input_buffers()
+    if isinstance(spec, HostKernel | TemplateKernel):
+        writes, loaded = list(spec.node.outputs), spec.node.input_buffers()
+    else:
+        writes = [s.buffer for s in spec_stores(spec)]
+        loaded = [ld.buffer for e in spec_exprs(spec) for ld in ir.loads(e)]
     reads = list(dict.fromkeys(b for b in loaded if b not in produced))
     return FusionGroup(name, spec, kernel.nodes, reads, writes)

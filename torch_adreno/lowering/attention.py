@@ -100,8 +100,8 @@ def _views(node: Node, *values: Value) -> tuple[ir.View, ...]:
 
 def _check(node: Node, offset: int) -> None:
     """The FX node's operands are what :func:`fused_attention_refusal` accepted when tracing."""
-    metas = [a.meta.get("val") if isinstance(a, Node) else a for a in node.args[offset:offset + 3]]
-    reason = fused_attention_refusal(*metas, node.kwargs.get("attn_mask"))
+    query, key, value = (a.meta.get("val") if isinstance(a, Node) else a for a in node.args[offset:offset + 3])
+    reason = fused_attention_refusal(query, key, value, node.kwargs.get("attn_mask"))
     if reason is not None and not reason.startswith("fused attention is turned off"):
         raise UnsupportedOpError(f"fused attention: {reason}")
 
