@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -116,3 +117,29 @@ def test_project_profiles_a_replayed_step_compiled_for_the_target(capsys, tmp_pa
     assert "| projected step ms (roofline) | calibrated step ms |" in out
     assert f"| {row['projected_ms']:.3f} | {row['calibrated_ms']:.3f} (pooled) |" in out
     assert re.search(r"seed_mlp .*: profiled; calibration 'pooled': copies 0\.\d+ \(as pointwise\), gemm", out)
+
+
+def test_project_records_projects_the_h200s_recorded_steps_without_profiling(capsys, tmp_path):
+    records = Path(__file__).parents[1] / "benchmarks" / "results" / "workloads_h200_session27.jsonl"
+    h200 = next(r for r in map(json.loads, records.read_text().splitlines())
+                if r["workload"] == "gpt2_lora" and r["peer"] == "ours")
+    out_file = tmp_path / "projection.jsonl"
+    assert main(["project", "--records", str(records), "--model", "gpt2_lora", "--target", "adreno740",
+                 "--jsonl", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    (row,) = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert row["launches"] == h200["launches"] and math.isclose(row["mflop"], h200["gflop"] * 1e3)
+    # Each kind's sums on the roofline: GEMMs compute-bound at 3.7 TFLOP/s, the rest bytes at 63 GB/s.
+    kinds = h200["by_kind"]
+    # (a kind's launches as equal shares of its sums, rounded to whole bytes and FLOPs)
+    assert row["roofline_kernel_ms_by_kind"]["gemm"] == pytest.approx(kinds["gemm"]["gflop"] / 3700 * 1e3, rel=1e-6)
+    assert row["roofline_kernel_ms_by_kind"]["pointwise"] == pytest.approx(kinds["pointwise"]["mb"] / 63, rel=1e-6)
+    fractions = load_calibration().fractions["gpt2_lora"]
+    assert row["calibration"] == "gpt2_lora"
+    for kind, ms in row["roofline_kernel_ms_by_kind"].items():
+        assert math.isclose(row["calibrated_kernel_ms_by_kind"][kind], ms / fractions[kind].fraction)
+    assert math.isclose(row["tokens_per_s"], 1024 / (row["projected_ms"] * 1e-3))
+    assert math.isclose(row["tokens_per_s_calibrated"], 1024 / (row["calibrated_ms"] * 1e-3))
+    assert "recorded on the NVIDIA H200" in row["profiled"] and "| gpt2_lora | adreno740 |" in out
+    assert main(["project", "--records", str(records), "--model", "lenet"]) == 2
+    assert "has no profiled full-size step of lenet (it has gpt2_lora, mobilenet_v2, resnet18)" in capsys.readouterr().err

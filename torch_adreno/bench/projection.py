@@ -30,6 +30,7 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -211,6 +212,44 @@ def project_model(model_name: str, targets: Sequence[AdrenoTarget], launch_us: f
             how = f"profiled at {low} and {high} layers, extrapolated per layer to {work.layers}"
         results.append(ModelProjection(model_name, target, step, work, table, how, projection, fractions,
                                        tuple(seconds[key]), get_runtime(device).profile.name))
+    return results
+
+
+def _shape_of(work: StepWorkload) -> dict[str, int]:
+    if work.gpt2 is not None:
+        return {"layers": work.gpt2.layers, "d": work.gpt2.d, "seq": work.gpt2.seq, "batch": work.gpt2.batch}
+    x, _ = work.batch(torch.Generator().manual_seed(0))
+    return {"batch": x.shape[0], "image": x.shape[-1]}
+
+
+def project_record(record: Mapping[str, Any], targets: Sequence[AdrenoTarget], launch_us: float = ASSUMED_LAUNCH_US,
+                   calibration: Calibration | None = None) -> list[ModelProjection]:
+    """A step profiled elsewhere (a ``benchmarks/workloads.py`` record: its kernel kinds' launches,
+    bytes and FLOPs) projected onto each target without profiling here. Each kind's launches are
+    taken as equal shares of its sums, so a kind's roofline time is that of its sums (at most the
+    per-launch sum a profile gives: this errs on the fast side for kinds mixing compute- and
+    memory-bound launches)."""
+    name = record["workload"]
+    work = step_workloads().get(name)
+    if work is None:
+        raise ValueError(f"record of {name!r}: not a workload project knows ({', '.join(sorted(step_workloads()))})")
+    want, have = _shape_of(work), {k: record.get("shape", {}).get(k) for k in _shape_of(work)}
+    if want != have:
+        raise ValueError(f"record of {name!r} has shape {have}, the workload {want}: project the shape it measured")
+    calibration = calibration or load_calibration()
+    table, fractions = calibration.for_workload(work.calibration)
+    kernels = [SimpleNamespace(name=f"{kind} (mean of {row['calls']})", kind=kind,
+                               bytes=round(row["mb"] * 1e6 / row["calls"]), flops=round(row["gflop"] * 1e9 / row["calls"]))
+               for kind, row in record["by_kind"].items() for _ in range(row["calls"])]
+    copied = record["h2d_bytes"] + record["d2h_bytes"]
+    how = (f"kinds' sums recorded on the {record['device']} ({record['date']}; kernels compiled for it, not for "
+           "the target), not profiled here")
+    results = []
+    for target in targets:
+        projection = project_step(kernels, target, copied, launch_us)
+        totals = step_totals(projection, fractions, table, record["device_ms"] * 1e3)
+        results.append(ModelProjection(name, target, totals, work, table, how, projection, fractions, (),
+                                       record["device"]))
     return results
 
 

@@ -6,14 +6,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from torch_adreno.bench.calibration import CALIBRATION_FILE, load_calibration
+from torch_adreno.bench.calibration import CALIBRATION_FILE, Calibration, load_calibration, usable_record
 from torch_adreno.bench.projected_workloads import DEFAULT_MODELS, SEED_MLP, step_workloads
 from torch_adreno.bench.projection import (
+    ModelProjection,
     calibration_lines,
     format_table,
     kernel_table,
     project_model,
+    project_record,
     summary_row,
 )
 from torch_adreno.cli.arguments import DEVICE_HELP, bounded, device_spec, refuse_bad_device
@@ -21,7 +24,7 @@ from torch_adreno.lowering import supported_ops
 from torch_adreno.opencl_drivers import load_failures
 from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
 from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
-from torch_adreno.target.profiles import TARGETS, get_target, match_device, target_names
+from torch_adreno.target.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
 from torch_adreno.training.replay.launch_list import native_loop_status
 
 
@@ -43,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="profile the GPT-2 workloads with A and B blocks and extrapolate per block to 12 "
                               "(a full-depth GPT-2 step takes many minutes to compile and run on a CPU device); "
                               "default: the full depth")
+    project.add_argument("--records", type=Path, default=None,
+                         help="project the steps a benchmarks/workloads.py results file recorded on a GPU (each "
+                              "kernel kind's launches, bytes and FLOPs of its profiled step; the first record per "
+                              "workload, e.g. benchmarks/results/workloads_h200_session27.jsonl) instead of profiling "
+                              "here: kinds' sums on the roofline, coarser than per launch")
     project.add_argument("--calibration", type=Path, default=CALIBRATION_FILE,
                          help="the kernel kinds' achieved fractions of a GPU's roofline (default: the H200's, "
                               "made by benchmarks/calibrate_projection.py)")
@@ -118,7 +126,13 @@ def cmd_project(args: argparse.Namespace) -> int:
                   "(only gpt2_lora and gpt2_lora_s512 do)", file=sys.stderr)
             return 2
     projections = []
-    for model in models:
+    if args.records is not None:
+        try:
+            projections = recorded_projections(args.records, args.model, targets, args.launch_us, calibration)
+        except (OSError, ValueError) as error:
+            print(f"error: --records: {error}", file=sys.stderr)
+            return 2
+    for model in models if args.records is None else ():
         layers = tuple(args.profile_layers) if args.profile_layers and workloads[model].layers else None
         for projected in project_model(model, targets, args.launch_us, args.device, calibration, layers):
             projections.append(projected)
@@ -140,6 +154,22 @@ def cmd_project(args: argparse.Namespace) -> int:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     return 0
+
+
+def recorded_projections(path: Path, models: list[str] | None, targets: list[AdrenoTarget], launch_us: float,
+                         calibration: Calibration) -> list[ModelProjection]:
+    """The first usable record of each workload in ``path`` (of ``models`` if given), projected."""
+    first: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if usable_record(record):
+            first.setdefault(record["workload"], record)
+    missing = sorted(set(models or ()) - set(first))
+    if missing or not first:
+        raise ValueError(f"{path} has no profiled full-size step of {', '.join(missing or ['any workload'])} "
+                         f"(it has {', '.join(sorted(first)) or 'none'})")
+    return [p for name, record in first.items() if models is None or name in models
+            for p in project_record(record, targets, launch_us, calibration)]
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
