@@ -371,6 +371,12 @@ def _rewrite(gm: GraphModule, chain: HeadAndLoss, chunk: ChunkShape) -> None:
                                     (hidden, weight, chain.targets, chain.ignore_index, chain.reduction, chunk.tokens,
                                      chunk.words, loss_dtype))
         loss = graph.call_function(operator.getitem, (fused, 0))
+    # Where the new nodes come from, for profiles and kernels' headers: the casts from the head,
+    # the fused op from the loss's line.
+    for node in (hidden, weight):
+        if node is not chain.hidden and node is not chain.weight:
+            node.meta.update(_provenance(chain.head))
+    fused.meta.update(_provenance(chain.loss))
     loss.meta.update(chain.loss.meta)
     chain.loss.replace_all_uses_with(loss)
     dead = chain.loss
@@ -380,6 +386,10 @@ def _rewrite(gm: GraphModule, chain: HeadAndLoss, chunk: ChunkShape) -> None:
         if not isinstance(source, Node):
             break
         dead = source
+
+
+def _provenance(node: Node) -> dict[str, Any]:
+    return {k: node.meta[k] for k in ("stack_trace", "nn_module_stack", "source_fn_stack") if k in node.meta}
 
 
 def _loss_input(loss: Node) -> Node:
