@@ -6,7 +6,8 @@ Variants, each in the same process from the same initial weights and batch: ``un
 which the forward keeps for the backward) and ``fused`` (the default chunk budget, 32 MB of
 float32 logits per chunk); ``--budgets`` adds fused runs with other budgets (bytes per chunk).
 Per variant: the replay's arena bytes and the whole step's device footprint
-(``TrainingStep.device_footprint``), the compiled graphs' planned peak (``profile()``'s
+(``TrainingStep.device_footprint``: persistent state, the replay's arena, and the compiled graphs'
+own arenas, which stay allocated beside the replay), the compiled graphs' planned peak (``profile()``'s
 ``step_peak_device_bytes``, the captured step's graphs run in order), the largest bytes one
 kernel wrote, kernel bytes read and written per replayed step, launches, the median step time
 and the losses. ``--autocast bf16`` runs the model under bfloat16 autocast (the head's GEMM in
@@ -79,6 +80,8 @@ def measure(cfg: GPT2Config, option: bool | int | str, steps: int, options: dict
         "largest_kernel_write_bytes": max(k.bytes_written for k in loss_graphs),
         "replay_arena_bytes": footprint.arena_bytes if footprint else None,
         "step_footprint_bytes": footprint.total_bytes if footprint else None,
+        "persistent_bytes": footprint.persistent_bytes if footprint else None,
+        "compiled_graph_arena_bytes": footprint.graph_arena_bytes if footprint else None,
         "kernel_bytes_read": prof.bytes_kernel_read, "kernel_bytes_written": prof.bytes_kernel_written,
         "device_ms": prof.device_time_us / 1e3, "median_step_ms": 1e3 * statistics.median(times),
         "compile_and_capture_s": warm_s, "losses": losses,
