@@ -35,7 +35,10 @@ function named (wrapped where its caller looks it up, so a renamed function fail
 
 Kernel counts: ``kernels_requested`` (kernel objects the process asked builds for),
 ``kernels_unique`` (distinct kernel contents among each build's), ``kernels_from_source`` (kernels in
-the programs compiled from source), ``programs_from_source``, ``replay_launches``.
+the programs compiled from source), ``programs_from_source``, ``replay_launches``,
+``replay_functions`` (the functions of the programs the replay's setup built: its arena kernels,
+those of equal content one), ``replay_kernel_arguments`` (the buffer and index check arguments of
+a replayed step's launches) and ``replay_offset_arguments`` (their arena offsets, an ``int`` each).
 
 ``--cprofile DIR`` also writes each child's cProfile (``blocks_<n>.prof``). Appends JSON lines to
 ``--out`` (default benchmarks/results/compile_blocks.jsonl) and prints a table. Not a test.
@@ -98,6 +101,8 @@ class StageTimers:
         self.seconds: dict[str, float] = defaultdict(float)
         self.cpu_seconds: dict[str, float] = defaultdict(float)
         self.replay_build_s = 0.0
+        #: Program functions the replay's setup built (its arena kernels; kernels of equal content one).
+        self.replay_functions = 0
 
     def install(self) -> None:
         for label, module_name, attribute in STAGES:
@@ -113,6 +118,7 @@ class StageTimers:
         @functools.wraps(function)
         def timed(*args: Any, **kwargs: Any) -> Any:
             start, cpu, built = time.perf_counter(), time.process_time(), build_stats().build_seconds
+            functions = getattr(build_stats(), "kernels_unique", 0)
             try:
                 return function(*args, **kwargs)
             finally:
@@ -120,6 +126,7 @@ class StageTimers:
                 self.cpu_seconds[label] += time.process_time() - cpu
                 if label == "replay_setup":
                     self.replay_build_s += build_stats().build_seconds - built
+                    self.replay_functions += getattr(build_stats(), "kernels_unique", 0) - functions
         return timed
 
 
@@ -186,6 +193,10 @@ def child(args: argparse.Namespace, layers: int) -> dict[str, Any]:
         "dynamo_and_host_s": until_replay - s["backend"] - s["graph_calls"] - s["replay_setup"] - first_replay,
         "programs_from_source": stats.programs_from_source, "programs_reused": stats.programs_reused,
         "replay_launches": step.replay.kernel_launches if step.replay is not None else 0,
+        "replay_functions": timers.replay_functions,
+        "replay_kernel_arguments": step.replay.kernel_arguments if step.replay is not None else 0,
+        # (Absent before the offsets were arguments: 0.)
+        "replay_offset_arguments": getattr(step.replay, "offset_arguments", 0),
     }
     # Absent before issue 28 item 6 (kept optional so that the tree before it can be measured too).
     record.update({name: getattr(stats, name) for name in ("kernels_requested", "kernels_unique", "kernels_from_source")
@@ -229,7 +240,8 @@ COLUMNS = (("until_replay_s", "total"), ("until_replay_cpu_s", "cpu"), ("dynamo_
 
 
 def table_row(record: dict[str, Any]) -> str:
-    counts = f"{record.get('kernels_requested', '-'):>6} {record.get('kernels_from_source', '-'):>6}"
+    counts = (f"{record.get('kernels_requested', '-'):>6} {record.get('kernels_from_source', '-'):>6} "
+              f"{record.get('replay_functions', '-'):>6}")
     return (f"{record['layers']:>6} " + " ".join(f"{record[key]:>7.2f}" for key, _ in COLUMNS)
             + f" {counts} {record['programs_from_source']:>5}")
 
@@ -257,7 +269,7 @@ def main() -> None:
     print(f"{context['device']} ({context['platform']}, driver {context['driver']}), torch {context['torch']}, "
           f"zero_copy {args.zero_copy}, d {args.d}, heads {args.heads}, vocab {args.vocab}, seq {args.seq}, "
           f"batch {args.batch}")
-    print(f"{'blocks':>6} " + " ".join(f"{title:>7}" for _, title in COLUMNS) + f" {'k.req':>6} {'k.src':>6} {'progs':>5}")
+    print(f"{'blocks':>6} " + " ".join(f"{title:>7}" for _, title in COLUMNS) + f" {'k.req':>6} {'k.src':>6} {'r.func':>6} {'progs':>5}")
     for layers in args.layers:
         record = run_child(args, layers)
         append_jsonl(args.out, [{**record, **context, "note": args.note, "benchmark": "compile_blocks"}])
