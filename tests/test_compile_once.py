@@ -31,6 +31,8 @@ from torch_adreno.runtime import get_runtime, tuning
 from torch_adreno.runtime.binary_cache import ENV_ENABLE, build_stats, forget_programs, reset_build_stats
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.training.replay import arena_kernels as replay_kernels
+from torch_adreno.training.replay.arena_kernels import build_placed
 
 
 def _kernel(name: str, symbol: str, node: str, increment: float = 1.0) -> KernelSource:
@@ -216,8 +218,6 @@ def _replayed_arena_functions(blocks: int, monkeypatch) -> tuple[int, int, int]:
     state and the step's memory all in one heap slab, so every kernel is rebuilt for the arena),
     its losses eager's: the rebuilt launches, the distinct compiled kernels they replace, and the
     functions of the programs the replay built for them."""
-    from torch_adreno.training.replay import arena_kernels as replay_kernels
-
     built: list[int] = []
 
     def counting(runtime, sources):  # the functions of each program the replay builds
@@ -268,3 +268,20 @@ def test_more_replayed_blocks_build_no_more_arena_functions(monkeypatch):
     four = _replayed_arena_functions(4, monkeypatch)
     six = _replayed_arena_functions(6, monkeypatch)
     assert six[0] - four[0] >= 2 * 8 and six[2] == four[2] == four[1], (four, six)
+
+
+@pytest.mark.device
+def test_placed_kernels_of_one_content_build_once_even_under_one_symbol():
+    """:func:`build_placed`: a graph run twice in a step repeats its kernels under their symbols
+    (one program holds a symbol once); a kernel of another content under a taken symbol goes into
+    a second program; equal contents under other symbols join the first one's function."""
+    first = _kernel("g_5_0_pw_add", "g_0_pw_add", "add")
+    again = first  # the same graph's kernel, launched a second time
+    other = _kernel("g_6_0_pw_add", "g_0_pw_add", "add", 2.0)  # another graph's, the same symbol
+    block = _kernel("g_5_1_pw_add", "g_1_pw_add", "add_1")  # a repeated block's
+    reset_build_stats()
+    built = build_placed(get_runtime(), [first, again, other, block])
+    assert [k.function_name for k in built] == ["g_0_pw_add", "g_0_pw_add", "g_0_pw_add", "g_0_pw_add"]
+    programs = [k.program.int_ptr for k in built]
+    assert programs[0] == programs[1] == programs[3] != programs[2]
+    assert (build_stats().kernels_requested, build_stats().kernels_unique) == (3, 2)
