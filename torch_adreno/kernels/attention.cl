@@ -16,7 +16,8 @@
 // 16-bit storage is widened on load and rounded on store; everything computes in float32.
 //
 // Layout of the work: the rows a work-item owns (its query, or its key and value) live in local
-// memory with a pitch of HEAD_DIM + 1 floats (neighbouring work-items read neighbouring banks);
+// memory with a pitch of HEAD_DIM + 1 floats (neighbouring work-items read neighbouring banks;
+// the forward holds its query row in registers instead);
 // the other operand streams through local memory in tiles of TILE rows that every work-item reads
 // at the same address (a broadcast); accumulators (O, dQ, dK, dV rows) are registers. Nothing
 // relies on subgroup operations. Softmax is online (running maximum and sum): the backward
@@ -36,14 +37,13 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T bh = get_group_id(1);
     const INDEX_T b = bh / HEADS, h = bh % HEADS, kvh = h / GROUP;
     const INDEX_T i = q0 + t;
-    __local float q_rows[ROWS * PITCH];
     __local float k_tile[TILE * HEAD_DIM];
     __local float v_tile[TILE * HEAD_DIM];
-    for (int e = t; e < ROWS * HEAD_DIM; e += ROWS) {
-        const int r = e / HEAD_DIM, d = e % HEAD_DIM;
-        q_rows[r * PITCH + d] = q0 + r < SEQ_Q ? LOAD_Q(b, h, q0 + r, d) : 0.0f;
-    }
-    __local const float *q = q_rows + t * PITCH;
+    // The forward keeps its query row in registers (read once), so that each multiply-add of the
+    // scores reads local memory once (the broadcast key), and its K/V tiles get all of it.
+    float q[HEAD_DIM];
+    for (int d = 0; d < HEAD_DIM; ++d)
+        q[d] = i < SEQ_Q ? LOAD_Q(b, h, i, d) : 0.0f;
     float acc[HEAD_DIM];
     for (int d = 0; d < HEAD_DIM; ++d)
         acc[d] = 0.0f;
@@ -51,7 +51,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
     // Causal: no query of this block sees a key past its last query.
     const INDEX_T key_end = CAUSAL ? min((INDEX_T)SEQ_K, q0 + ROWS) : (INDEX_T)SEQ_K;
     for (INDEX_T k0 = 0; k0 < key_end; k0 += TILE) {
-        barrier(CLK_LOCAL_MEM_FENCE);  // (the previous tile is consumed, the query rows staged)
+        barrier(CLK_LOCAL_MEM_FENCE);  // (the previous tile is consumed)
         for (int e = t; e < TILE * HEAD_DIM; e += ROWS) {
             const INDEX_T key = k0 + e / HEAD_DIM;
             const int d = e % HEAD_DIM;

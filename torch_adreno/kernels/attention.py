@@ -37,9 +37,12 @@ _PASSES: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
 TEMPLATES = tuple(_PASSES)
 
 #: Work-items per group (rows) and streamed rows per step (tile) tried, largest first: 64 x 32
-#: for head dim 64 on a GPU (48 KB of local memory), smaller where the device's local memory asks.
+#: in the backward for head dim 64 (about 40 KB of local memory: a GPU's 48 KB), smaller where the
+#: device's local memory asks (an Adreno's 32 KB).
 _ROW_CHOICES = (64, 32, 16)
 _TILE_CHOICES = (32, 16, 8)
+#: The forward's tiles: 64 queries x 64 keys for head dim 64 (32 KB of K and V tiles).
+_FORWARD_TILES = (64, 32, 16, 8)
 #: Keys whose scores the forward takes before it rescales its accumulator.
 _CHUNK = 8
 
@@ -55,9 +58,9 @@ class AttentionBlocks:
 
     def local_bytes(self, template: str, head_dim: int) -> int:
         """Local memory of one group, as ``attention.cl`` declares it: owned rows padded by one
-        float (one array in the forward, two in the backward), two streamed tiles, and the
-        backward's per-query statistics."""
-        owned = 1 if template == FORWARD else 2
+        float (two arrays in the backward; the forward's query row is in registers), two streamed
+        tiles, and the backward's per-query statistics."""
+        owned = 0 if template == FORWARD else 2
         statistics = {FORWARD: 0, GRAD_QUERY: 2 * self.rows, GRAD_KEY_VALUE: 2 * self.tile}[template]
         return 4 * (owned * self.rows * (head_dim + 1) + 2 * self.tile * head_dim + statistics)
 
@@ -69,7 +72,7 @@ def choose_blocks(template: str, head_dim: int, rows_needed: int, profile: Devic
     for rows in _ROW_CHOICES:
         if rows > profile.max_work_group_size or (rows > cap and rows != _ROW_CHOICES[-1]):
             continue
-        for tile in _TILE_CHOICES:
+        for tile in (_FORWARD_TILES if template == FORWARD else _TILE_CHOICES):
             blocks = AttentionBlocks(rows, tile)
             if blocks.local_bytes(template, head_dim) <= profile.local_mem_bytes:
                 return blocks

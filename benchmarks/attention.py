@@ -1,0 +1,125 @@
+"""Fused attention (``kernels/attention.cl``) against the decomposed path (matrix products and a
+softmax with the queries x keys scores in device memory), forward and backward, at GPT-2's shapes.
+
+For each sequence length: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` on
+[batch, heads, seq, head_dim] tensors, compiled by the adreno backend twice: fused (the default)
+and decomposed (``torch_adreno.lowering.attention.unfused_attention()``). Each call runs the
+forward and the backward of ``sum(out * grad)``; per pass, the median over ``--reps`` calls of the
+device time of its kernels (OpenCL profiling events), the kernel bytes (global memory each launch
+must move, as the kernels stage counts them) and the launches (fused ones among them); the largest
+deviation from eager on the host (float32) is recorded too. One JSON line
+per (seq, path) is printed as it is measured and appended to benchmarks/results/attention.jsonl.
+
+    python benchmarks/attention.py [--device NVIDIA] [--seqs 256 512 1024] [--batch 4] [--heads 12]
+                                   [--head-dim 64] [--reps 5] [--dtype float32|float16|bfloat16]
+
+Self-contained: any OpenCL device, nothing downloaded; on a CPU device (PoCL) use small --seqs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import RESULTS, append_jsonl, device_arg, run_context
+
+import torch_adreno
+from torch_adreno.lowering.attention import unfused_attention
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _pass_of(graph: str) -> str:
+    return "backward" if graph.startswith("backward") else "forward"
+
+
+def measure(path: str, inputs: list[torch.Tensor], grad: torch.Tensor, device: Any, reps: int) -> dict[str, Any]:
+    """Median device time, kernel bytes and launches per pass over ``reps`` calls of one path."""
+    torch._dynamo.reset()
+    options = {"compile_cache": False, **({"device": device} if device is not None else {})}
+    compiled = torch.compile(_attention, backend="adreno", options=options, dynamic=False)
+    context = unfused_attention() if path == "decomposed" else contextlib.nullcontext()
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    per_pass: dict[str, dict[str, list[float]]] = {}
+    with context:
+        out = compiled(*leaves)  # (compiles the forward)
+        out.backward(grad)       # (and the backward)
+        for _ in range(reps):
+            for t in leaves:
+                t.grad = None
+            with torch_adreno.profile() as prof:
+                out = compiled(*leaves)
+                out.backward(grad)
+            for name in ("forward", "backward"):
+                kernels = [k for k in prof.kernels if _pass_of(k.graph) == name]
+                record = per_pass.setdefault(name, {"device_us": [], "bytes": [], "launches": [], "fused": []})
+                record["device_us"].append(sum(k.device_time_us or 0.0 for k in kernels))
+                record["bytes"].append(sum(k.bytes_read + k.bytes_written for k in kernels))
+                record["launches"].append(len(kernels))
+                record["fused"].append(sum(1 for k in kernels if k.kind == "attention"))
+    reference = [t.detach().clone().float().requires_grad_() for t in inputs]
+    expected = _attention(*reference)
+    expected.backward(grad.float())
+    deviation = max((out.detach().float() - expected.detach()).abs().max().item(),
+                    *((a.grad.float() - b.grad).abs().max().item() for a, b in zip(leaves, reference, strict=True)))
+    result: dict[str, Any] = {"path": path, "max_abs_deviation_from_eager": deviation}
+    for name, record in per_pass.items():
+        result[f"{name}_device_ms"] = statistics.median(record["device_us"]) / 1e3
+        result[f"{name}_kernel_mb"] = statistics.median(record["bytes"]) / 1e6
+        result[f"{name}_launches"] = int(statistics.median(record["launches"]))
+        result[f"{name}_fused_launches"] = int(statistics.median(record["fused"]))
+    result["step_device_ms"] = result["forward_device_ms"] + result["backward_device_ms"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default=None, help="index or name substring (python -m torch_adreno devices)")
+    parser.add_argument("--seqs", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--out", type=Path, default=RESULTS / "attention.jsonl")
+    args = parser.parse_args()
+    device = device_arg(args.device)
+    context = run_context(device)
+    generator = torch.Generator().manual_seed(0)
+    dtype = DTYPES[args.dtype]
+    for seq in args.seqs:
+        shape = (args.batch, args.heads, seq, args.head_dim)
+        inputs = [torch.randn(shape, generator=generator).to(dtype) for _ in range(3)]
+        grad = torch.randn(shape, generator=generator).to(dtype)
+        scores_mb = args.batch * args.heads * seq * seq * 4 / 1e6
+        results = {}
+        for path in ("fused", "decomposed"):
+            record = {**context, "benchmark": "attention", "batch": args.batch, "heads": args.heads, "seq": seq,
+                      "head_dim": args.head_dim, "dtype": args.dtype, "causal": True, "reps": args.reps,
+                      "scores_mb_float32": scores_mb, **measure(path, inputs, grad, device, args.reps)}
+            results[path] = record
+            print(json.dumps(record), flush=True)
+            append_jsonl(args.out, [record])
+        fused, decomposed = results["fused"], results["decomposed"]
+        print(f"# seq {seq}: step device time fused {fused['step_device_ms']:.2f} ms vs decomposed "
+              f"{decomposed['step_device_ms']:.2f} ms ({decomposed['step_device_ms'] / fused['step_device_ms']:.2f}x); "
+              f"kernel bytes {fused['forward_kernel_mb'] + fused['backward_kernel_mb']:.1f} MB vs "
+              f"{decomposed['forward_kernel_mb'] + decomposed['backward_kernel_mb']:.1f} MB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
