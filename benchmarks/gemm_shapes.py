@@ -4,12 +4,12 @@ The workloads (benchmarks/workloads.py) spend most of their device time in GEMM 
 LoRA's linear layers (1,024 tokens x 768 / 2,304 / 3,072 features, forward and the input
 gradient of the frozen weights), its 50,257-word head, and ResNet-18's convolutions (forward,
 input gradient, weight gradient). This times every GEMM kernel of each such layer compiled on its
-own (forward and backward graphs), with the heuristic's tiling, variants of it (``--variants``) and the tuner's
-best, next to PyTorch's forward and backward of the same layer on the same GPU (CUDA events; TF32
+own (forward and backward graphs), with the heuristic's choices, without the split that fills the device (``--variants
+unfilled``) and with the tuner's best, next to PyTorch's forward and backward of the same layer on the same GPU (CUDA events; TF32
 off). Each kernel's row says its launch geometry (work-groups x work-items), FLOPs, bytes and
 achieved GFLOP/s, so that the heuristic's choices can be judged shape by shape.
 
-    python benchmarks/gemm_shapes.py --device NVIDIA [--variants heuristic double_buffer split2 tuned] [--cases gpt2 resnet18] [--reps 10]
+    python benchmarks/gemm_shapes.py --device NVIDIA [--variants heuristic unfilled tuned] [--cases gpt2 resnet18] [--reps 10]
 
 Appends JSON lines to benchmarks/results/gemm_shapes.jsonl.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import statistics
 import sys
@@ -33,8 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
-from torch_adreno.fusion import split_k
-from torch_adreno.kernels import gemm
+import torch_adreno.backend as backend
 
 #: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
 Layer = tuple[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]]
@@ -147,30 +145,20 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
     return {"torch_forward_us": statistics.median(forward[2:]), "torch_backward_us": statistics.median(backward[2:])}
 
 
-VARIANTS = ("heuristic", "double_buffer", "split2", "split2_double_buffer", "tuned")
+VARIANTS = ("heuristic", "unfilled", "tuned")
 
 
 @contextlib.contextmanager
 def _heuristics(variant: str) -> Iterator[None]:
-    """The compiler's tiling and split-K choices, changed for one measured variant."""
-    original_tiling, original_split = gemm.choose_tiling, split_k.choose_split
-
-    def double_buffered(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
-        return gemm._fit_local_memory(dataclasses.replace(original_tiling(m, n, batch, profile), double_buffer=True),
-                                      profile)
-
-    def split_in_two(g: Any, target: int = split_k.TARGET_TILES) -> int:
-        split = original_split(g, target)
-        return 2 if split == 1 and g.k >= 512 else split
-
-    if "double_buffer" in variant:
-        gemm.choose_tiling = double_buffered
-    if "split2" in variant:
-        split_k.choose_split = split_in_two
+    """``unfilled``: the compiler as it was before GEMMs of few 128 x 128 tiles were split to fill
+    the device (``fusion.split_k.choose_large_tile_split``)."""
+    original = backend.large_tiles_apply
+    if variant == "unfilled":
+        backend.large_tiles_apply = lambda profile: False
     try:
         yield
     finally:
-        gemm.choose_tiling, split_k.choose_split = original_tiling, original_split
+        backend.large_tiles_apply = original
 
 
 def main() -> None:
@@ -180,8 +168,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--variants", nargs="+", default=["heuristic"], choices=list(VARIANTS),
-                        help="heuristic: as compiled today; double_buffer: its tilings with two local tiles; "
-                             "split2: GEMMs of k >= 512 that are not split cut in 2 slices; tuned: the tuner's choice")
+                        help="heuristic: as compiled today; unfilled: without the split of GEMMs of few "
+                             "128 x 128 tiles; tuned: the tuner's choice")
     parser.add_argument("--label", default="", help="a label recorded with each row (the variant measured)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gemm_shapes.jsonl")
     args = parser.parse_args()

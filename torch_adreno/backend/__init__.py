@@ -41,7 +41,7 @@ from torch_adreno.config import Config
 from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.fusion import fuse, max_kernel_buffers
 from torch_adreno.kernels import KernelProgram, render_program
-from torch_adreno.kernels.gemm import stream_k_applies
+from torch_adreno.kernels.gemm import large_tiles_apply
 from torch_adreno.kernels.verify import verify_program
 from torch_adreno.lowering import lower_graph
 from torch_adreno.lowering.checks import data_dependent_shape_error, with_eager_checks
@@ -135,7 +135,7 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     profile = profile_for(runtime.profile, config.target)
     graph = lower_graph(gm, config, name, num_host_outputs)
     fused = fuse(graph, config, max_kernel_buffers(profile.max_parameter_bytes, profile.address_bits),
-                 profile.compute_units, stream_k_applies(profile))
+                 profile.compute_units, large_tiles_apply(profile))
     plan = plan_memory(fused, profile, reuse=config.memory_reuse, shared_outputs=residency.zero_copy,
                        donated=donation.donated, resident_outputs=resident_outputs,
                        donor_aliases=donation.aliases)

@@ -377,10 +377,6 @@ def _split_of(graph: ir.Graph, source: KernelSource) -> SplitK | None:
     (name,) = partials
     gemm = gemms[name]
     defines = dict(o[2:].partition("=")[::2] for o in source.build_options if o.startswith("-D"))
-    if "FULL_TILES" in defines:  # (a stream-K schedule: both launches carry it)
-        tile = int(defines.get("TILE", defines.get("TILE_M", "0")))
-        return SplitK(gemm, name, int(defines["STREAM_SPLIT"]), int(defines["SLICE_K"]), False,
-                      (tile, int(defines["TILES_M"]), int(defines["TILES_N"]), int(defines["FULL_TILES"])))
     rows = defines.get("ROW_SUM") == "1"
     outputs = gemm.batch * gemm.m * gemm.n + (gemm.batch * gemm.m if rows else 0)
     split = graph.buffers[name].numel // outputs

@@ -247,52 +247,6 @@ class SplitK:
     split: int
     slice_k: int
     row_sums: bool
-    #: A stream-K schedule's (tile side, tiles per column, tiles per row, full tiles), its partials
-    #: laid out as ``gemm_stream_sum.cl`` reads them; None: the uniform split-K layout.
-    stream: tuple[int, int, int, int] | None = None
-
-
-def _to_tiles(body: Body, value: str, lead: int, split: SplitK) -> str:
-    """``value`` [lead, m, n] as [lead, tiles, tile * tile]: padded to whole tiles, tiles numbered
-    row of tiles then column, each row-major (the stream-K layout)."""
-    assert split.stream is not None
-    tile, tiles_m, tiles_n, _ = split.stream
-    g = split.gemm
-    padded = body.op("Pad", [value, body.ints([0, 0, 0, 0, tiles_m * tile - g.m, tiles_n * tile - g.n])], "padded")
-    shaped = body.op("Reshape", [padded, body.ints([lead, tiles_m, tile, tiles_n, tile])])
-    moved = body.op("Transpose", [shaped], "tiles", perm=[0, 1, 3, 2, 4])
-    return body.op("Reshape", [moved, body.ints([lead, tiles_m * tiles_n, tile * tile])])
-
-
-def _from_tiles(body: Body, tiles: str, split: SplitK) -> str:
-    """The inverse of :func:`_to_tiles` for the batch's tiles [batch * tiles, tile * tile]: [batch, m, n]."""
-    assert split.stream is not None
-    tile, tiles_m, tiles_n, _ = split.stream
-    g = split.gemm
-    shaped = body.op("Reshape", [tiles, body.ints([g.batch, tiles_m, tiles_n, tile, tile])])
-    moved = body.op("Transpose", [shaped], "untiled", perm=[0, 1, 3, 2, 4])
-    padded = body.op("Reshape", [moved, body.ints([g.batch, tiles_m * tile, tiles_n * tile])])
-    return body.op("Slice", [padded, body.ints([0, 0]), body.ints([g.m, g.n]), body.ints([1, 2])], "product")
-
-
-def stream_sums(body: Body, split: SplitK, partials: str) -> str:
-    """The second launch of a stream-K GEMM: each output's product from the slices buffer."""
-    assert split.stream is not None
-    tile, tiles_m, tiles_n, full = split.stream
-    g = split.gemm
-    area, total = tile * tile, g.batch * tiles_m * tiles_n
-    remainder = total - full
-    parts = []
-    if full:
-        parts.append(body.op("Reshape", [body.op("Slice", [partials, body.ints([0]), body.ints([full * area])]),
-                                         body.ints([full, area])], "full_tiles"))
-    if remainder:
-        slices = body.op("Slice", [partials, body.ints([full * area]),
-                                   body.ints([(full + split.split * remainder) * area])], "slices")
-        shaped = body.op("Reshape", [slices, body.ints([split.split, remainder, area])])
-        parts.append(body.op("ReduceSum", [shaped, body.ints([0])], "remaining_tiles", keepdims=0))
-    tiles = parts[0] if len(parts) == 1 else body.op("Concat", parts, "tiles", axis=0)
-    return _from_tiles(body, tiles, split)
 
 
 def _output_of(body: Body, buffer: ir.Buffer, value: str, value_dtype: DType) -> str:
@@ -324,9 +278,7 @@ def translate_node(body: Body, node: ir.Node, values: dict[str, str], shapes: di
         return _output_of(body, out, reduced, dtype)
     assert isinstance(node, ir.Gemm)
     g = node
-    if split is not None and split.stream is not None:  # the second launch of a stream-K GEMM
-        product = stream_sums(body, split, values[split.partials])
-    elif split is not None:  # the second launch of a split-K GEMM: the slice sums, added up
+    if split is not None:  # the second launch of a split-K GEMM: the slice sums, added up
         sums = body.op("Slice", [values[split.partials], body.ints([0]), body.ints([split.split * g.batch * g.m * g.n])],
                        "slices")
         shaped = body.op("Reshape", [sums, body.ints([g.batch, split.split, g.m, g.n])])
@@ -365,8 +317,6 @@ def split_slices(body: Body, split: SplitK, values: dict[str, str], shapes: dict
     pad = s * length - g.k
     lhs = gemm_operand(body, g, "lhs", values, shapes, kernel)
     rhs = gemm_operand(body, g, "rhs", values, shapes, kernel)
-    if split.stream is not None:
-        return _stream_slices(body, split, lhs, rhs)
     if pad:
         lhs = body.op("Pad", [lhs, body.ints([0, 0, 0, 0, 0, pad])], "padded")
         rhs = body.op("Pad", [rhs, body.ints([0, 0, 0, 0, pad, 0])], "padded")
@@ -375,36 +325,6 @@ def split_slices(body: Body, split: SplitK, values: dict[str, str], shapes: dict
     parts = [flat(body, body.op("MatMul", [lhs, rhs], "slices"))]
     if split.row_sums:
         parts.append(flat(body, body.op("ReduceSum", [lhs, body.ints([3])], "row_slices", keepdims=0)))
-    return parts[0] if len(parts) == 1 else body.op("Concat", parts, "partials", axis=0)
-
-
-def _stream_slices(body: Body, split: SplitK, lhs: str, rhs: str) -> str:
-    """The first launch of a stream-K GEMM: the full tiles' products over all of k, then slice by
-    slice the remaining tiles' products over their k slice (``gemm.cl`` with ``STREAM=1``)."""
-    assert split.stream is not None
-    tile, tiles_m, tiles_n, full = split.stream
-    g, s, length = split.gemm, split.split, split.slice_k
-    area, total = tile * tile, g.batch * tiles_m * tiles_n
-    parts = []
-    if full:
-        tiles = _to_tiles(body, body.op("MatMul", [lhs, rhs], "product"), g.batch, split)
-        flat_tiles = body.op("Reshape", [tiles, body.ints([total * area])])
-        parts.append(body.op("Slice", [flat_tiles, body.ints([0]), body.ints([full * area])], "full_tiles"))
-    if full < total:
-        pad = s * length - g.k
-        if pad:
-            lhs = body.op("Pad", [lhs, body.ints([0, 0, 0, 0, 0, pad])], "padded")
-            rhs = body.op("Pad", [rhs, body.ints([0, 0, 0, 0, pad, 0])], "padded")
-        sliced_lhs = body.op("Transpose", [body.op("Reshape", [lhs, body.ints([g.batch, g.m, s, length])])], "lhs",
-                             perm=[2, 0, 1, 3])  # [slice, batch, m, length]
-        sliced_rhs = body.op("Transpose", [body.op("Reshape", [rhs, body.ints([g.batch, s, length, g.n])])], "rhs",
-                             perm=[1, 0, 2, 3])  # [slice, batch, length, n]
-        products = body.op("Reshape", [body.op("MatMul", [sliced_lhs, sliced_rhs], "slices"),
-                                       body.ints([s * g.batch, g.m, g.n])])
-        tiles = _to_tiles(body, products, s * g.batch, split)  # [slice * batch, tiles, area]
-        per_slice = body.op("Reshape", [tiles, body.ints([s, total, area])])
-        remaining = body.op("Slice", [per_slice, body.ints([full]), body.ints([total]), body.ints([1])], "remaining")
-        parts.append(flat(body, remaining))
     return parts[0] if len(parts) == 1 else body.op("Concat", parts, "partials", axis=0)
 
 

@@ -36,7 +36,6 @@ from torch_adreno.fusion.kernels import (
     ReductionKernel,
     SegmentedKernel,
     Store,
-    StreamK,
     TemplateKernel,
     format_spec,
 )
@@ -58,7 +57,6 @@ __all__ = [
     "ReductionKernel",
     "SegmentedKernel",
     "Store",
-    "StreamK",
     "TemplateKernel",
     "fuse",
     "max_kernel_buffers",
@@ -88,12 +86,13 @@ class FusedGraph:
 
 
 def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None,
-         compute_units: int | None = None, stream_k: bool = False) -> FusedGraph:
+         compute_units: int | None = None, large_tiles: bool = False) -> FusedGraph:
     """``max_buffers``: the most buffer arguments a kernel may take on the target device
     (:func:`max_kernel_buffers`; default: what every full-profile OpenCL device accepts);
     ``compute_units``: the target's, for how far long GEMMs are split (default: a phone GPU's few);
-    ``stream_k``: GEMMs of few waves of 128 x 128 tiles get a stream-K schedule (a desktop GPU
-    running the tiled template: see ``split_k.py``)."""
+    ``large_tiles``: the kernels stage multiplies in 128 x 128 tiles (a desktop GPU running the
+    tiled template), which GEMMs of fewer such tiles than compute units are split to fill
+    (see ``split_k.py``)."""
     decisions: list[Decision] = []
     if not config.fusion:
         scheduler = Scheduler(graph, decisions)
@@ -109,7 +108,7 @@ def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None,
         for node in nodes:
             scheduler.place(node)
         groups = scheduler.finish("k")
-    split_long_gemms(graph, groups, decisions, compute_units, stream_k)
+    split_long_gemms(graph, groups, decisions, compute_units, large_tiles)
     if config.fusion:
         groups = group_independent_pointwise(groups, decisions, max_buffers or max_kernel_buffers())
     return FusedGraph(graph, groups, decisions)

@@ -114,37 +114,6 @@ class ReductionKernel:
         return [a for p in self.phases for a in p.accumulators]
 
 
-@dataclass(frozen=True)
-class StreamK:
-    """A GEMM's output tiles shared out over the device's compute units (see ``split_k.py``):
-    the first ``full_tiles`` (whole waves of tiles) each multiplied over all of k by one work-group,
-    the remaining tiles each cut into ``split`` k slices of ``slice_k``, one work-group per slice.
-    Every work-group stores its product into the slices buffer (the full tiles', then slice by
-    slice the remaining tiles', each ``tile`` x ``tile`` floats); a second launch adds them up
-    through the epilogue. Tiles are numbered batch, then row of tiles, then column."""
-
-    tile: int
-    tiles_m: int
-    tiles_n: int
-    full_tiles: int
-    split: int
-    slice_k: int
-
-    @property
-    def tiles(self) -> int:
-        return self.tiles_m * self.tiles_n
-
-    def remainder_tiles(self, batch: int) -> int:
-        return batch * self.tiles - self.full_tiles
-
-    def slice_floats(self, batch: int) -> int:
-        """Floats of the slices buffer."""
-        return (self.full_tiles + self.split * self.remainder_tiles(batch)) * self.tile * self.tile
-
-    def work_groups(self, batch: int) -> int:
-        return self.full_tiles + self.split * self.remainder_tiles(batch)
-
-
 @dataclass
 class GemmKernel:
     """A GEMM template instance: operands (with any fused prologue) and epilogue stores over
@@ -161,8 +130,6 @@ class GemmKernel:
     #: a second launch adds the slices up and runs the epilogue stores.
     split_k: int = 1
     partials: str | None = None
-    #: Stream-K instead of split-K (``split_k`` is then 1): the tiles' schedule; its slices in ``partials``.
-    stream: StreamK | None = None
 
     @property
     def result(self) -> ir.Load:

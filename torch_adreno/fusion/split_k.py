@@ -7,14 +7,14 @@ work-groups walk all of k while the rest of the GPU idles (measured on the H200:
 and a second, small launch adds the S slice sums and runs the fused epilogue. The slice sums
 cost 2 x S x m x n floats of traffic, kept under a quarter of the bytes the operands move.
 
-Stream-K, on a desktop GPU (many compute units, the tiled template's 128 x 128 tiles): a GEMM
-of a few waves of tiles loses to wave quantization what splitting cannot win back: GPT-2's
-1,024 x 2,304 product is 144 tiles on the H200's 132 compute units, so 12 compute units multiply
-a second tile while 120 idle (180 us, where 23.8 waves of the same tile in its head take 87 us
-each). The whole waves of tiles stay as they are; only the tiles left over are cut into k slices,
-as many as the compute units hold (12 tiles x 11 slices: one more work-group per compute unit,
-each 1/11 of a tile), and a second launch adds the slices up (:class:`StreamK`). A GEMM of fewer
-tiles than compute units is all remainder: its tiles are cut to fill two work-groups per compute unit.
+On a desktop GPU, whose tiled template multiplies in 128 x 128 tiles, a GEMM of fewer such tiles
+than compute units is also split, whatever its k: into as many slices as fill every compute unit
+twice (two work-groups of 128 x 128 tiles run at once on one). One work-group alone on a compute
+unit runs at about half the rate of two (H200: GPT-2's 1,024 x 768 x 3,072 product, 48 tiles, took
+265 us; cut into 5 slices, 240 work-groups, 164 us; ResNet-18's last convolution, 28 tiles of
+k = 4,608, 362 -> 184 us). With a whole wave of tiles or more nothing was gained: the 144 tiles of
+GPT-2's 1,024 x 2,304 product (132 compute units) took 180 us as they are, 196 us with the 12 left
+over cut into 11 slices each (``benchmarks/results/gemm_shapes_*_h200.jsonl``).
 
 The rule needs only the device's compute-unit count: enough output tiles (at the template's usual
 64 x 64) to give every compute unit four work-groups' worth is all the parallelism splitting could add
@@ -33,7 +33,7 @@ import math
 
 from torch_adreno import ir
 from torch_adreno.fusion.decisions import Decision
-from torch_adreno.fusion.kernels import GemmKernel, StreamK
+from torch_adreno.fusion.kernels import GemmKernel
 from torch_adreno.fusion.schedule import FusionGroup
 
 #: Output tiles (64 x 64, times the batch) below which a GEMM is split, and the most it is split to,
@@ -44,6 +44,10 @@ TARGET_TILES = 64
 TILES_PER_COMPUTE_UNIT = 4
 #: The shortest k slice.
 MIN_SLICE = 256
+#: The large tiles' side, their shortest k slice, and the work-groups of them a compute unit runs at once.
+LARGE_TILE = 128
+LARGE_TILE_MIN_SLICE = 64
+LARGE_TILE_GROUPS_PER_UNIT = 2
 #: Slice sums written and read again, at most this fraction of the operand bytes.
 MAX_PARTIAL_TRAFFIC = 0.25
 
@@ -78,68 +82,40 @@ def choose_split(gemm: ir.Gemm, target: int = TARGET_TILES) -> int:
     return split
 
 
-#: Stream-K's tile (the tiled template's largest, which it then uses).
-STREAM_TILE = 128
-#: Stream-K only where the tiles number fewer waves than this (past it, the last wave's loss is small).
-STREAM_MAX_WAVES = 4
-#: Stream-K's shortest k slice.
-STREAM_MIN_SLICE = 64
-#: Work-groups of 128 x 128 tiles a compute unit runs at once (the H200: 256 work-items of ~128 registers).
-STREAM_GROUPS_PER_UNIT = 2
+def large_tiles(gemm: ir.Gemm) -> int:
+    return gemm.batch * math.ceil(gemm.m / LARGE_TILE) * math.ceil(gemm.n / LARGE_TILE)
 
 
-def choose_stream(gemm: ir.Gemm, compute_units: int) -> StreamK | None:
-    """The stream-K schedule of ``gemm`` on a device of ``compute_units``, or None where its
-    tiles fill the waves well enough (or it is too thin for 128 x 128 tiles, or too short in k).
-
-    Invariants: ``full_tiles`` is a multiple of ``compute_units``; every remaining tile is cut
-    into ``split`` >= 2 slices of ``slice_k`` (a multiple of 8, the tile's K step) that cover k."""
-    tile = STREAM_TILE
-    if gemm.m < tile or gemm.n < tile or compute_units <= 1:
-        return None
-    tiles_m, tiles_n = math.ceil(gemm.m / tile), math.ceil(gemm.n / tile)
-    tiles = gemm.batch * tiles_m * tiles_n
-    if tiles >= STREAM_MAX_WAVES * compute_units or tiles % compute_units == 0:
-        return None
-    full = tiles // compute_units * compute_units
-    remainder = tiles - full
-    # The leftover tiles share the compute units' second work-group (or, with no whole wave, both).
-    slots = compute_units if full else STREAM_GROUPS_PER_UNIT * compute_units
-    split = min(slots // remainder, gemm.k // STREAM_MIN_SLICE)
-    if split < 2:
-        return None
-    slice_k = math.ceil(math.ceil(gemm.k / split) / 8) * 8
-    split = math.ceil(gemm.k / slice_k)
-    return StreamK(tile, tiles_m, tiles_n, full, split, slice_k)
+def choose_large_tile_split(gemm: ir.Gemm, compute_units: int) -> int:
+    """The number of k slices of a GEMM multiplied in 128 x 128 tiles on ``compute_units``: enough
+    that its tiles times the slices fill every compute unit twice over, where its tiles are fewer
+    than the compute units and both extents fill a tile, slices at least
+    :data:`LARGE_TILE_MIN_SLICE` long. 1: no split."""
+    tiles = large_tiles(gemm)
+    if gemm.m < LARGE_TILE or gemm.n < LARGE_TILE or tiles >= compute_units:
+        return 1
+    split = min(LARGE_TILE_GROUPS_PER_UNIT * compute_units // tiles, gemm.k // LARGE_TILE_MIN_SLICE)
+    return max(split, 1)
 
 
 def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list[Decision],
-                     compute_units: int | None = None, stream_k: bool = False) -> None:
-    """Give every GEMM kernel that :func:`choose_split` splits its slice count and a buffer for the
-    slice sums (written and read by the kernel's own two launches only); with ``stream_k``, every
-    other GEMM without a fused row sum that :func:`choose_stream` schedules its schedule and a
-    slices buffer; record each choice."""
+                     compute_units: int | None = None, large_tile_kernels: bool = False) -> None:
+    """Give every GEMM kernel that :func:`choose_split` splits (or, with ``large_tile_kernels``,
+    :func:`choose_large_tile_split`, whichever splits more) its slice count and a buffer for the
+    slice sums (written and read by the kernel's own two launches only); record each choice."""
     for group in groups:
         spec = group.spec
         if not isinstance(spec, GemmKernel):
             continue
         g = spec.gemm
         split = choose_split(g, target_tiles(compute_units))
-        if split == 1:
-            stream = choose_stream(g, compute_units) if stream_k and compute_units and spec.row_sum is None else None
-            if stream is not None:
-                name = f"{g.name}_slices"
-                graph.buffers[name] = ir.Buffer(name, (stream.slice_floats(g.batch),), ir.DType.F32)
-                spec.stream, spec.partials = stream, name
-                group.writes.append(name)
-                remainder = stream.remainder_tiles(g.batch)
-                decisions.append(Decision(
-                    g.name, g.name, True,
-                    f"stream-K: {g.batch * stream.tiles} tiles of {stream.tile}x{stream.tile} on {compute_units} compute "
-                    f"units: {stream.full_tiles} in whole waves, the other {remainder} cut into {stream.split} k slices "
-                    f"of {stream.slice_k} ({stream.work_groups(g.batch)} work-groups); slices add "
-                    f"{2 * stream.slice_floats(g.batch) * 4} bytes"))
+        filling = choose_large_tile_split(g, compute_units) if large_tile_kernels and compute_units else 1
+        if split == 1 and filling == 1:
             continue
+        reason = (f"{large_tiles(g)} tile(s) of 128x128 would leave {compute_units} compute units without their "
+                  f"two work-groups" if filling > split else
+                  f"{output_tiles(g)} output tile(s) of 64x64 would leave most of {compute_units or 'the'} compute units idle")
+        split = max(split, filling)
         rows = g.batch * g.m if spec.row_sum is not None else 0
         name = f"{g.name}_slices"
         graph.buffers[name] = ir.Buffer(name, (split * (g.batch * g.m * g.n + rows),), ir.DType.F32)
@@ -147,6 +123,5 @@ def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list
         group.writes.append(name)
         decisions.append(Decision(
             g.name, g.name, True,
-            f"split k={g.k} into {split} slices of {math.ceil(g.k / split)}: {output_tiles(g)} output tile(s) "
-            f"of 64x64 would leave most of {compute_units or 'the'} compute units idle; {split * output_tiles(g)} work-groups' worth now, "
+            f"split k={g.k} into {split} slices of {math.ceil(g.k / split)}: {reason}; {split}x the work-groups now, "
             f"slice sums add {2 * split * (g.batch * g.m * g.n + rows) * 4} bytes"))

@@ -222,8 +222,7 @@ def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, index: in
                buffer_bytes(graph, [spec.partials, *sorted(epilogue_reads & set(group.reads))]),
                buffer_bytes(graph, results), estimate_flops(group) - multiply_flops, writes=tuple(results),
                reads=(spec.partials, *(r for r in group.reads if r in epilogue_reads)), name_kind="splitsum",
-               description=(f"adds up the stream-K slices of {_describe(group)}" if spec.stream is not None
-                            else f"adds up {spec.split_k} k slices of {_describe(group)}"), macros=total.macros),
+               description=f"adds up {spec.split_k} k slices of {_describe(group)}", macros=total.macros),
     ]
 
 
@@ -257,9 +256,7 @@ def launch_candidates(kernel: KernelSource, profile: DeviceProfile) -> list[Kern
     """
     defines = _defines(kernel.build_options)
     launches: list[Launch]
-    if kernel.kind == "gemm" and defines.get("STREAM") == "1":
-        launches = []  # (a stream-K schedule's tiles are fixed: its slices buffer is laid out by them)
-    elif kernel.kind == "gemm":
+    if kernel.kind == "gemm":
         launches = gemm_candidates(int(defines["SIZE_M"]), int(defines["SIZE_N"]), kernel.global_size[2],
                                    "TILE_M" in defines, profile)
     elif kernel.kind == "attention":

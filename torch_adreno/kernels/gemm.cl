@@ -6,10 +6,7 @@
 // float2/float4), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row, stored with
 // STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
-// that direction), DOUBLE_BUFFER (1: two local tiles of each operand, one barrier per K step),
-// STREAM (1: a stream-K schedule, fusion/split_k.py: FULL_TILES, REMAINDER_TILES, STREAM_SPLIT,
-// SLICE_K, TILES_M, TILES_N; one-dimensional groups; products go to STORE_SLICE(i, v), and
-// gemm_stream_sum.cl runs the epilogue; ROW_SUM must be 0).
+// that direction).
 //
 // The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS,
 // KERNEL_LOCALS (written from the kernel's parameter records), and the operand and epilogue
@@ -71,19 +68,6 @@
 #define B_NN(e) ((e) / TILE_K)
 #endif
 
-// The prefetched registers into a pair of tiles.
-#define STORE_TILES(a_dst, b_dst) { \
-    for (int i = 0; i < LOADS_A; ++i) { \
-        const int e = tid + i * THREADS; \
-        if (e < TILE_M * TILE_K) \
-            (a_dst)[A_KK(e) * PITCH_M + A_MM(e)] = a_next[i]; \
-    } \
-    for (int i = 0; i < LOADS_B; ++i) { \
-        const int e = tid + i * THREADS; \
-        if (e < TILE_N * TILE_K) \
-            (b_dst)[B_KK(e) * PITCH_N + B_NN(e)] = b_next[i]; \
-    } }
-
 __kernel __attribute__((reqd_work_group_size(THREADS_N, THREADS_M, 1)))
 void KERNEL_NAME(KERNEL_PARAMS)
 {
@@ -91,36 +75,12 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const int tn = get_local_id(0);
     const int tm = get_local_id(1);
     const int tid = tm * THREADS_N + tn;
-#if STREAM
-    // Stream-K: work-group g < FULL_TILES multiplies tile g over all of k; the others slice s of
-    // remaining tile r over [s * SLICE_K, (s + 1) * SLICE_K). Tiles: batch, row of tiles, column.
-    const int group = get_group_id(0);
-    const int full = group < FULL_TILES;
-    const int remaining = full ? 0 : (group - FULL_TILES) / STREAM_SPLIT;
-    const int slice = full ? 0 : (group - FULL_TILES) % STREAM_SPLIT;
-    const int tile = full ? group : FULL_TILES + remaining;
-    const INDEX_T k_begin = full ? 0 : (INDEX_T)slice * SLICE_K;
-    const INDEX_T k_end = full ? (INDEX_T)SIZE_K : min((INDEX_T)SIZE_K, k_begin + SLICE_K);
-    const INDEX_T b = tile / (TILES_M * TILES_N);
-    const INDEX_T m0 = (INDEX_T)(tile / TILES_N % TILES_M) * TILE_M;
-    const INDEX_T n0 = (INDEX_T)(tile % TILES_N) * TILE_N;
-#else
     const INDEX_T n0 = (INDEX_T)get_group_id(0) * TILE_N;
     const INDEX_T m0 = (INDEX_T)get_group_id(1) * TILE_M;
     const INDEX_T b = get_group_id(2);
-    const INDEX_T k_begin = 0, k_end = SIZE_K;
-#endif
 
-#if DOUBLE_BUFFER
-    // Two tiles of each operand: a K step multiplies out of one while the next step's operands
-    // are stored into the other, so one barrier per step suffices (the buffer written in step i
-    // was last read in step i - 1, which every work-item finished before step i - 1's barrier).
-    __local float a_tiles[2 * TILE_K * PITCH_M] __attribute__((aligned(16)));
-    __local float b_tiles[2 * TILE_K * PITCH_N] __attribute__((aligned(16)));
-#else
-    __local float a_tiles[TILE_K * PITCH_M] __attribute__((aligned(16)));
-    __local float b_tiles[TILE_K * PITCH_N] __attribute__((aligned(16)));
-#endif
+    __local float a_tile[TILE_K * PITCH_M] __attribute__((aligned(16)));
+    __local float b_tile[TILE_K * PITCH_N] __attribute__((aligned(16)));
 
     float acc[WPT_M][WPT_N];
     for (int wm = 0; wm < WPT_M; ++wm)
@@ -138,42 +98,39 @@ void KERNEL_NAME(KERNEL_PARAMS)
     float b_next[LOADS_B];
     for (int i = 0; i < LOADS_A; ++i) {
         const int e = tid + i * THREADS;
-        const INDEX_T m = m0 + A_MM(e), k = k_begin + A_KK(e);
-        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < k_end) ? LOAD_A(b, m, k) : 0.0f;
+        const INDEX_T m = m0 + A_MM(e), k = A_KK(e);
+        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
     }
     for (int i = 0; i < LOADS_B; ++i) {
         const int e = tid + i * THREADS;
-        const INDEX_T n = n0 + B_NN(e), k = k_begin + B_KK(e);
-        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < k_end) ? LOAD_B(b, k, n) : 0.0f;
+        const INDEX_T n = n0 + B_NN(e), k = B_KK(e);
+        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
     }
 
-#if DOUBLE_BUFFER
-    STORE_TILES(a_tiles, b_tiles)
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int step = 0;
-#endif
-    for (INDEX_T k0 = k_begin; k0 < k_end; k0 += TILE_K) {
-#if DOUBLE_BUFFER
-        __local const float *a_tile = a_tiles + (step & 1) * (TILE_K * PITCH_M);
-        __local const float *b_tile = b_tiles + (step & 1) * (TILE_K * PITCH_N);
-#else
-        __local float *a_tile = a_tiles;
-        __local float *b_tile = b_tiles;
-        STORE_TILES(a_tile, b_tile)
+    for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
+        for (int i = 0; i < LOADS_A; ++i) {
+            const int e = tid + i * THREADS;
+            if (e < TILE_M * TILE_K)
+                a_tile[A_KK(e) * PITCH_M + A_MM(e)] = a_next[i];
+        }
+        for (int i = 0; i < LOADS_B; ++i) {
+            const int e = tid + i * THREADS;
+            if (e < TILE_N * TILE_K)
+                b_tile[B_KK(e) * PITCH_N + B_NN(e)] = b_next[i];
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
-#endif
 
         const INDEX_T k1 = k0 + TILE_K;
-        if (k1 < k_end) {
+        if (k1 < SIZE_K) {
             for (int i = 0; i < LOADS_A; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T m = m0 + A_MM(e), k = k1 + A_KK(e);
-                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < k_end) ? LOAD_A(b, m, k) : 0.0f;
+                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
             }
             for (int i = 0; i < LOADS_B; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T n = n0 + B_NN(e), k = k1 + B_KK(e);
-                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < k_end) ? LOAD_B(b, k, n) : 0.0f;
+                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
             }
         }
 
@@ -195,23 +152,9 @@ void KERNEL_NAME(KERNEL_PARAMS)
                 for (int wn = 0; wn < WPT_N; ++wn)
                     acc[wm][wn] = fma(a_reg[wm], b_reg[wn], acc[wm][wn]);
         }
-#if DOUBLE_BUFFER
-        if (k1 < k_end) {
-            ++step;
-            STORE_TILES(a_tiles + (step & 1) * (TILE_K * PITCH_M), b_tiles + (step & 1) * (TILE_K * PITCH_N))
-        }
-#endif
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-#if STREAM
-    // The tile's product (over this group's k range) into the slices buffer: a full tile at its
-    // number, slice s of remaining tile r after them at FULL_TILES + s * REMAINDER_TILES + r.
-    const INDEX_T base = (INDEX_T)(full ? tile : FULL_TILES + slice * REMAINDER_TILES + remaining) * (TILE_M * TILE_N);
-    for (int wm = 0; wm < WPT_M; ++wm)
-        for (int wn = 0; wn < WPT_N; ++wn)
-            STORE_SLICE(base + ROW_OF(tm, wm) * TILE_N + COL_OF(tn, wn), acc[wm][wn]);
-#else
     for (int wm = 0; wm < WPT_M; ++wm) {
         const INDEX_T m = m0 + ROW_OF(tm, wm);
         for (int wn = 0; wn < WPT_N; ++wn) {
@@ -220,7 +163,6 @@ void KERNEL_NAME(KERNEL_PARAMS)
                 STORE_C(b, m, n, acc[wm][wn]);
         }
     }
-#endif
 #if ROW_SUM
     // The fused reduction of A over k: the first column of work-items of the first block stores it.
     if (get_group_id(0) == 0 && tn == 0) {
@@ -248,4 +190,3 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef A_MM
 #undef B_KK
 #undef B_NN
-#undef STORE_TILES

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from torch_adreno import ir
-from torch_adreno.fusion import GemmKernel, StreamK
+from torch_adreno.fusion import GemmKernel
 from torch_adreno.kernels.generated import index_ctype_for, write_stores
 from torch_adreno.kernels.params import KernelParam, image_record
 from torch_adreno.kernels.program import HELPER_NAMING, HELPER_NAMING_MACROS, ImageOperand, helper_name
@@ -39,8 +39,6 @@ class GemmTiling:
     tile_k: int
     wpt_m: int
     wpt_n: int
-    #: Two local tiles of each operand (``DOUBLE_BUFFER``): one barrier per K step instead of two.
-    double_buffer: bool = False
 
     @property
     def threads(self) -> tuple[int, int]:
@@ -54,7 +52,7 @@ class GemmTiling:
 
     def local_bytes(self) -> int:
         """Both tiles, their rows padded by 4 floats as ``gemm.cl`` lays them out."""
-        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4) * (2 if self.double_buffer else 1)
+        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4)
 
 
 def _vector_width(outputs: int) -> int:
@@ -62,7 +60,7 @@ def _vector_width(outputs: int) -> int:
 
 
 #: Macros a GEMM kernel's prelude defines (the templates undefine their own).
-GEMM_MACROS = ("INDEX_T", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW", "STORE_SLICE", *HELPER_NAMING_MACROS)
+GEMM_MACROS = ("INDEX_T", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW", *HELPER_NAMING_MACROS)
 
 
 def _tile_for(extent: int) -> int:
@@ -171,9 +169,10 @@ def use_local_memory_tiles(profile: DeviceProfile) -> bool:
     return profile.is_gpu
 
 
-def stream_k_applies(profile: DeviceProfile) -> bool:
-    """Whether GEMMs on ``profile``'s device may get a stream-K schedule (``fusion.split_k``): a
-    desktop-class GPU, where the tiled template runs the 128 x 128 tiles the schedule is made of."""
+def large_tiles_apply(profile: DeviceProfile) -> bool:
+    """Whether GEMMs on ``profile``'s device are multiplied in 128 x 128 tiles where their extents
+    allow (:func:`choose_tiling`): a desktop-class GPU running the tiled template. The fusion
+    stage splits GEMMs of too few such tiles to fill it (``fusion.split_k``)."""
     return use_local_memory_tiles(profile) and profile.compute_units >= DESKTOP_COMPUTE_UNITS
 
 
@@ -372,9 +371,6 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
         f"#define STORE_ROW(b, m, v) {store_row}(b, m, v, {arg_names})" if spec.row_sum is not None else "",
         f"#define STORE_C(b, m, n, v) {store_c}(b, m, n, v, {arg_names})",
     ]
-    if spec.stream is not None:
-        return _render_stream(spec, spec.stream, params, profile, common, operands, operand_args, epilogue,
-                              operand_images, a_k_fastest, b_n_fastest)
     slice_k = math.ceil(node.k / split)
     if split == 1:
         macros = [f"#define LOAD_A(b, m, k) {load_a}(b, m, k, {operand_args})",
@@ -422,56 +418,6 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     return [first, second]
 
 
-def stream_tiling(profile: DeviceProfile) -> GemmTiling:
-    """The tiling of a stream-K GEMM's first launch: its schedule's 128 x 128 tiles, as
-    :func:`choose_tiling` makes them."""
-    threads = _threads_per_direction(profile)
-    return _fit_local_memory(GemmTiling(128, 128, 8, 128 // threads, 128 // threads), profile)
-
-
-def _render_stream(spec: GemmKernel, stream: StreamK, params: dict[str, Param], profile: DeviceProfile,
-                   common: list[str], operands: list[str], operand_args: str, epilogue: list[str],
-                   operand_images: dict[str, ImageOperand], a_k_fastest: bool,
-                   b_n_fastest: bool) -> list[RenderedGemm]:
-    """The two launches of a stream-K GEMM: ``gemm.cl`` with ``STREAM=1`` over the schedule's
-    work-groups into the slices buffer, then ``gemm_stream_sum.cl`` through the epilogue."""
-    node = spec.gemm
-    assert spec.partials is not None and spec.row_sum is None and spec.split_k == 1
-    if not use_local_memory_tiles(profile):
-        raise ValueError(f"GEMM {node.name}: a stream-K schedule needs the tiled template (a GPU); "
-                         f"{profile.name} runs the direct one")
-    tiling = stream_tiling(profile)
-    if (tiling.tile_m, tiling.tile_n) != (stream.tile, stream.tile):
-        raise ValueError(f"GEMM {node.name}: stream-K tiles of {stream.tile} do not fit {profile.name}'s "
-                         f"work-groups and local memory ({tiling.tile_m} x {tiling.tile_n})")
-    slices = params[spec.partials].c_name
-    load_a, load_b = helper_name("_load_a"), helper_name("_load_b")
-    remainder = stream.remainder_tiles(node.batch)
-    schedule = (f"-DTILES_M={stream.tiles_m}", f"-DTILES_N={stream.tiles_n}", f"-DFULL_TILES={stream.full_tiles}",
-                f"-DREMAINDER_TILES={remainder}", f"-DSTREAM_SPLIT={stream.split}")
-    macros = [f"#define LOAD_A(b, m, k) {load_a}(b, m, k, {operand_args})",
-              f"#define LOAD_B(b, k, n) {load_b}(b, k, n, {operand_args})",
-              f"#define STORE_SLICE(i, v) ({slices}[i] = (v))"]
-    launch = tiled_launch(node.m, node.n, 1, tiling)
-    tn, tm = tiling.threads
-    groups = stream.work_groups(node.batch)
-    first = RenderedGemm(
-        "gemm", "\n".join([*common, *operands, *macros, ""]) + _template("gemm.cl"),
-        (*launch.defines, f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={node.k}", "-DROW_SUM=0",
-         f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}", "-DSTREAM=1",
-         f"-DSLICE_K={stream.slice_k}", *schedule),
-        (groups * tn, tm, 1), (tn, tm, 1), GEMM_MACROS, (*records(params), *image_records(operand_images, params)),
-        tuple(operand_images.values()))
-    outputs = node.batch * node.m * node.n
-    local = linear_local_size(outputs, profile)
-    second = RenderedGemm(
-        "pointwise", "\n".join([*common, *epilogue, f"#define SLICE(i) {slices}[i]", ""]) + _template("gemm_stream_sum.cl"),
-        (f"-DBATCH={node.batch}", f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DTILE={stream.tile}",
-         f"-DSLICE_K={stream.slice_k}", *schedule),
-        (round_up(outputs, local),), (local,), SPLIT_SUM_MACROS, records(params))
-    return [first, second]
-
-
 def direct_launch(m: int, n: int, batch: int, tiling: DirectTiling) -> Launch:
     """Geometry of ``gemm_direct.cl``: one work-item per ``wpt_m`` x 8 block of C. The template clamps
     its indices and guards its stores, so the column and row extents may be rounded up freely."""
@@ -484,8 +430,7 @@ def tiled_launch(m: int, n: int, batch: int, tiling: GemmTiling) -> Launch:
     """Geometry of ``gemm.cl``: one work-group per output tile, its size fixed by the tiling."""
     vw_m, vw_n = tiling.vector_widths
     defines = (f"-DTILE_M={tiling.tile_m}", f"-DTILE_N={tiling.tile_n}", f"-DTILE_K={tiling.tile_k}",
-               f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}", f"-DVW_M={vw_m}", f"-DVW_N={vw_n}",
-               f"-DDOUBLE_BUFFER={int(tiling.double_buffer)}")
+               f"-DWPT_M={tiling.wpt_m}", f"-DWPT_N={tiling.wpt_n}", f"-DVW_M={vw_m}", f"-DVW_N={vw_n}")
     tn, tm = tiling.threads
     global_size = (math.ceil(n / tiling.tile_n) * tn, math.ceil(m / tiling.tile_m) * tm, batch)
     return Launch(defines, global_size, (tn, tm, 1))

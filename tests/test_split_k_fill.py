@@ -1,0 +1,63 @@
+"""GEMMs of too few 128 x 128 tiles to fill a desktop GPU are split in k
+(fusion/split_k.py ``choose_large_tile_split``): the rule without a device, and on the device
+forward and gradients against eager with the rule forced on (the CPU runs the direct template,
+where the kernels stage makes no 128 x 128 tiles)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_adreno
+import torch_adreno.backend as backend
+from torch_adreno import ir
+from torch_adreno.fusion import split_k
+
+F32 = ir.DType.F32
+
+
+def _gemm(m: int, n: int, k: int, batch: int = 1) -> ir.Gemm:
+    mv, nv, kv = ir.Var("m", m), ir.Var("n", n), ir.Var("k", k)
+    return ir.Gemm("g", "out", batch, m, n, k, ir.Load("a", (mv, kv), F32), ir.Load("c", (kv, nv), F32), (mv, nv), ())
+
+
+@pytest.mark.parametrize(("m", "n", "k", "split", "why"), [
+    (1024, 768, 768, 5, "GPT-2's attention projection: 48 tiles, 5 slices make 240 work-groups on 132 units"),
+    (1024, 768, 3072, 5, "GPT-2's MLP projection: the same tiles, longer k"),
+    (512, 784, 4608, 9, "ResNet-18's last convolution: 28 tiles"),
+    (1024, 768, 128, 2, "k = 128: slices no shorter than 64"),
+    (1024, 2304, 768, 1, "144 tiles: a whole wave already (split, nothing was gained on the H200)"),
+    (64, 50176, 576, 1, "64 rows: no 128 x 128 tile"),
+])
+def test_gemms_of_fewer_large_tiles_than_compute_units_are_split_to_fill_them_twice(m, n, k, split, why) -> None:
+    assert split_k.choose_large_tile_split(_gemm(m, n, k), 132) == split, why
+
+
+@pytest.mark.device
+def test_a_filled_linear_layer_forward_and_gradients_follow_eager(monkeypatch) -> None:
+    # 200 x 200 outputs: 4 tiles of 128 x 128 on (as if) 8 compute units: k = 300 cut into 4 slices.
+    choose = split_k.choose_large_tile_split
+    monkeypatch.setattr(backend, "large_tiles_apply", lambda profile: True)
+    monkeypatch.setattr(split_k, "choose_large_tile_split", lambda g, compute_units: choose(g, 8))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(300, 200)
+    x = torch.randn(200, 300, requires_grad=True)
+    compiled = torch.compile(lambda x: F.gelu(layer(x)), backend="adreno", options={"compile_cache": False})
+    with torch_adreno.profile() as prof:
+        y = compiled(x)
+        y.square().sum().backward()
+    torch._dynamo.reset()
+    assert [k.name for k in prof.kernels if "splitsum" in k.name and k.graph.startswith("forward")]
+    ours = (y.detach(), x.grad.clone(), layer.weight.grad.clone())
+    x.grad, layer.weight.grad, layer.bias.grad = None, None, None
+    y64 = F.gelu(F.linear(x.double(), layer.weight.double(), layer.bias.double()))
+    y64.square().sum().backward()
+    reference = (y64.detach(), x.grad, layer.weight.grad)
+    x.grad, layer.weight.grad = None, None
+    ye = F.gelu(layer(x))
+    ye.square().sum().backward()
+    eager = (ye.detach(), x.grad, layer.weight.grad)
+    for o, r, e in zip(ours, reference, eager, strict=True):
+        assert (o.double() - r).abs().max() <= 2 * (e.double() - r).abs().max() + 1e-6
