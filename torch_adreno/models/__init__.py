@@ -1,8 +1,10 @@
 """Models: the reference models the tests, benchmarks and command line train (:mod:`.reference`),
-and torchvision's ImageNet architectures written in plain torch (:mod:`.vision`)."""
+torchvision's ImageNet architectures written in plain torch (:mod:`.vision`), and LoRA language
+models of GPT-2's (:mod:`.gpt2_lora`) and Qwen2's (:mod:`.qwen2_lora`) shapes."""
 
 from __future__ import annotations
 
+from torch_adreno.models.qwen2_lora import Qwen2Config, Qwen2LoRA
 from torch_adreno.models.reference import (
     MLP,
     MODELS,
@@ -20,5 +22,6 @@ from torch_adreno.models.vision import MobileNetV2, ResNet, mobilenet_v2, resnet
 
 __all__ = [
     "MLP", "MODELS", "BasicBlock", "EncoderLayer", "InvertedResidual", "LSTMClassifier", "LeNet", "MobileNetMini",
-    "MobileNetV2", "ModelSpec", "ResNet", "ResNetMini", "Transformer", "mobilenet_v2", "resnet18",
+    "MobileNetV2", "ModelSpec", "Qwen2Config", "Qwen2LoRA", "ResNet", "ResNetMini", "Transformer", "mobilenet_v2",
+    "resnet18",
 ]
