@@ -37,8 +37,8 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T bh = get_group_id(1);
     const INDEX_T b = bh / HEADS, h = bh % HEADS, kvh = h / GROUP;
     const INDEX_T i = q0 + t;
-    __local float k_tile[TILE * HEAD_DIM];
-    __local float v_tile[TILE * HEAD_DIM];
+    __local float k_tile[TILE * HEAD_DIM] __attribute__((aligned(16)));
+    __local float v_tile[TILE * HEAD_DIM] __attribute__((aligned(16)));
     // The forward keeps its query row in registers (read once), so that each multiply-add of the
     // scores reads local memory once (the broadcast key), and its K/V tiles get all of it.
     float q[HEAD_DIM];
@@ -110,8 +110,8 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T i = q0 + t;
     __local float q_rows[ROWS * PITCH];
     __local float do_rows[ROWS * PITCH];
-    __local float k_tile[TILE * HEAD_DIM];
-    __local float v_tile[TILE * HEAD_DIM];
+    __local float k_tile[TILE * HEAD_DIM] __attribute__((aligned(16)));
+    __local float v_tile[TILE * HEAD_DIM] __attribute__((aligned(16)));
     for (int e = t; e < ROWS * HEAD_DIM; e += ROWS) {
         const int r = e / HEAD_DIM, d = e % HEAD_DIM;
         const bool row = q0 + r < SEQ_Q;
@@ -172,8 +172,8 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T j = j0 + t;
     __local float k_rows[ROWS * PITCH];
     __local float v_rows[ROWS * PITCH];
-    __local float q_tile[TILE * HEAD_DIM];
-    __local float do_tile[TILE * HEAD_DIM];
+    __local float q_tile[TILE * HEAD_DIM] __attribute__((aligned(16)));
+    __local float do_tile[TILE * HEAD_DIM] __attribute__((aligned(16)));
     __local float lse_tile[TILE];
     __local float delta_tile[TILE];
     for (int e = t; e < ROWS * HEAD_DIM; e += ROWS) {
