@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 import torch._dynamo
-from helpers import capture_graphs
+from helpers import capture_graphs, cross_entropy_loss, eager_training_step
 from torch import nn
 
 import torch_adreno
@@ -229,19 +229,14 @@ def _replayed_arena_functions(blocks: int, monkeypatch) -> tuple[int, int, int]:
     monkeypatch.setattr(replay_kernels, "build_kernels", counting)
     torch._dynamo.reset()
     model, reference = _stack(blocks), _stack(blocks)
-    loss_fn = lambda m, x, y: nn.functional.cross_entropy(m(x), y)  # noqa: E731
-    step = torch_adreno.TrainingStep(model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+    step = torch_adreno.TrainingStep(model, cross_entropy_loss,
+                                     torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                      options={"zero_copy": False, "compile_cache": False})
     eager = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(1)
     for _ in range(4):
         x, y = torch.randn(6, 12, generator=generator), torch.randint(0, 5, (6,), generator=generator)
-        loss = step(x, y)
-        eager.zero_grad()
-        expected = loss_fn(reference, x, y)
-        expected.backward()
-        eager.step()
-        torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(step(x, y), eager_training_step(reference, eager, x, y), rtol=1e-4, atol=1e-5)
     replay = step.replay
     assert step.replayed_steps == 2 and replay is not None and all(replay._rewritten)
     compiled = {source.content() for _, source, _ in replay._launches}
