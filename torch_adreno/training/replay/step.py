@@ -178,8 +178,7 @@ class ReplayedStep:
         self._profiled_operations = LaunchList(self.runtime.queue, listed, native=False).calls
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
         self._described = described
-        #: Arguments a replay's enqueues pass but the arena kernels' offsets (the driver's cost grows
-        #: with buffer arguments), and those offsets (an ``int`` each).
+        #: A replay's enqueues' arguments but the arena offsets (an ``int`` each): the buffers, mostly.
         self.offset_arguments = sum(self._offset_arguments)
         self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches) - self.offset_arguments
         self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
@@ -255,6 +254,7 @@ class ReplayedStep:
                 continue
             replay_kernel = next(launched)
             kernel, slabs, source = replay_kernel.kernel, replay_kernel.slabs, op.source
+            kept = [index for argument, index in enumerate(op.args) if argument not in replay_kernel.placed]
             if slabs is None:
                 # Kept as compiled, bound to the arena's sub-buffers (images over them: a copied image
                 # is refreshed before each read).
@@ -272,13 +272,10 @@ class ReplayedStep:
                             listed.append(image.refresh)
                             described.append(None)
             else:  # (its slabs and offsets bound already)
-                kept = [index for argument, index in enumerate(op.args) if argument not in replay_kernel.placed]
                 for argument, index in enumerate(kept, start=replay_kernel.first_argument):
                     bind_or_defer(kernel, argument, index, buffers.buffers[index])
-            if source.checks_indices:  # the device's index error record, the launch's token
-                first = (replay_kernel.first_argument + len(op.args) - len(replay_kernel.placed) if slabs is not None
-                         else len(op.args))
-                self.runtime.index_errors.bind(kernel, source, first)
+            if source.checks_indices:  # the device's index error record and the launch's token, after those
+                self.runtime.index_errors.bind(kernel, source, replay_kernel.first_argument + len(kept))
             launch(op.graph, kernel, source, len(replay_kernel.offsets))
             if len(self._launches) in FLUSH_AFTER:
                 # Hand what is enqueued to the device now, so that it computes while the host enqueues
