@@ -1,16 +1,24 @@
 """Every allocation within the target (issue 29 item 1): train a workload through ``TrainingStep``
 compiled for an Adreno target and record every ``cl.Buffer`` and every image of its own the process
 makes, the replay's arena buffers and the step's device footprint against the target's limits.
+One command per workload, each self-contained (issue 29's done-when sizes are the defaults):
 
-    python benchmarks/allocation_limits.py                          # MobileNetV2 224x224 batch 32, adreno740
-    python benchmarks/allocation_limits.py --workload gpt2_lora --seq 512 --batch 4
+    python benchmarks/allocation_limits.py --workload mobilenet_v2   # 224x224, batch 32, every layer trained
+    python benchmarks/allocation_limits.py --workload gpt2_lora      # GPT-2 124M, seq 512, batch 4, fp16 base
+    python benchmarks/allocation_limits.py --workload qwen2_lora     # Qwen2.5-0.5B's shapes, seq 256, batch 4, fp16 base
     python benchmarks/allocation_limits.py --small --max-alloc-mib 4   # PoCL: a reduced model, a 4 MiB limit
 
-One JSON line per run (``--out``, default benchmarks/results/allocation_limits.jsonl): the largest
-buffer and image made, how many, the arena's buffers, the footprint's parts and total, the limits,
-and ``within_limits``. Issue 29's done-when: MobileNetV2 at 224x224, batch 32, target adreno740 (and
-the GPT-2 LoRA shapes) with no allocation over 1 GiB and a footprint within the global memory.
-A benchmark, not a test: it reports, it asserts nothing (the full sizes take far too long on a CPU).
+The language models' frozen base is stored in ``--base`` (default float16: ``torch_adreno.freeze``,
+the forward under autocast of that type; ``float32``: no autocast), their LoRA adapters and SGD
+momentum in float32. ``--train-last N`` makes MobileNetV2 transfer learning proper (the classifier
+and the last N feature blocks trained, the frozen rest in eval mode); by default every layer trains,
+the larger footprint.
+
+It prints as it goes (the model, each step's loss and time, then the footprint and the largest
+allocations) and appends one JSON line (``--out``, default benchmarks/results/allocation_limits.jsonl):
+the largest buffer and image made, how many, the arena's buffers, the footprint's parts and total,
+the limits, the losses, the step times and ``within_limits``. A benchmark, not a test: it reports,
+it asserts nothing (``tests/test_allocation_limits_full.py`` asserts the same sizes, marked slow).
 """
 
 from __future__ import annotations
@@ -69,7 +77,14 @@ class Allocations:
         cl.create_image = recorded_image
 
 
-def mobilenet(args: argparse.Namespace) -> tuple[torch.nn.Module, list[torch.nn.Parameter], tuple[Any, ...], Any]:
+#: A workload: the model, the parameters the optimizer trains, one batch, the loss function and a
+#: line saying what was built.
+Workload = tuple[torch.nn.Module, list[torch.nn.Parameter], tuple[Any, ...], Any, str]
+
+BASE_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def mobilenet(args: argparse.Namespace) -> Workload:
     from torch_adreno.models import mobilenet_v2
 
     classes = 10 if args.small else 1000
@@ -78,22 +93,68 @@ def mobilenet(args: argparse.Namespace) -> tuple[torch.nn.Module, list[torch.nn.
         kwargs.update(width_mult=0.25, inverted_residual_setting=SMALL_MOBILENET_SETTING)
     torch.manual_seed(0)
     model = mobilenet_v2(classes, **kwargs).train()
+    trained = "every layer"
+    if args.train_last is not None:  # transfer learning: the classifier and the last blocks train
+        blocks = list(model.features)
+        model.requires_grad_(False)
+        model.eval()
+        for module in (model.classifier, *blocks[len(blocks) - args.train_last:]):
+            module.requires_grad_(True)
+            module.train()
+        trained = f"the classifier and the last {args.train_last} of {len(blocks)} feature blocks"
     generator = torch.Generator().manual_seed(1)
     batch = (torch.randn(args.batch, 3, args.image, args.image, generator=generator),
              torch.randint(0, classes, (args.batch,), generator=generator))
-    return model, list(model.parameters()), batch, lambda m, x, y: F.cross_entropy(m(x), y)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return (model, trainable, batch, lambda m, x, y: F.cross_entropy(m(x), y),
+            f"MobileNetV2 {'(reduced) ' if args.small else ''}{args.image}x{args.image}, batch {args.batch}, "
+            f"{classes} classes; {trained} trained")
 
 
-def lora(args: argparse.Namespace) -> tuple[torch.nn.Module, list[torch.nn.Parameter], tuple[Any, ...], Any]:
+def language_model(model: torch.nn.Module, cfg: Any, batch: tuple[Any, ...], args: argparse.Namespace,
+                   name: str) -> Workload:
+    """A LoRA model with its frozen base stored in ``--base`` (16 bits: ``torch_adreno.freeze``, the
+    loss computed under autocast of that type)."""
+    dtype = BASE_DTYPES[args.base]
+    if dtype is not None:
+        torch_adreno.freeze(model, dtype)
+
+    def loss_fn(m: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=dtype or torch.float16, enabled=dtype is not None):
+            return gpt2_lora.lm_loss(m, tokens, targets)
+
+    trainable = gpt2_lora.trainable_parameters(model)
+    base = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    return (model, trainable, batch, loss_fn,
+            f"{name}: {cfg.layers} layers, d {cfg.d}, vocab {cfg.vocab:,}; seq {cfg.seq}, batch {cfg.batch}; "
+            f"base {base:,} parameters in {args.base}, {sum(p.numel() for p in trainable):,} LoRA parameters")
+
+
+def lora(args: argparse.Namespace) -> Workload:
     base = gpt2_lora.SMALL if args.small else gpt2_lora.FULL
     cfg = dataclasses.replace(base, seq=args.seq, batch=args.batch)
     torch.manual_seed(0)
     model = gpt2_lora.gpt2_lora(cfg).train()
     batch = gpt2_lora.token_batch(cfg, torch.Generator().manual_seed(1))
-    return model, gpt2_lora.trainable_parameters(model), batch, gpt2_lora.lm_loss
+    return language_model(model, cfg, batch, args, "GPT-2 LoRA" + (" (reduced)" if args.small else " 124M"))
 
 
-WORKLOADS = {"mobilenet_v2": mobilenet, "gpt2_lora": lora}
+def qwen2(args: argparse.Namespace) -> Workload:
+    from torch_adreno.models import qwen2_lora
+
+    base = qwen2_lora.TINY if args.small else qwen2_lora.FULL
+    cfg = dataclasses.replace(base, seq=args.seq, batch=args.batch, positions=max(base.positions, args.seq))
+    torch.manual_seed(0)
+    model = qwen2_lora.qwen2_lora(cfg).train()
+    batch = qwen2_lora.token_batch(cfg, torch.Generator().manual_seed(1))
+    return language_model(model, cfg, batch, args,
+                          "Qwen2 LoRA" + (" (tiny)" if args.small else " (Qwen2.5-0.5B's shapes)"))
+
+
+WORKLOADS = {"mobilenet_v2": mobilenet, "gpt2_lora": lora, "qwen2_lora": qwen2}
+#: Per workload: (batch, sequence length) of issue 29's done-when, and of --small.
+DEFAULTS = {"mobilenet_v2": ((32, None), (4, None)), "gpt2_lora": ((4, 512), (2, 32)),
+            "qwen2_lora": ((4, 256), (2, 16))}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,17 +164,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                          max_alloc_bytes=int(args.max_alloc_mib * 2**20))
         profiles.register_target(derived)
         target = derived.name
-    model, trainable, batch, loss_fn = WORKLOADS[args.workload](args)
+    started = time.perf_counter()
+    model, trainable, batch, loss_fn, what = WORKLOADS[args.workload](args)
+    print(f"{what} (built in {time.perf_counter() - started:.1f} s); target {target}", flush=True)
     optimizer = torch.optim.SGD(trainable, lr=0.01, momentum=0.9)
     allocations = Allocations()
     allocations.install()
     options = {"target": target, **({"device": args.device} if args.device is not None else {})}
     step = torch_adreno.TrainingStep(model, loss_fn, optimizer, options=options)
-    times = []
-    for _ in range(args.steps):
+    times, losses = [], []
+    for index in range(args.steps):
         started = time.perf_counter()
-        loss = float(step(*batch))
+        losses.append(float(step(*batch)))
         times.append(time.perf_counter() - started)
+        stage = "compiled" if index == 0 else "replayed" if step.replayed_steps else "captured"
+        print(f"step {index + 1}/{args.steps} ({stage}): loss {losses[-1]:.4f}, {times[-1]:.2f} s; buffers made so far "
+              f"{len(allocations.buffers)} (largest {max(allocations.buffers, default=0):,} bytes)", flush=True)
     footprint = step.device_footprint
     limits = step.memory_limits
     largest_buffer = max(allocations.buffers, default=0)
@@ -121,10 +187,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     record = {
         **run_context(args.device), "workload": args.workload, "small": args.small, "batch": args.batch,
         "image": args.image if args.workload == "mobilenet_v2" else None, "seq": args.seq, "target": target,
+        "base": None if args.workload == "mobilenet_v2" else args.base,
+        "train_last": args.train_last if args.workload == "mobilenet_v2" else None, "model": what,
         "max_allocation_bytes": limits.max_allocation_bytes, "global_memory_bytes": limits.global_memory_bytes,
         "buffers_made": len(allocations.buffers), "largest_buffer_bytes": largest_buffer,
         "images_made": len(allocations.images), "largest_image_bytes": largest_image,
-        "replayed_steps": step.replayed_steps, "last_loss": loss, "step_seconds": times,
+        "replayed_steps": step.replayed_steps, "losses": losses, "last_loss": losses[-1], "step_seconds": times,
     }
     if footprint is not None:
         record.update(arena_buffers=list(footprint.arena_buffers), persistent_bytes=footprint.persistent_bytes,
@@ -140,9 +208,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="mobilenet_v2")
     parser.add_argument("--target", default="adreno740", choices=profiles.target_names())
-    parser.add_argument("--batch", type=int, default=None, help="default: 32 (MobileNetV2), 4 (GPT-2); --small: 4, 2")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="default: 32 (MobileNetV2), 4 (GPT-2, Qwen2); --small: 4, 2, 2")
     parser.add_argument("--image", type=int, default=None, help="MobileNetV2's image size (default 224; --small 64)")
-    parser.add_argument("--seq", type=int, default=None, help="GPT-2's sequence length (default 512; --small 32)")
+    parser.add_argument("--seq", type=int, default=None,
+                        help="the language models' sequence length (default 512 GPT-2, 256 Qwen2; --small 32, 16)")
+    parser.add_argument("--base", choices=sorted(BASE_DTYPES), default="float16",
+                        help="the language models' frozen base: stored in 16 bits by torch_adreno.freeze, the "
+                             "forward under autocast of that type (default float16), or float32 without autocast")
+    parser.add_argument("--train-last", type=int, default=None,
+                        help="MobileNetV2 transfer learning: train the classifier and the last N feature blocks "
+                             "(default: every layer)")
     parser.add_argument("--small", action="store_true", help="reduced models that train on PoCL in minutes")
     parser.add_argument("--max-alloc-mib", type=float, default=None,
                         help="hold the run to a copy of the target with this largest allocation (a split on PoCL)")
@@ -150,13 +226,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", type=device_arg, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / "allocation_limits.jsonl")
     args = parser.parse_args(argv)
-    vision = args.workload == "mobilenet_v2"
+    (batch, seq), (small_batch, small_seq) = DEFAULTS[args.workload]
     if args.batch is None:
-        args.batch = (4 if vision else 2) if args.small else (32 if vision else 4)
+        args.batch = small_batch if args.small else batch
     if args.image is None:
         args.image = 64 if args.small else 224
-    if args.seq is None and not vision:
-        args.seq = 32 if args.small else 512
+    if args.seq is None:
+        args.seq = small_seq if args.small else seq
     return args
 
 
@@ -167,7 +243,10 @@ def main() -> None:
     print(record.get("footprint", "no replay captured"))
     print(f"buffers made {record['buffers_made']} (largest {record['largest_buffer_bytes']:,} bytes), images "
           f"{record['images_made']} (largest {record['largest_image_bytes']:,}), limit "
-          f"{record['max_allocation_bytes']:,}: within limits {record['within_limits']}")
+          f"{record['max_allocation_bytes']:,}; footprint {record.get('footprint_bytes', 0):,} of "
+          f"{record['global_memory_bytes']:,} bytes of global memory: within limits {record['within_limits']}")
+    print(f"losses {', '.join(f'{x:.4f}' for x in record['losses'])}; step seconds "
+          f"{', '.join(f'{t:.2f}' for t in record['step_seconds'])}")
 
 
 if __name__ == "__main__":
