@@ -296,3 +296,10 @@ def test_the_same_graph_from_another_source_line_misses(cache_dir: Path) -> None
         assert lines and all(fn.__code__.co_filename in line for line in lines)
         assert any(f":{fn.__code__.co_firstlineno}:" in line for line in lines), lines
     assert _delta(before)["autograd_cache_hit"] == 0
+
+
+def test_the_source_hash_covers_every_stage_of_the_package() -> None:
+    # (It once hashed backend/ alone: an edit of the fusion or kernel stages kept stale entries.)
+    files = {p.relative_to(compile_cache.PACKAGE_ROOT).as_posix() for p in compile_cache.source_files()}
+    assert {"backend/compile_cache.py", "fusion/split_reductions.py", "kernels/gemm.cl", "lowering/conv.py",
+            "memory/plan.py", "runtime/device.py", "training/step.py"} <= files

@@ -59,12 +59,20 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 _OPTIONS_OUTSIDE_KEY = ("debug_dir",)
 
 
+def source_files() -> list[Path]:
+    """The package's Python and OpenCL sources, every stage's (not this module's directory alone)."""
+    return sorted(p for p in PACKAGE_ROOT.rglob("*") if p.suffix in (".py", ".cl"))
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
 @functools.cache
 def source_hash() -> str:
-    """sha256 over this package's Python and OpenCL sources (path and bytes of each)."""
-    root = Path(__file__).parent
+    """sha256 over :func:`source_files` (path and bytes of each)."""
+    root = PACKAGE_ROOT
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cl")):
+    for path in source_files():
         digest.update(path.relative_to(root).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -50,13 +50,20 @@ def split_long_reductions(graph: ir.Graph, nodes: list[ir.Node], decisions: list
     partial reduction and the reduction of its partials (a new float32 buffer between them)."""
     target = target_tiles(compute_units)
     out: list[ir.Node] = []
+    replaced: dict[str, list[ir.Node]] = {}
     for node in nodes:
         moved = choose_leading_dims(node, target) if isinstance(node, ir.Reduction) else 0
         if not moved:
             out.append(node)
             continue
         assert isinstance(node, ir.Reduction)
-        out.extend(_split(graph, node, moved, decisions))
+        replaced[node.output] = _split(graph, node, moved, decisions)
+        out.extend(replaced[node.output])
+    if replaced:
+        # The graph's own node list says what the kernels compute (the ONNX export rebuilds each
+        # kernel's body from it): the partials' producer included.
+        graph.nodes = [n for old in graph.nodes
+                       for n in (replaced.get(ir.node_outputs(old)[0], [old]) if isinstance(old, ir.Reduction) else [old])]
     return out
 
 
