@@ -481,7 +481,7 @@ def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]
     # inlines cheap producers anyway; measured: the same launches and bytes per step on mlp,
     # lenet and resnet_mini, and fewer on the transformer (80 vs 82 launches, 158 vs 161 MB).
     with _compile_lock(), _mkldnn_rnn_off(gm):
-        fuse_head_and_loss(gm, config)
+        fuse_head_and_loss(gm, config, profile_for(get_runtime(config.device).profile, config.target).global_mem_bytes)
         region = next(_graph_ids)
         with (torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget, cse=False),
               _tracing_context(example_inputs), compile_cache.caching(gm, config, region)):

@@ -56,6 +56,15 @@ _log = logging.getLogger("torch_adreno")
 #: Under ``chunked_cross_entropy="auto"``, the head and loss are fused when their float32 logits
 #: would take at least this many bytes.
 AUTO_THRESHOLD_BYTES = 32 << 20
+#: ... or, on a device (target) of more memory, this fraction of its global memory: the fused path
+#: recomputes the logits in the backward (one more head GEMM: ~2 ms of GPT-2's step on the H200,
+#: whose 141 GB hold 206 MB of logits 680 times over), which pays only where memory is short.
+AUTO_MEMORY_FRACTION = 1 / 256
+
+
+def auto_threshold_bytes(global_mem_bytes: int | None) -> int:
+    """The float32 logits above which "auto" fuses, on a device of ``global_mem_bytes`` (None: unknown)."""
+    return max(AUTO_THRESHOLD_BYTES, int((global_mem_bytes or 0) * AUTO_MEMORY_FRACTION))
 #: The most bytes of float32 logits one chunk holds, by default (the option's number overrides it).
 CHUNK_LOGITS_BYTES = 32 << 20
 #: Tokens per chunk at most. A chunk's GEMM reads its slice of W once, so W (the largest operand: a
@@ -342,16 +351,16 @@ def match(loss: Node) -> HeadAndLoss | str:
                        arguments["reduction"], tokens, vocab)
 
 
-def _wanted(loss: Node, mode: str | bool | int) -> bool:
+def _wanted(loss: Node, mode: str | bool | int, threshold: int) -> bool:
     """Whether ``mode`` asks to fuse the head of ``loss``: always when forced; under "auto" where
-    the loss's input, as float32 logits, would take :data:`AUTO_THRESHOLD_BYTES` or more (an
-    input of unknown size is looked at, so that the reason it is not fused is logged)."""
+    the loss's input, as float32 logits, would take ``threshold`` bytes or more (an input of
+    unknown size is looked at, so that the reason it is not fused is logged)."""
     if mode != "auto":
         return True
     logits = _example(loss.args[0] if loss.args else loss.kwargs.get("input"))
     if logits is None or not _static(logits):
         return True
-    return math.prod(logits.shape) * 4 >= AUTO_THRESHOLD_BYTES
+    return math.prod(logits.shape) * 4 >= threshold
 
 
 def _rewrite(gm: GraphModule, chain: HeadAndLoss, chunk: ChunkShape) -> None:
@@ -398,9 +407,11 @@ def _loss_input(loss: Node) -> Node:
     return value
 
 
-def fuse_head_and_loss(gm: GraphModule, config: Config) -> int:
+def fuse_head_and_loss(gm: GraphModule, config: Config, global_mem_bytes: int | None = None) -> int:
     """Replace, in place, each fusable head + cross-entropy chain of Dynamo's graph ``gm`` that
     ``config.chunked_cross_entropy`` selects by the fused op; returns how many were replaced.
+    ``global_mem_bytes``: the device's (or target's) memory, which sets "auto"'s threshold
+    (:func:`auto_threshold_bytes`).
     With the option forcing fusion (True or a chunk size), a cross-entropy of a head's output that
     cannot be fused is an error saying why."""
     mode = config.chunked_cross_entropy
@@ -408,7 +419,8 @@ def fuse_head_and_loss(gm: GraphModule, config: Config) -> int:
         return 0
     replaced = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not F.cross_entropy or not _wanted(node, mode):
+        if (node.op != "call_function" or node.target is not F.cross_entropy
+                or not _wanted(node, mode, auto_threshold_bytes(global_mem_bytes))):
             continue
         chain = match(node)
         if isinstance(chain, str):
@@ -434,7 +446,7 @@ def _not_fused(node: Node, reason: str, mode: str | bool | int) -> None:
         f"option chunked_cross_entropy={mode!r} asks to fuse every language-model head with its cross-entropy, "
         f"but {node.name} ({_source_line(node)}) cannot be: "
         f"{reason}; use chunked_cross_entropy='auto' (fuses what can be, above {AUTO_THRESHOLD_BYTES >> 20} MB "
-        "of logits) or False")
+        "of logits or 1/256 of the device's memory) or False")
 
 
 def _source_line(node: Node) -> str:
