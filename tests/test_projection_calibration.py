@@ -100,6 +100,9 @@ def test_a_calibrated_projection_is_slower_by_each_kinds_fraction():
     extrapolated = totals.plus(two.plus(totals, -1.0), 11.0)
     assert extrapolated.calibrated_total_us == pytest.approx(deep.calibrated_total_us)
     assert extrapolated.launches == deep.launches == 13 and block.launches == 1
+    # A fused attention kernel (newer than the H200's records) is projected as a GEMM, and said so.
+    attention = [SimpleNamespace(name="sdpa", kind="attention", bytes=6_300, flops=3_700_000 * 2)]
+    assert math.isclose(step_totals(project_step(attention, ADRENO740), fractions, table, 0.0).calibrated_us, 8.0)
     kernels.append(SimpleNamespace(name="sum", kind="reduction", bytes=1, flops=0))
     with pytest.raises(CalibrationError, match="kind 'reduction' is not in the calibration's 'pooled' table"):
         step_totals(project_step(kernels, ADRENO740), fractions, table, 0.0)

@@ -35,6 +35,10 @@ LATENCY_BOUND_US = 1.0
 #: The kind whose fraction a latency-bound kind takes: a batch norm's running statistics written back
 #: (``copies``) are element-wise copies, as pointwise kernels are.
 STAND_INS = {"copies": "pointwise"}
+#: Kinds newer than the calibration's records, and the measured kind each is projected with: a fused
+#: attention kernel's FLOPs are its two matrix products (on the H200 of session 27 attention ran as
+#: GEMM and softmax kernels, so its share is in the GEMMs').
+UNMEASURED_STAND_INS = {"attention": "gemm"}
 #: Fractions pooled over every workload of the calibration, for models it did not measure.
 POOLED = "pooled"
 
@@ -198,8 +202,11 @@ def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
 
 
 def fraction_of(fractions: Mapping[str, KindFraction], kind: str, table: str) -> float:
-    """``kind``'s fraction in ``fractions`` (the table named ``table``), or a clear error."""
+    """``kind``'s fraction in ``fractions`` (the table named ``table``), that of its stand-in in
+    :data:`UNMEASURED_STAND_INS` where the table never measured it, or a clear error."""
     entry = fractions.get(kind)
+    if entry is None and kind in UNMEASURED_STAND_INS:
+        entry = fractions.get(UNMEASURED_STAND_INS[kind])
     if entry is None:
         raise CalibrationError(f"kernel kind {kind!r} is not in the calibration's {table!r} table (it has "
                                f"{', '.join(sorted(fractions))}): profile a step with such kernels on the GPU and "

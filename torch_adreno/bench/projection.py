@@ -36,7 +36,13 @@ from typing import Any
 import torch
 
 import torch_adreno
-from torch_adreno.bench.calibration import Calibration, KindFraction, fraction_of, load_calibration
+from torch_adreno.bench.calibration import (
+    UNMEASURED_STAND_INS,
+    Calibration,
+    KindFraction,
+    fraction_of,
+    load_calibration,
+)
 from torch_adreno.bench.projected_workloads import StepWorkload, step_workloads
 from torch_adreno.profiler.roofline import ASSUMED_LAUNCH_US, SEED_GEMM_GFLOPS, StepProjection, project_step
 from torch_adreno.runtime import get_runtime
@@ -305,6 +311,8 @@ def calibration_lines(projections: Sequence[ModelProjection], calibration: Calib
         seen.add(p.model)
         kinds = ", ".join(f"{k} {e.fraction:.3f}" + (f" (as {e.stand_in})" if e.stand_in else "")
                           for k, e in p.fractions.items())
+        unmeasured = sorted(set(p.totals.by_kind) - set(p.fractions))
+        kinds += "".join(f"; {k} not measured there: as {UNMEASURED_STAND_INS[k]}" for k in unmeasured)
         lines.append(f"  {p.model} ({p.workload.title}): {p.profiled}; calibration {p.calibration!r}: {kinds}")
     return lines
 
