@@ -74,7 +74,7 @@ class Allocations:
             return create_image(context, flags, format, shape=shape, **kwargs)
 
         cl.Buffer = RecordedBuffer  # type: ignore[misc]
-        cl.create_image = recorded_image
+        cl.create_image = recorded_image  # type: ignore[assignment]
 
 
 #: A workload: the model, the parameters the optimizer trains, one batch, the loss function and a
