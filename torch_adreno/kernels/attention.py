@@ -36,50 +36,72 @@ _PASSES: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
 }
 TEMPLATES = tuple(_PASSES)
 
-#: Work-items per group (rows) and streamed rows per step (tile) tried, largest first: 64 x 32
-#: in the backward for head dim 64 (about 40 KB of local memory: a GPU's 48 KB), smaller where the
-#: device's local memory asks (an Adreno's 32 KB).
-_ROW_CHOICES = (64, 32, 16)
-_TILE_CHOICES = (32, 16, 8)
-#: The forward's tiles: 64 queries x 64 keys for head dim 64 (32 KB of K and V tiles).
-_FORWARD_TILES = (64, 32, 16, 8)
-#: Keys whose scores the forward takes before it rescales its accumulator.
-_CHUNK = 8
+#: Blockings tried, first that fits: (rows a group owns, streamed rows per step, micro-tile rows,
+#: micro-tile columns). For head dim 64 in float32 the first of each fits a GPU's 48 KB of local
+#: memory: the forward 64 queries x 32 keys in 256 work-items of 4 x 2 scores (43.5 KB), the
+#: backward passes 32 x 32 in 128 work-items of 4 x 2 (39.5 and 43.5 KB); the later ones serve
+#: larger head dims, an Adreno's 32 KB, short sequences and head dims the column groups do not divide.
+_FORWARD_BLOCKINGS = ((64, 32, 4, 2), (32, 32, 2, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1),
+                      (16, 16, 4, 4), (16, 16, 16, 16))
+_BACKWARD_BLOCKINGS = ((32, 32, 4, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1), (16, 16, 4, 4),
+                       (16, 16, 16, 16))
 
 _INDEX_NAMES = ("b", "h", "s", "d")
 
 
 @dataclass(frozen=True)
 class AttentionBlocks:
-    """Work-items per group (one row each) and rows of the streamed operand per local-memory tile."""
+    """A group owns ``rows`` rows and streams ``cols`` rows of the other operand per step; each
+    work-item computes ``micro_rows`` x ``micro_cols`` scores. Invariant: both micro sizes divide
+    their block sizes."""
 
     rows: int
-    tile: int
+    cols: int
+    micro_rows: int
+    micro_cols: int
+
+    @property
+    def col_groups(self) -> int:
+        return self.cols // self.micro_cols
+
+    @property
+    def threads(self) -> int:
+        return self.rows // self.micro_rows * self.col_groups
 
     def local_bytes(self, template: str, head_dim: int) -> int:
-        """Local memory of one group, as ``attention.cl`` declares it: owned rows padded by one
-        float (two arrays in the backward; the forward's query row is in registers), two streamed
-        tiles, and the backward's per-query statistics."""
-        owned = 0 if template == FORWARD else 2
-        statistics = {FORWARD: 0, GRAD_QUERY: 2 * self.rows, GRAD_KEY_VALUE: 2 * self.tile}[template]
-        return 4 * (owned * self.rows * (head_dim + 1) + 2 * self.tile * head_dim + statistics)
+        """Local memory of one group, as ``attention.cl`` declares it (rows of pitch PITCH)."""
+        pitch = head_dim + (4 if head_dim % 4 == 0 else 1)
+        rows, cols = self.rows * pitch, self.cols * pitch
+        scores = self.rows * self.cols
+        floats = {
+            # Q rows, the key tile sharing its buffer with P, V, two partials per row group, row max and sum.
+            FORWARD: rows + max(cols, scores) + cols + 2 * self.rows * self.col_groups + 2 * self.rows,
+            # Q and dO rows, K and V tiles, dS, LSE and DELTA per row.
+            GRAD_QUERY: 2 * rows + 2 * cols + scores + 2 * self.rows,
+            # K and V rows, Q and dO tiles, P and dS, LSE and DELTA per streamed query.
+            GRAD_KEY_VALUE: 2 * rows + 2 * cols + 2 * scores + 2 * self.cols,
+        }[template]
+        return 4 * floats
 
 
 def choose_blocks(template: str, head_dim: int, rows_needed: int, profile: DeviceProfile) -> AttentionBlocks:
-    """The largest rows x tile that fits the device's local memory and group size, rows no more
-    than the rows there are (rounded up to 16)."""
+    """The first blocking that fits the device's local memory and group size with at least one
+    head-dim column per work-item, owning no more rows than there are (rounded up to 16) unless
+    it is the smallest."""
     cap = max(16, 1 << max(0, rows_needed - 1).bit_length())
-    for rows in _ROW_CHOICES:
-        if rows > profile.max_work_group_size or (rows > cap and rows != _ROW_CHOICES[-1]):
+    blockings = _FORWARD_BLOCKINGS if template == FORWARD else _BACKWARD_BLOCKINGS
+    for choice in blockings:
+        blocks = AttentionBlocks(*choice)
+        if (blocks.rows > cap and blocks.rows != 16) or blocks.threads > profile.max_work_group_size:
             continue
-        for tile in (_FORWARD_TILES if template == FORWARD else _TILE_CHOICES):
-            blocks = AttentionBlocks(rows, tile)
-            if blocks.local_bytes(template, head_dim) <= profile.local_mem_bytes:
-                return blocks
+        if head_dim < blocks.col_groups or blocks.local_bytes(template, head_dim) > profile.local_mem_bytes:
+            continue
+        return blocks
+    smallest = AttentionBlocks(*blockings[-1])
     raise ValueError(
-        f"fused attention with head dimension {head_dim} needs "
-        f"{AttentionBlocks(_ROW_CHOICES[-1], _TILE_CHOICES[-1]).local_bytes(template, head_dim)} bytes of local "
-        f"memory, more than the device's {profile.local_mem_bytes}; use a smaller head dimension")
+        f"fused attention with head dimension {head_dim} needs {smallest.local_bytes(template, head_dim)} bytes "
+        f"of local memory and {smallest.threads} work-items per group, more than the device's "
+        f"{profile.local_mem_bytes} bytes / {profile.max_work_group_size}; use a smaller head dimension")
 
 
 @dataclass(frozen=True)
@@ -166,11 +188,11 @@ def render_attention(spec: TemplateKernel, params: dict[str, Param], profile: De
     text = "\n".join([f"#define INDEX_T {index_t}", *HELPER_NAMING, *helpers, template])
     options = (f"-DATTENTION_PASS={attention_pass}", f"-DHEAD_DIM={head_dim}", f"-DSEQ_Q={queries}",
                f"-DSEQ_K={keys}", f"-DHEADS={heads}", f"-DGROUP={group}", f"-DCAUSAL={int(node.attribute('causal'))}",
-               f"-DSCALE={_float_literal(node.attribute('scale'))}", f"-DROWS={blocks.rows}", f"-DTILE={blocks.tile}",
-               f"-DCHUNK={min(_CHUNK, blocks.tile)}")
+               f"-DSCALE={_float_literal(node.attribute('scale'))}", f"-DBLOCK_ROWS={blocks.rows}",
+               f"-DBLOCK_COLS={blocks.cols}", f"-DMICRO_ROWS={blocks.micro_rows}", f"-DMICRO_COLS={blocks.micro_cols}")
     row_groups = math.ceil(rows_needed / blocks.rows)
     heads_launched = heads // group if node.target == GRAD_KEY_VALUE else heads
     macros = ("INDEX_T", *HELPER_NAMING_MACROS, *(f"LOAD_{n}" for n in input_names),
               *(f"STORE_{n}" for n in output_names))
-    return RenderedAttention(text, options, (row_groups * blocks.rows, batch * heads_launched), (blocks.rows, 1),
+    return RenderedAttention(text, options, (row_groups * blocks.threads, batch * heads_launched), (blocks.threads, 1),
                              macros, records(params))
