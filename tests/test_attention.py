@@ -141,6 +141,20 @@ def test_fused_attention_matches_eager(compiled_programs, heads, kv_heads, queri
     inputs, attention = _attention_case(heads, kv_heads, queries, keys, dim, torch.float32, causal, generator)
     prof = assert_matches_eager(attention, *inputs, options={"compile_cache": False})
     assert_fused_without_scores(prof, compiled_programs, queries, keys)
+    if dim == 64:
+        assert_micro_tiled(prof, queries, keys)
+
+
+def assert_micro_tiled(prof, queries, keys):
+    """Head dim 64: the launches carry the register blocking, 4 x 2 scores per work-item in groups
+    of 256 (forward: 64 queries) and 128 (dQ: 32 queries, dK/dV: 32 keys) work-items."""
+    fused = {next(o for o in k.build_options if "ATTENTION_PASS" in o): k for k in prof.launched if k.kind == "attention"}
+    for attention_pass, (threads, rows, rows_needed) in {1: (256, 64, queries), 2: (128, 32, queries),
+                                                        3: (128, 32, keys)}.items():
+        kernel = fused[f"-DATTENTION_PASS={attention_pass}"]
+        assert "-DMICRO_ROWS=4" in kernel.build_options and "-DMICRO_COLS=2" in kernel.build_options
+        assert kernel.local_size[0] == threads, kernel.local_size
+        assert kernel.global_size[0] == threads * -(-rows_needed // rows), kernel.global_size
 
 
 @pytest.mark.device
@@ -226,3 +240,28 @@ def test_unfused_attention_says_why():
                                     options={"compile_cache": False})
     assert any("attn_mask" in reason for reason in fused.UNFUSED_REASONS)
     assert not [k for k in prof.launched if k.kind == "attention"]
+
+
+def test_register_blocking_fits_a_gpu_and_an_adreno():
+    """Head dim 64, float32: on a 48 KB GPU the forward owns 64 queries x 32 keys in 256 work-items
+    of 4 x 2 scores, the backward passes 32 x 32 in 128 of 4 x 2; an Adreno's 32 KB takes smaller
+    blocks, still several scores per work-item; a blocking whose micro-tile does not divide is refused."""
+    from dataclasses import replace
+
+    from torch_adreno.kernels.attention import AttentionBlocks, choose_blocks
+    from torch_adreno.lowering.attention import FORWARD, GRAD_KEY_VALUE, GRAD_QUERY
+    from torch_adreno.target import REFERENCE_PROFILE
+
+    gpu = replace(REFERENCE_PROFILE, max_work_group_size=1024, local_mem_bytes=48 * 1024)
+    expected = {FORWARD: (64, 32, 4, 2, 256), GRAD_QUERY: (32, 32, 4, 2, 128), GRAD_KEY_VALUE: (32, 32, 4, 2, 128)}
+    for template, (rows, cols, micro_rows, micro_cols, threads) in expected.items():
+        blocks = choose_blocks(template, 64, 256, gpu)
+        assert (blocks.rows, blocks.cols, blocks.micro_rows, blocks.micro_cols) == (rows, cols, micro_rows, micro_cols)
+        assert blocks.threads == threads and blocks.local_bytes(template, 64) <= 48 * 1024
+        small = choose_blocks(template, 64, 256, REFERENCE_PROFILE)
+        assert small.local_bytes(template, 64) <= 32 * 1024 and small.micro_rows * small.micro_cols >= 2
+        assert small.threads <= REFERENCE_PROFILE.max_work_group_size
+    assert choose_blocks(FORWARD, 8, 256, gpu).col_groups <= 8  # (every work-item owns a head-dim column)
+    with pytest.raises(ValueError, match="divide the block sizes"):
+        AttentionBlocks(32, 32, 3, 2)
+

@@ -22,8 +22,8 @@
 // Each step is two small matrix products per work-item: the scores (and, in the backward, dP)
 // of its micro-tile from rows read as float4 (MICRO_ROWS + MICRO_COLS local reads per 4 x
 // MICRO_ROWS x MICRO_COLS multiply-adds), then P (or dS) staged in local memory times the
-// streamed V (or K, Q, dO) into its accumulators (MICRO_ROWS + ACC_COLS / 4 reads per
-// MICRO_ROWS x ACC_COLS multiply-adds). Softmax is online in the forward: the row maxima and sums
+// streamed V (or K, Q, dO) into its accumulators (MICRO_ROWS + ACC_COLS reads of 16
+// bytes per 4 x MICRO_ROWS x ACC_COLS multiply-adds). Softmax is online in the forward: the row maxima and sums
 // are reduced across the COL_GROUPS work-items of a row through local memory and live there (not
 // in registers across barriers: Intel's CPU compiler once gave some work-items zeros for private
 // row statistics read before a barrier). The backward recomputes each probability as
@@ -74,20 +74,25 @@
 
 // ACC[i][c] += sum_j X[OWNED_ROW(i)][j] * Y[j][cg * ACC_COLS + c]: X a BLOCK_ROWS x BLOCK_COLS
 // tile (P or dS), Y a streamed BLOCK_COLS x HEAD_DIM tile of pitch PITCH.
-#if HEAD_DIM % (4 * COL_GROUPS) == 0
+#if HEAD_DIM % (4 * COL_GROUPS) == 0 && BLOCK_COLS % 4 == 0
+// (X read as float4 along j too: per 4 streamed rows MICRO_ROWS + ACC_COLS reads of 16 bytes.)
 #define MICRO_ACCUMULATE(ACC, X, Y)                                                               \
-    for (int j = 0; j < BLOCK_COLS; ++j) {                                                        \
-        float x_[MICRO_ROWS];                                                                     \
+    for (int j4 = 0; j4 < BLOCK_COLS / 4; ++j4) {                                                 \
+        float4 x_[MICRO_ROWS];                                                                    \
         for (int i = 0; i < MICRO_ROWS; ++i)                                                      \
-            x_[i] = (X)[OWNED_ROW(i) * BLOCK_COLS + j];                                           \
-        __local const float4 *y_ = (__local const float4 *)((Y) + j * PITCH + cg * ACC_COLS);     \
-        for (int c4 = 0; c4 < ACC_COLS / 4; ++c4) {                                               \
-            const float4 y4 = y_[c4];                                                             \
-            for (int i = 0; i < MICRO_ROWS; ++i) {                                                \
-                ACC[i][4 * c4] = fma(x_[i], y4.x, ACC[i][4 * c4]);                                \
-                ACC[i][4 * c4 + 1] = fma(x_[i], y4.y, ACC[i][4 * c4 + 1]);                        \
-                ACC[i][4 * c4 + 2] = fma(x_[i], y4.z, ACC[i][4 * c4 + 2]);                        \
-                ACC[i][4 * c4 + 3] = fma(x_[i], y4.w, ACC[i][4 * c4 + 3]);                        \
+            x_[i] = ((__local const float4 *)((X) + OWNED_ROW(i) * BLOCK_COLS))[j4];              \
+        for (int jj = 0; jj < 4; ++jj) {                                                          \
+            __local const float4 *y_ =                                                            \
+                (__local const float4 *)((Y) + (4 * j4 + jj) * PITCH + cg * ACC_COLS);            \
+            for (int c4 = 0; c4 < ACC_COLS / 4; ++c4) {                                           \
+                const float4 y4 = y_[c4];                                                         \
+                for (int i = 0; i < MICRO_ROWS; ++i) {                                            \
+                    const float x = jj == 0 ? x_[i].x : jj == 1 ? x_[i].y : jj == 2 ? x_[i].z : x_[i].w; \
+                    ACC[i][4 * c4] = fma(x, y4.x, ACC[i][4 * c4]);                                \
+                    ACC[i][4 * c4 + 1] = fma(x, y4.y, ACC[i][4 * c4 + 1]);                        \
+                    ACC[i][4 * c4 + 2] = fma(x, y4.z, ACC[i][4 * c4 + 2]);                        \
+                    ACC[i][4 * c4 + 3] = fma(x, y4.w, ACC[i][4 * c4 + 3]);                        \
+                }                                                                                 \
             }                                                                                     \
         }                                                                                         \
     }
@@ -230,7 +235,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
     __local float do_rows[BLOCK_ROWS * PITCH] __attribute__((aligned(16)));
     __local float k_tile[BLOCK_COLS * PITCH] __attribute__((aligned(16)));
     __local float v_tile[BLOCK_COLS * PITCH] __attribute__((aligned(16)));
-    __local float ds_tile[BLOCK_ROWS * BLOCK_COLS];
+    __local float ds_tile[BLOCK_ROWS * BLOCK_COLS] __attribute__((aligned(16)));
     __local float lse_rows[BLOCK_ROWS], delta_rows[BLOCK_ROWS];
     STAGE_ROWS(q_rows, BLOCK_ROWS, LOAD_Q, h, q0, SEQ_Q)
     STAGE_ROWS(do_rows, BLOCK_ROWS, LOAD_DO, h, q0, SEQ_Q)
@@ -288,7 +293,8 @@ void KERNEL_NAME(KERNEL_PARAMS)
     __local float v_rows[BLOCK_ROWS * PITCH] __attribute__((aligned(16)));
     __local float q_tile[BLOCK_COLS * PITCH] __attribute__((aligned(16)));
     __local float do_tile[BLOCK_COLS * PITCH] __attribute__((aligned(16)));
-    __local float p_tile[BLOCK_ROWS * BLOCK_COLS], ds_tile[BLOCK_ROWS * BLOCK_COLS];
+    __local float p_tile[BLOCK_ROWS * BLOCK_COLS] __attribute__((aligned(16)));
+    __local float ds_tile[BLOCK_ROWS * BLOCK_COLS] __attribute__((aligned(16)));
     __local float lse_tile[BLOCK_COLS], delta_tile[BLOCK_COLS];
     STAGE_ROWS(k_rows, BLOCK_ROWS, LOAD_K, kvh, j0, SEQ_K)
     STAGE_ROWS(v_rows, BLOCK_ROWS, LOAD_V, kvh, j0, SEQ_K)

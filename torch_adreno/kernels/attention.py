@@ -41,9 +41,10 @@ TEMPLATES = tuple(_PASSES)
 #: memory: the forward 64 queries x 32 keys in 256 work-items of 4 x 2 scores (43.5 KB), the
 #: backward passes 32 x 32 in 128 work-items of 4 x 2 (39.5 and 43.5 KB); the later ones serve
 #: larger head dims, an Adreno's 32 KB, short sequences and head dims the column groups do not divide.
-_FORWARD_BLOCKINGS = ((64, 32, 4, 2), (32, 32, 2, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1),
+#: Module attributes so that a tuning run can replace them (benchmarks/attention.py --forward-blocking).
+FORWARD_BLOCKINGS = ((64, 32, 4, 2), (32, 32, 2, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1),
                       (16, 16, 4, 4), (16, 16, 16, 16))
-_BACKWARD_BLOCKINGS = ((32, 32, 4, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1), (16, 16, 4, 4),
+BACKWARD_BLOCKINGS = ((32, 32, 4, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1), (16, 16, 4, 4),
                        (16, 16, 16, 16))
 
 _INDEX_NAMES = ("b", "h", "s", "d")
@@ -59,6 +60,12 @@ class AttentionBlocks:
     cols: int
     micro_rows: int
     micro_cols: int
+
+    def __post_init__(self) -> None:
+        if min(self.rows, self.cols, self.micro_rows, self.micro_cols) <= 0 or self.rows % self.micro_rows \
+                or self.cols % self.micro_cols:
+            raise ValueError(f"attention blocking {self}: the micro-tile sizes must be positive and divide "
+                             "the block sizes (rows % micro_rows == cols % micro_cols == 0)")
 
     @property
     def col_groups(self) -> int:
@@ -89,7 +96,7 @@ def choose_blocks(template: str, head_dim: int, rows_needed: int, profile: Devic
     head-dim column per work-item, owning no more rows than there are (rounded up to 16) unless
     it is the smallest."""
     cap = max(16, 1 << max(0, rows_needed - 1).bit_length())
-    blockings = _FORWARD_BLOCKINGS if template == FORWARD else _BACKWARD_BLOCKINGS
+    blockings = FORWARD_BLOCKINGS if template == FORWARD else BACKWARD_BLOCKINGS
     for choice in blockings:
         blocks = AttentionBlocks(*choice)
         if (blocks.rows > cap and blocks.rows != 16) or blocks.threads > profile.max_work_group_size:
