@@ -12,6 +12,13 @@ per (seq, path) is printed as it is measured and appended to benchmarks/results/
 
     python benchmarks/attention.py [--device NVIDIA] [--seqs 256 512 1024] [--batch 4] [--heads 12]
                                    [--head-dim 64] [--reps 5] [--dtype float32|float16|bfloat16]
+                                   [--forward-blocking 64,32,4,2 32,32,4,2 ...]
+                                   [--backward-blocking 32,32,4,2 32,16,2,2 ...]
+
+A blocking is rows,cols,micro_rows,micro_cols (``kernels/attention.py``'s AttentionBlocks: rows a
+work-group owns, streamed rows per step, the scores of one work-item); each pair of the given
+forward and backward blockings is measured as its own fused path (a tuning sweep), the default
+being the backend's own choice.
 
 Self-contained: any OpenCL device, nothing downloaded; on a CPU device (PoCL) use small --seqs.
 """
@@ -23,6 +30,7 @@ import contextlib
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
+from torch_adreno.kernels import attention as attention_kernels
 from torch_adreno.lowering.attention import unfused_attention
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -45,6 +54,37 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 def _pass_of(graph: str) -> str:
     return "backward" if graph.startswith("backward") else "forward"
+
+
+def _grad(leaf: torch.Tensor) -> torch.Tensor:
+    if leaf.grad is None:
+        raise RuntimeError("the backward left an input without a gradient")
+    return leaf.grad
+
+
+def _blocking(text: str) -> tuple[int, int, int, int]:
+    try:
+        rows, cols, micro_rows, micro_cols = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"blocking {text!r}: expected rows,cols,micro_rows,micro_cols "
+                                         "(four integers, e.g. 64,32,4,2)") from None
+    attention_kernels.AttentionBlocks(rows, cols, micro_rows, micro_cols)  # (refuses a micro-tile that does not divide)
+    return rows, cols, micro_rows, micro_cols
+
+
+@contextlib.contextmanager
+def blockings(forward: tuple[int, int, int, int] | None,
+              backward: tuple[int, int, int, int] | None) -> Iterator[None]:
+    """The fused kernels built with the given blockings only (None: the backend's list)."""
+    saved = attention_kernels.FORWARD_BLOCKINGS, attention_kernels.BACKWARD_BLOCKINGS
+    if forward is not None:
+        attention_kernels.FORWARD_BLOCKINGS = (forward,)
+    if backward is not None:
+        attention_kernels.BACKWARD_BLOCKINGS = (backward,)
+    try:
+        yield
+    finally:
+        attention_kernels.FORWARD_BLOCKINGS, attention_kernels.BACKWARD_BLOCKINGS = saved
 
 
 def measure(path: str, inputs: list[torch.Tensor], grad: torch.Tensor, device: Any, reps: int) -> dict[str, Any]:
@@ -75,7 +115,7 @@ def measure(path: str, inputs: list[torch.Tensor], grad: torch.Tensor, device: A
     expected = _attention(*reference)
     expected.backward(grad.float())
     deviation = max((out.detach().float() - expected.detach()).abs().max().item(),
-                    *((a.grad.float() - b.grad).abs().max().item() for a, b in zip(leaves, reference, strict=True)))
+                    *((_grad(a).float() - _grad(b)).abs().max().item() for a, b in zip(leaves, reference, strict=True)))
     result: dict[str, Any] = {"path": path, "max_abs_deviation_from_eager": deviation}
     for name, record in per_pass.items():
         result[f"{name}_device_ms"] = statistics.median(record["device_us"]) / 1e3
@@ -95,6 +135,10 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--forward-blocking", type=_blocking, nargs="+", default=[None],
+                        help="rows,cols,micro_rows,micro_cols of the forward kernel (several: a sweep)")
+    parser.add_argument("--backward-blocking", type=_blocking, nargs="+", default=[None],
+                        help="rows,cols,micro_rows,micro_cols of the dQ and dK/dV kernels (several: a sweep)")
     parser.add_argument("--out", type=Path, default=RESULTS / "attention.jsonl")
     args = parser.parse_args()
     device = device_arg(args.device)
@@ -106,20 +150,27 @@ def main() -> None:
         inputs = [torch.randn(shape, generator=generator).to(dtype) for _ in range(3)]
         grad = torch.randn(shape, generator=generator).to(dtype)
         scores_mb = args.batch * args.heads * seq * seq * 4 / 1e6
-        results = {}
-        for path in ("fused", "decomposed"):
-            record = {**context, "benchmark": "attention", "batch": args.batch, "heads": args.heads, "seq": seq,
-                      "head_dim": args.head_dim, "dtype": args.dtype, "causal": True, "reps": args.reps,
-                      "scores_mb_float32": scores_mb, **measure(path, inputs, grad, device, args.reps)}
-            results[path] = record
-            print(json.dumps(record), flush=True)
-            append_jsonl(args.out, [record])
-        fused, decomposed = results["fused"], results["decomposed"]
-        print(f"# seq {seq}: step device time fused {fused['step_device_ms']:.2f} ms vs decomposed "
-              f"{decomposed['step_device_ms']:.2f} ms ({decomposed['step_device_ms'] / fused['step_device_ms']:.2f}x); "
-              f"kernel bytes {fused['forward_kernel_mb'] + fused['backward_kernel_mb']:.1f} MB vs "
-              f"{decomposed['forward_kernel_mb'] + decomposed['backward_kernel_mb']:.1f} MB", flush=True)
-
+        base = {**context, "benchmark": "attention", "batch": args.batch, "heads": args.heads, "seq": seq,
+                "head_dim": args.head_dim, "dtype": args.dtype, "causal": True, "reps": args.reps,
+                "scores_mb_float32": scores_mb}
+        decomposed = {**base, **measure("decomposed", inputs, grad, device, args.reps)}
+        print(json.dumps(decomposed), flush=True)
+        append_jsonl(args.out, [decomposed])
+        for forward_blocking in args.forward_blocking:
+            for backward_blocking in args.backward_blocking:
+                with blockings(forward_blocking, backward_blocking):
+                    fused = {**base, "forward_blocking": forward_blocking, "backward_blocking": backward_blocking,
+                             **measure("fused", inputs, grad, device, args.reps)}
+                print(json.dumps(fused), flush=True)
+                append_jsonl(args.out, [fused])
+                print(f"# seq {seq}, blocking forward {forward_blocking or 'default'} backward "
+                      f"{backward_blocking or 'default'}: forward {fused['forward_device_ms']:.3f} ms vs decomposed "
+                      f"{decomposed['forward_device_ms']:.3f}, backward {fused['backward_device_ms']:.3f} vs "
+                      f"{decomposed['backward_device_ms']:.3f}; step {fused['step_device_ms']:.3f} ms vs "
+                      f"{decomposed['step_device_ms']:.3f} "
+                      f"({decomposed['step_device_ms'] / fused['step_device_ms']:.2f}x); kernel bytes "
+                      f"{fused['forward_kernel_mb'] + fused['backward_kernel_mb']:.1f} MB vs "
+                      f"{decomposed['forward_kernel_mb'] + decomposed['backward_kernel_mb']:.1f} MB", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -147,9 +147,9 @@ def test_fused_attention_matches_eager(compiled_programs, heads, kv_heads, queri
 
 def assert_micro_tiled(prof, queries, keys):
     """Head dim 64: the launches carry the register blocking, 4 x 2 scores per work-item in groups
-    of 256 (forward: 64 queries) and 128 (dQ: 32 queries, dK/dV: 32 keys) work-items."""
+    of 128 work-items owning 32 rows (queries in the forward and dQ, keys in dK/dV)."""
     fused = {next(o for o in k.build_options if "ATTENTION_PASS" in o): k for k in prof.launched if k.kind == "attention"}
-    for attention_pass, (threads, rows, rows_needed) in {1: (256, 64, queries), 2: (128, 32, queries),
+    for attention_pass, (threads, rows, rows_needed) in {1: (128, 32, queries), 2: (128, 32, queries),
                                                         3: (128, 32, keys)}.items():
         kernel = fused[f"-DATTENTION_PASS={attention_pass}"]
         assert "-DMICRO_ROWS=4" in kernel.build_options and "-DMICRO_COLS=2" in kernel.build_options
@@ -243,9 +243,9 @@ def test_unfused_attention_says_why():
 
 
 def test_register_blocking_fits_a_gpu_and_an_adreno():
-    """Head dim 64, float32: on a 48 KB GPU the forward owns 64 queries x 32 keys in 256 work-items
-    of 4 x 2 scores, the backward passes 32 x 32 in 128 of 4 x 2; an Adreno's 32 KB takes smaller
-    blocks, still several scores per work-item; a blocking whose micro-tile does not divide is refused."""
+    """Head dim 64, float32: on a 48 KB GPU every pass owns 32 rows and streams 32 in 128
+    work-items of 4 x 2 scores; an Adreno's 32 KB takes smaller blocks where it must, still several
+    scores per work-item; a blocking whose micro-tile does not divide is refused."""
     from dataclasses import replace
 
     from torch_adreno.kernels.attention import AttentionBlocks, choose_blocks
@@ -253,7 +253,7 @@ def test_register_blocking_fits_a_gpu_and_an_adreno():
     from torch_adreno.target import REFERENCE_PROFILE
 
     gpu = replace(REFERENCE_PROFILE, max_work_group_size=1024, local_mem_bytes=48 * 1024)
-    expected = {FORWARD: (64, 32, 4, 2, 256), GRAD_QUERY: (32, 32, 4, 2, 128), GRAD_KEY_VALUE: (32, 32, 4, 2, 128)}
+    expected = {FORWARD: (32, 32, 4, 2, 128), GRAD_QUERY: (32, 32, 4, 2, 128), GRAD_KEY_VALUE: (32, 32, 4, 2, 128)}
     for template, (rows, cols, micro_rows, micro_cols, threads) in expected.items():
         blocks = choose_blocks(template, 64, 256, gpu)
         assert (blocks.rows, blocks.cols, blocks.micro_rows, blocks.micro_cols) == (rows, cols, micro_rows, micro_cols)

@@ -37,15 +37,18 @@ _PASSES: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
 TEMPLATES = tuple(_PASSES)
 
 #: Blockings tried, first that fits: (rows a group owns, streamed rows per step, micro-tile rows,
-#: micro-tile columns). For head dim 64 in float32 the first of each fits a GPU's 48 KB of local
-#: memory: the forward 64 queries x 32 keys in 256 work-items of 4 x 2 scores (43.5 KB), the
-#: backward passes 32 x 32 in 128 work-items of 4 x 2 (39.5 and 43.5 KB); the later ones serve
-#: larger head dims, an Adreno's 32 KB, short sequences and head dims the column groups do not divide.
+#: micro-tile columns). For head dim 64 in float32 every pass takes 32 x 32 in 128 work-items of
+#: 4 x 2 scores (forward 30.5 KB, dQ 39.2 KB, dK/dV 43.3 KB: within a GPU's 48 KB); 32 rows
+#: rather than 64 give GPT-2's seq 256 (48 heads) 384 groups for an H200's 132 compute units and
+#: causal blocks of less uneven length (64 x 32, 43.5 KB, is the forward's next: a tuning
+#: candidate for long sequences). The later ones serve larger head dims, an Adreno's 32 KB, short
+#: sequences and head dims the column groups do not divide.
 #: Module attributes so that a tuning run can replace them (benchmarks/attention.py --forward-blocking).
-FORWARD_BLOCKINGS = ((64, 32, 4, 2), (32, 32, 2, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1),
-                      (16, 16, 4, 4), (16, 16, 16, 16))
-BACKWARD_BLOCKINGS = ((32, 32, 4, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1), (16, 16, 4, 4),
-                       (16, 16, 16, 16))
+Blocking = tuple[int, int, int, int]
+FORWARD_BLOCKINGS: tuple[Blocking, ...] = (
+    (32, 32, 4, 2), (64, 32, 4, 2), (32, 32, 2, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1), (16, 16, 4, 4), (16, 16, 16, 16))
+BACKWARD_BLOCKINGS: tuple[Blocking, ...] = (
+    (32, 32, 4, 2), (32, 16, 2, 1), (16, 16, 2, 2), (16, 16, 1, 1), (16, 16, 4, 4), (16, 16, 16, 16))
 
 _INDEX_NAMES = ("b", "h", "s", "d")
 
