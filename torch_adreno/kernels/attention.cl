@@ -22,11 +22,11 @@
 // Each step is two small matrix products per work-item: the scores (and, in the backward, dP)
 // of its micro-tile from rows read as float4 (MICRO_ROWS + MICRO_COLS local reads per 4 x
 // MICRO_ROWS x MICRO_COLS multiply-adds), then P (or dS) staged in local memory times the
-// streamed V (or K, Q, dO) into its accumulators (MICRO_ROWS + ACC_COLS reads of 16
-// bytes per 4 x MICRO_ROWS x ACC_COLS multiply-adds). Softmax is online in the forward: the row maxima and sums
-// are reduced across the COL_GROUPS work-items of a row through local memory and live there (not
-// in registers across barriers: Intel's CPU compiler once gave some work-items zeros for private
-// row statistics read before a barrier). The backward recomputes each probability as
+// streamed V (or K, Q, dO) into its accumulators (MICRO_ROWS + ACC_COLS reads of 16 bytes per
+// 4 x MICRO_ROWS x ACC_COLS multiply-adds). Softmax is online in the forward: the row maxima and
+// sums are reduced across the COL_GROUPS work-items of a row through local memory and live there
+// (not in registers across barriers: Intel's CPU compiler once gave some work-items zeros for
+// private row statistics read before a barrier). The backward recomputes each probability as
 // exp(score - LSE) and uses DELTA = rowsum(dO * O) (a reduction kernel before it): no reductions
 // across work-items. Causal blocks past a row block's last row are skipped whole. Nothing relies
 // on subgroup operations.
