@@ -135,7 +135,8 @@ def _attention_case(heads, kv_heads, queries, keys, dim, dtype, causal, generato
     (4, 2, 37, 37, 32, True),      # grouped-query, causal, two key tiles and a partial one
     pytest.param(2, 2, 20, 45, 64, False, marks=pytest.mark.slow),  # more keys than queries
     (3, 1, 45, 20, 64, True),      # causal with more queries than keys (top-left aligned)
-], ids=["gqa_causal_d32", "d64_long_keys", "mqa_causal_d64"])
+    (2, 1, 19, 19, 6, True),       # a head dim not a multiple of 4 (scalar reads, idle head-dim columns)
+], ids=["gqa_causal_d32", "d64_long_keys", "mqa_causal_d64", "causal_d6"])
 def test_fused_attention_matches_eager(compiled_programs, heads, kv_heads, queries, keys, dim, causal):
     generator = torch.Generator().manual_seed(3)
     inputs, attention = _attention_case(heads, kv_heads, queries, keys, dim, torch.float32, causal, generator)
