@@ -145,3 +145,19 @@ def eager_training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: t
     loss.backward()
     opt.step()
     return loss.detach()
+
+
+def record_programs(monkeypatch: Any) -> list[Any]:
+    """A list that receives every KernelProgram the backend compiles from now on in the test (with
+    its graph and memory plan): ``backend.compile_program`` wrapped for the test's duration."""
+    import torch_adreno.backend as backend
+
+    programs: list[Any] = []
+    original = backend.compile_program
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        programs.append(original(*args, **kwargs))
+        return programs[-1]
+
+    monkeypatch.setattr(backend, "compile_program", keep)
+    return programs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import LaunchProfile, assert_matches_eager, capture_graphs
+from helpers import LaunchProfile, assert_matches_eager, capture_graphs, record_programs
 
 from torch_adreno.ir.torch_dtypes import TORCH_TO_IR
 
@@ -97,17 +97,7 @@ def test_16_bit_sdpa_computes_in_float32_like_eagers_kernel(dtype, is_causal):
 @pytest.fixture
 def compiled_programs(monkeypatch):
     """Every KernelProgram the backend compiles while the test runs (with its graph and memory plan)."""
-    import torch_adreno.backend as backend
-
-    programs = []
-    original = backend.compile_program
-
-    def keep(*args, **kwargs):
-        programs.append(original(*args, **kwargs))
-        return programs[-1]
-
-    monkeypatch.setattr(backend, "compile_program", keep)
-    return programs
+    return record_programs(monkeypatch)
 
 
 def assert_fused_without_scores(prof, programs, queries, keys):

@@ -259,18 +259,11 @@ def test_a_training_step_compiled_under_other_graph_numbers_is_the_same_program(
     second model compiled first, a recompile): the kernels' text names only their symbols, which
     carry no graph number (split-K's second launch included)."""
     import torch.nn.functional as F
+    from helpers import record_programs
 
-    import torch_adreno.backend as backend
     from torch_adreno.models import MODELS
 
-    programs = []
-    original = backend.compile_program
-
-    def keep(*args, **kwargs):
-        programs.append(original(*args, **kwargs))
-        return programs[-1]
-
-    monkeypatch.setattr(backend, "compile_program", keep)
+    programs = record_programs(monkeypatch)
     spec = MODELS[model_name]
     model = spec.make()
     x, y = spec.batch()

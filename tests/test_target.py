@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import record_programs
 
 from torch_adreno import backend
 from torch_adreno.config import Config
@@ -160,14 +161,7 @@ def test_a_buffer_above_the_targets_largest_allocation_is_refused_naming_it_and_
 def _compiled_programs(monkeypatch, model_name: str, target: str) -> list:
     """Compile one training step of a reference model for ``target`` (cache off, so that every graph
     is compiled here) and return its kernel programs."""
-    programs = []
-    compile_program = backend.compile_program
-
-    def record(*args, **kwargs):
-        programs.append(compile_program(*args, **kwargs))
-        return programs[-1]
-
-    monkeypatch.setattr(backend, "compile_program", record)
+    programs = record_programs(monkeypatch)
     spec = MODELS[model_name]
     torch.manual_seed(0)
     model = spec.make()

@@ -124,16 +124,21 @@
         TILE[r_ * PITCH + d_] = row_ < (END) ? LOAD(b, HEAD, row_, d_) : 0.0f;                    \
     }
 
+// A query-block pass's ids: work-item t (row group rg, column group cg), the block's first query
+// q0, batch b, query head h and the key/value head kvh it reads.
+#define QUERY_BLOCK_IDS                                                                           \
+    const int t = get_local_id(0);                                                                \
+    const int rg = t / COL_GROUPS, cg = t % COL_GROUPS;                                           \
+    const INDEX_T q0 = (INDEX_T)get_group_id(0) * BLOCK_ROWS;                                     \
+    const INDEX_T bh = get_group_id(1);                                                           \
+    const INDEX_T b = bh / HEADS, h = bh % HEADS, kvh = h / GROUP;
+
 #if ATTENTION_PASS == 1
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void KERNEL_NAME(KERNEL_PARAMS)
 {
     KERNEL_LOCALS
-    const int t = get_local_id(0);
-    const int rg = t / COL_GROUPS, cg = t % COL_GROUPS;
-    const INDEX_T q0 = (INDEX_T)get_group_id(0) * BLOCK_ROWS;
-    const INDEX_T bh = get_group_id(1);
-    const INDEX_T b = bh / HEADS, h = bh % HEADS, kvh = h / GROUP;
+    QUERY_BLOCK_IDS
     __local float q_rows[BLOCK_ROWS * PITCH] __attribute__((aligned(16)));
     // The key tile, then (once the scores are taken) the probabilities P: one buffer.
 #define KP_FLOATS (BLOCK_COLS * PITCH > BLOCK_ROWS * BLOCK_COLS ? BLOCK_COLS * PITCH : BLOCK_ROWS * BLOCK_COLS)
@@ -226,11 +231,7 @@ __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void KERNEL_NAME(KERNEL_PARAMS)
 {
     KERNEL_LOCALS
-    const int t = get_local_id(0);
-    const int rg = t / COL_GROUPS, cg = t % COL_GROUPS;
-    const INDEX_T q0 = (INDEX_T)get_group_id(0) * BLOCK_ROWS;
-    const INDEX_T bh = get_group_id(1);
-    const INDEX_T b = bh / HEADS, h = bh % HEADS, kvh = h / GROUP;
+    QUERY_BLOCK_IDS
     __local float q_rows[BLOCK_ROWS * PITCH] __attribute__((aligned(16)));
     __local float do_rows[BLOCK_ROWS * PITCH] __attribute__((aligned(16)));
     __local float k_tile[BLOCK_COLS * PITCH] __attribute__((aligned(16)));
@@ -360,3 +361,4 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef MICRO_ACCUMULATE
 #undef ZERO2
 #undef STAGE_ROWS
+#undef QUERY_BLOCK_IDS
