@@ -233,6 +233,8 @@ def test_long_reduction_into_few_outputs_is_split_into_partials_with_reason():
     reductions = [n for g in result.groups for n in g.nodes if isinstance(n, ir.Reduction)]
     assert [(n.ranges, n.reduction_ranges) for n in reductions] == [((16, 8), (32, 32)), ((16,), (8,))]
     assert "split reduce_sum over 8192 elements into 16 output(s): 128 partial rows of 1024" in reasons(result)
+    # The graph's own nodes say so too (the ONNX export rebuilds each kernel from them).
+    assert [n for n in result.graph.nodes if isinstance(n, ir.Reduction)] == reductions
     # Enough outputs already, or rows too short to split: unchanged; the H200 aims at 528 rows.
     assert choose_leading_dims(ir.Reduction("r", "o", (1024,), (8, 1024), "sum", ir.index(0), ()), 64) == 0
     assert choose_leading_dims(ir.Reduction("r", "o", (16,), (8, 512), "sum", ir.index(0), ()), 64) == 0
