@@ -33,6 +33,7 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 import torch_adreno.backend as backend
+from torch_adreno.kernels import gemm
 
 #: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
 Layer = tuple[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]]
@@ -145,20 +146,25 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
     return {"torch_forward_us": statistics.median(forward[2:]), "torch_backward_us": statistics.median(backward[2:])}
 
 
-VARIANTS = ("heuristic", "unfilled", "tuned")
+VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch")
 
 
 @contextlib.contextmanager
 def _heuristics(variant: str) -> Iterator[None]:
     """``unfilled``: the compiler as it was before GEMMs of few 128 x 128 tiles were split to fill
-    the device (``fusion.split_k.choose_large_tile_split``)."""
-    original = backend.large_tiles_apply
+    the device (``fusion.split_k.choose_large_tile_split``). ``guarded_prefetch``: ``gemm.cl``'s
+    prefetch skipped at the last K step behind a branch; ``finish_at_load``: operands widened where
+    they are loaded, not as they are stored into the tiles; ``old_prefetch``: both, the template
+    as it was before (``kernels.gemm.PREFETCH_EVERY_STEP``, ``RAW_PREFETCH``)."""
+    original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH
     if variant == "unfilled":
         backend.large_tiles_apply = lambda profile: False
+    gemm.PREFETCH_EVERY_STEP = variant not in ("guarded_prefetch", "old_prefetch")
+    gemm.RAW_PREFETCH = variant not in ("finish_at_load", "old_prefetch")
     try:
         yield
     finally:
-        backend.large_tiles_apply = original
+        backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH = original
 
 
 def main() -> None:
@@ -171,6 +177,9 @@ def main() -> None:
                         help="heuristic: as compiled today; unfilled: without the split of GEMMs of few "
                              "128 x 128 tiles; tuned: the tuner's choice")
     parser.add_argument("--label", default="", help="a label recorded with each row (the variant measured)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
+                        help="the layers' weights and inputs in these types (16-bit: the GEMMs of a 16-bit "
+                             "frozen base; PyTorch's 16-bit GEMMs use tensor cores, ours cannot through OpenCL)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gemm_shapes.jsonl")
     args = parser.parse_args()
     base = {"device": args.device} if args.device is not None else {}
@@ -179,29 +188,33 @@ def main() -> None:
         for name, make in CASES[case]:
             if args.only and not any(s in name for s in args.only):
                 continue
-            torch.manual_seed(0)
-            module, x = make()
-            reference = _torch_times(module, x, args.reps)
-            module = module.cpu()
-            for variant in args.variants:
-                options = {**base, "compile_cache": False, **({"tune": True} if variant == "tuned" else {})}
-                with _heuristics(variant):
-                    kernels = _our_kernels(module, x, args.reps, options)
-                gemm = [k for k in kernels if k["kind"] == "gemm"]
-                row = {**context, "benchmark": "gemm_shapes", "label": args.label, "layer": name, "variant": variant,
-                       **reference, "ours_forward_us": sum(k["us"] for k in kernels if k["graph"] == "forward"),
-                       "ours_backward_us": sum(k["us"] for k in kernels if k["graph"] == "backward"),
-                       "gemm_us": sum(k["us"] for k in gemm), "gemm_gflop": sum(k["gflop"] for k in gemm),
-                       "kernels": kernels}
-                row["gemm_gflops"] = row["gemm_gflop"] / row["gemm_us"] * 1e6 if row["gemm_us"] else None
-                append_jsonl(args.out, [row])
-                print(f"{name:<42} {variant:<9} ours fwd {row['ours_forward_us']:8.1f} bwd {row['ours_backward_us']:8.1f} us"
-                      f"  torch fwd {reference.get('torch_forward_us', float('nan')):8.1f} "
-                      f"bwd {reference.get('torch_backward_us', float('nan')):8.1f}  gemm {row['gemm_gflops'] or 0:8.0f} GFLOP/s",
-                      flush=True)
-                for k in gemm:
-                    print(f"    {k['graph']:<8} {k['kernel'][:60]:<60} {k['us']:8.1f} us {k['gflops'] or 0:8.0f} GFLOP/s"
-                          f" groups {k['work_groups']} local {k['local_size']}", flush=True)
+            for dtype_name in args.dtypes:
+                dtype = getattr(torch, dtype_name)
+                torch.manual_seed(0)
+                module, x = make()
+                module, x = module.to(dtype), x.detach().to(dtype).requires_grad_(x.requires_grad)
+                reference = _torch_times(module, x, args.reps)
+                module = module.cpu()
+                for variant in args.variants:
+                    options = {**base, "compile_cache": False, **({"tune": True} if variant == "tuned" else {})}
+                    with _heuristics(variant):
+                        kernels = _our_kernels(module, x, args.reps, options)
+                    gemm = [k for k in kernels if k["kind"] == "gemm"]
+                    row = {**context, "benchmark": "gemm_shapes", "label": args.label, "layer": name, "variant": variant,
+                           "dtype": dtype_name,
+                           **reference, "ours_forward_us": sum(k["us"] for k in kernels if k["graph"] == "forward"),
+                           "ours_backward_us": sum(k["us"] for k in kernels if k["graph"] == "backward"),
+                           "gemm_us": sum(k["us"] for k in gemm), "gemm_gflop": sum(k["gflop"] for k in gemm),
+                           "kernels": kernels}
+                    row["gemm_gflops"] = row["gemm_gflop"] / row["gemm_us"] * 1e6 if row["gemm_us"] else None
+                    append_jsonl(args.out, [row])
+                    print(f"{name:<42} {dtype_name:<8} {variant:<9} ours fwd {row['ours_forward_us']:8.1f} bwd {row['ours_backward_us']:8.1f} us"
+                          f"  torch fwd {reference.get('torch_forward_us', float('nan')):8.1f} "
+                          f"bwd {reference.get('torch_backward_us', float('nan')):8.1f}  gemm {row['gemm_gflops'] or 0:8.0f} GFLOP/s",
+                          flush=True)
+                    for k in gemm:
+                        print(f"    {k['graph']:<8} {k['kernel'][:60]:<60} {k['us']:8.1f} us {k['gflops'] or 0:8.0f} GFLOP/s"
+                              f" groups {k['work_groups']} local {k['local_size']}", flush=True)
 
 
 if __name__ == "__main__":

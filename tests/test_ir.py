@@ -52,6 +52,36 @@ def test_index_arithmetic_rules():
     assert ir.call("sub", flat, flat) == ir.index(0)
 
 
+def test_division_by_a_multiple_of_an_aligned_stride_drops_the_lower_terms():
+    """GPT-2's [tokens, d] operand read through a [batch, seq, d] view: the flat index
+    ``m * 512 + k`` (k < 512) over 32768 = 64 * 512 elements is ``m // 64``, its remainder
+    ``(m % 64) * 512 + k``; and that quotient and remainder put back together are the flat index
+    again, with no division left (the GEMM's operand loads computed both at every element)."""
+    m, k = v("m", 128), v("k", 512)
+    flat = ir.call("add", ir.call("mul", m, ir.index(512)), k)
+    quotient = ir.call("floordiv", flat, ir.index(32768))
+    remainder = ir.call("mod", flat, ir.index(32768))
+    assert quotient == ir.call("floordiv", m, ir.index(64))
+    assert remainder == ir.call("add", ir.call("mul", ir.call("mod", m, ir.index(64)), ir.index(512)), k)
+    rebuilt = ir.call("add", ir.call("mul", quotient, ir.index(32768)), remainder)
+    assert rebuilt == flat and not any(isinstance(e, ir.Call) and e.op in ("floordiv", "mod") for e in ir.walk(rebuilt))
+    # (k may reach past the stride: then the division stays, as it must)
+    wide = ir.call("add", ir.call("mul", m, ir.index(512)), v("j", 1024))
+    assert "floordiv(add(j, mul(m, 512)), 32768)" in str(ir.call("floordiv", wide, ir.index(32768)))
+    for mv in range(128):
+        for kv in (0, 1, 511):
+            value = mv * 512 + kv
+            assert (value // 32768, value % 32768) == (mv // 64, (mv % 64) * 512 + kv)
+
+
+def test_a_reshaped_view_read_back_flat_has_no_division():
+    view = View.of(Buffer("x", (2, 64, 128), DType.F32)).reshape((128, 128))
+    flat = ir.index(0)
+    for e, stride in zip(view.index, (8192, 128, 1), strict=True):
+        flat = ir.call("add", flat, ir.call("mul", e, ir.index(stride)))
+    assert str(flat) == "add(mul(v0, 128), v1)"
+
+
 def test_negative_ranges_keep_floor_division_unsplit():
     # (a - 2) // 3 must not become a//3 - 1 style rewrites whose C truncation would differ.
     a = v("a", 8)

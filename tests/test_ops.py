@@ -237,6 +237,21 @@ def test_split_k_gemms_match_eager(gemm_template):
     assert_matches_eager(lambda a, b: a.t() @ b, r(4099, 20), r(4099, 30), atol=1e-3)
 
 
+@pytest.mark.parametrize("gemm_template", ["tiled"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tiled_gemm_prefetches_16_bit_operands_as_loaded(gemm_template, dtype):
+    """16-bit operands wait in the prefetch registers as their bits (``A_RAW_T``/``B_RAW_T``
+    ushort) and are widened only as they are stored into the tiles; float32 ones as floats.
+    Forward and both gradients (each a GEMM of 16-bit operands) equal eager's, k ragged."""
+    tol = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3}[dtype]
+    assert_matches_eager(lambda a, b: a @ b, r(70, 37).to(dtype), r(37, 45).to(dtype), rtol=tol, atol=tol)
+    raw = [src for src, _ in gemm_template.gemms if "#define A_RAW_T ushort" in src and "#define B_RAW_T ushort" in src]
+    assert len(raw) == len(gemm_template.gemms) >= 3, [s[:200] for s, _ in gemm_template.gemms]
+    gemm_template.gemms.clear()
+    assert_matches_eager(lambda a, b: a @ b, r(70, 37), r(37, 45))
+    assert all("#define A_RAW_T float" in src and "#define B_RAW_T float" in src for src, _ in gemm_template.gemms)
+
+
 @pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
 def test_both_gemm_templates_for_convolution(gemm_template):
     assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4)

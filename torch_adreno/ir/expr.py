@@ -341,13 +341,59 @@ def bounds(expr: Expr) -> tuple[int, int] | None:
     return None
 
 
+def _recombine(constant: int, terms: dict[Expr, int]) -> tuple[int, dict[Expr, int]]:
+    """``(x // d) * (c * d) + (x % d) * c`` is ``x * c`` (non-negative x): the pair a reshape's
+    unravelled index leaves behind when the view is read back in its original layout."""
+    changed = True
+    while changed:
+        changed = False
+        for atom, coef in list(terms.items()):
+            if not (isinstance(atom, Call) and atom.op == "floordiv" and isinstance(atom.args[1], Const)):
+                continue
+            x, d = atom.args[0], int(atom.args[1].value)
+            partner = Call("mod", (x, index(d)), DType.INDEX)
+            low = terms.get(partner)
+            xb = bounds(x)
+            if low is None or coef != low * d or xb is None or xb[0] < 0:
+                continue
+            del terms[atom], terms[partner]
+            c, inner = linear_terms(x)
+            constant += c * low
+            for a, k in inner.items():
+                terms[a] = terms.get(a, 0) + k * low
+            terms = {a: k for a, k in terms.items() if k != 0}
+            changed = True
+            break
+    return constant, terms
+
+
+def _aligned_split(c: int, terms: dict[Expr, int], k: int) -> tuple[int, Expr, Expr] | None:
+    """``(g, high, low)`` with ``a == high * g + low``, ``g`` dividing ``k`` and ``0 <= low < g``,
+    for the largest such ``g > 1`` made of the terms' coefficients (``a`` = ``c`` + the terms):
+    then ``a // k == high // (k // g)`` and ``a % k == (high % (k // g)) * g + low``. A reshape's
+    flat index ``m * 512 + k`` divided by ``32768`` is ``m // 64`` when ``k < 512``."""
+    candidates = sorted({math.gcd(coef, k) for coef in terms.values() if coef > 0} - {1}, reverse=True)
+    for g in candidates:
+        if g == k:
+            continue  # (the plain whole/rest split already handles it)
+        high = {atom: coef // g for atom, coef in terms.items() if coef % g == 0}
+        rest = {atom: coef for atom, coef in terms.items() if coef % g != 0}
+        if not high:
+            continue
+        low = _from_terms(c % g, rest)
+        lb, hb = bounds(low), bounds(_from_terms(c // g, high))
+        if lb is not None and lb[0] >= 0 and lb[1] < g and hb is not None and hb[0] >= 0:
+            return g, _from_terms(c // g, high), low
+    return None
+
+
 def _simplify_index_call(op: str, args: tuple[Expr, ...]) -> Expr | None:
     if op == "add":
         c0, t0 = linear_terms(args[0])
         c1, t1 = linear_terms(args[1])
         for atom, coef in t1.items():
             t0[atom] = t0.get(atom, 0) + coef
-        return _from_terms(c0 + c1, t0)
+        return _from_terms(*_recombine(c0 + c1, {a: k for a, k in t0.items() if k != 0}))
     if op == "sub":
         c, t = linear_terms(args[1])
         negated = _from_terms(-c, {atom: -coef for atom, coef in t.items()})
@@ -383,6 +429,10 @@ def _floordiv(a: Expr, k: int) -> Expr:
         if modulus % k == 0 and inner is not None and inner[0] >= 0:
             return _mod(_floordiv(a.args[0], k), modulus // k)
     c, terms = linear_terms(a)
+    aligned = _aligned_split(c, terms, k) if bounds(a) is not None else None
+    if aligned is not None:
+        g, high, _ = aligned
+        return _floordiv(high, k // g)
     whole = {atom: coef // k for atom, coef in terms.items() if coef % k == 0}
     rest = {atom: coef for atom, coef in terms.items() if coef % k != 0}
     if c % k == 0:
@@ -413,6 +463,10 @@ def _mod(a: Expr, k: int) -> Expr:
         if inner % k == 0:
             return _mod(a.args[0], k)
     c, terms = linear_terms(a)
+    aligned = _aligned_split(c, terms, k) if bounds(a) is not None else None
+    if aligned is not None:
+        g, high, low = aligned
+        return call("add", call("mul", _mod(high, k // g), index(g)), low)
     kept = {atom: coef % k for atom, coef in terms.items() if coef % k != 0}
     rest = _from_terms(c % k, kept)
     rb = bounds(rest)

@@ -6,17 +6,25 @@
 // float2/float4), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row, stored with
 // STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
-// that direction).
+// that direction), PREFETCH_EVERY_STEP (1: the prefetch of the next K step is not skipped at the
+// last one).
 //
 // The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS,
 // KERNEL_LOCALS (written from the kernel's parameter records), and the operand and epilogue
 // functions load_a(b, m, k, ...), load_b(b, k, n, ...), store_c(b, m, n, value, ...) (named
-// after the kernel's symbol through KERNEL_HELPER) behind the macros LOAD_A, LOAD_B and STORE_C.
+// after the kernel's symbol through KERNEL_HELPER) behind the macros LOAD_A, LOAD_B and STORE_C,
+// and the prefetch's A_RAW_T / FETCH_A / FINISH_A (and B's): the fetched element and its operand value.
 // Operands are arbitrary index maps (transposes, im2col gathers with padding); the tiles in local
 // memory make each of them read once per work-group.
 //
 // The next K step's operands are loaded from global memory into registers while the current one
-// is multiplied out of local memory, so that load latency hides behind the arithmetic. Rows of
+// is multiplied out of local memory, so that load latency hides behind the arithmetic. They are
+// held as fetched (A_RAW_T, B_RAW_T: a 16-bit operand's bits) and finished into floats
+// (FINISH_A, FINISH_B) only as they are stored into the tiles: arithmetic on a loaded value where
+// it is loaded waits for the load, before the multiplications it should overlap (measured on the
+// H200: 16-bit GEMMs 1.5x slower than float32 when widened at the load). The prefetch is not
+// skipped at the last K step (its loads are all out of range there, so none is made): a branch
+// around it ends the code the loads can hide in at the branch. Rows of
 // the tiles are padded by 4 floats: keeps float4 alignment and spreads the stores of a
 // k-fastest operand over the memory banks.
 
@@ -94,43 +102,46 @@ void KERNEL_NAME(KERNEL_PARAMS)
         row_sum[wm] = row_sum_c[wm] = 0.0f;
 #endif
 
-    float a_next[LOADS_A];
-    float b_next[LOADS_B];
+    A_RAW_T a_next[LOADS_A];
+    B_RAW_T b_next[LOADS_B];
     for (int i = 0; i < LOADS_A; ++i) {
         const int e = tid + i * THREADS;
         const INDEX_T m = m0 + A_MM(e), k = A_KK(e);
-        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
+        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, k) : (A_RAW_T)0;
     }
     for (int i = 0; i < LOADS_B; ++i) {
         const int e = tid + i * THREADS;
         const INDEX_T n = n0 + B_NN(e), k = B_KK(e);
-        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
+        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, k, n) : (B_RAW_T)0;
     }
 
     for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
         for (int i = 0; i < LOADS_A; ++i) {
             const int e = tid + i * THREADS;
             if (e < TILE_M * TILE_K)
-                a_tile[A_KK(e) * PITCH_M + A_MM(e)] = a_next[i];
+                a_tile[A_KK(e) * PITCH_M + A_MM(e)] = FINISH_A(a_next[i]);
         }
         for (int i = 0; i < LOADS_B; ++i) {
             const int e = tid + i * THREADS;
             if (e < TILE_N * TILE_K)
-                b_tile[B_KK(e) * PITCH_N + B_NN(e)] = b_next[i];
+                b_tile[B_KK(e) * PITCH_N + B_NN(e)] = FINISH_B(b_next[i]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
         const INDEX_T k1 = k0 + TILE_K;
-        if (k1 < SIZE_K) {
+#if !PREFETCH_EVERY_STEP
+        if (k1 < SIZE_K)
+#endif
+        {
             for (int i = 0; i < LOADS_A; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T m = m0 + A_MM(e), k = k1 + A_KK(e);
-                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? LOAD_A(b, m, k) : 0.0f;
+                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, k) : (A_RAW_T)0;
             }
             for (int i = 0; i < LOADS_B; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T n = n0 + B_NN(e), k = k1 + B_KK(e);
-                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? LOAD_B(b, k, n) : 0.0f;
+                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, k, n) : (B_RAW_T)0;
             }
         }
 

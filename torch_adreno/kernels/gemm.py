@@ -60,7 +60,16 @@ def _vector_width(outputs: int) -> int:
 
 
 #: Macros a GEMM kernel's prelude defines (the templates undefine their own).
-GEMM_MACROS = ("INDEX_T", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW", *HELPER_NAMING_MACROS)
+GEMM_MACROS = ("INDEX_T", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW", "A_RAW_T", "B_RAW_T", "FETCH_A", "FETCH_B",
+               "FINISH_A", "FINISH_B", *HELPER_NAMING_MACROS)
+
+#: ``gemm.cl`` prefetches at every K step, the last included (``PREFETCH_EVERY_STEP``); False
+#: restores the branch around the last one (kept to measure the two against each other).
+PREFETCH_EVERY_STEP = True
+#: Operands that only widen (or round) one loaded element are held in the prefetch registers as
+#: loaded and finished as they are stored into the tiles (``gemm.cl``'s ``FETCH``/``FINISH``);
+#: False finishes them at the load, as before (kept to measure).
+RAW_PREFETCH = True
 
 
 def _tile_for(extent: int) -> int:
@@ -269,6 +278,64 @@ class _ImageOperandWriter(CodeWriter):
         return super()._render(expr, guarded)
 
 
+def widened_load(expr: ir.Expr, params: dict[str, Param], images: dict[str, ImageOperand]) -> ir.Load | None:
+    """The load of a GEMM operand that is that one element's value cast between float types (a
+    16-bit weight widened, an activation rounded to autocast's type): the template holds such an
+    operand in registers as loaded and finishes it into a float later (``gemm.cl``). None for any
+    other operand, and for a bare float32 load (nothing to finish). Zero finishes to zero, what
+    the template's out-of-range elements are."""
+    casts = 0
+    while isinstance(expr, ir.Call) and expr.op == "cast" and expr.dtype.is_float and expr.args[0].dtype.is_float:
+        expr, casts = expr.args[0], casts + 1
+    if not isinstance(expr, ir.Load) or expr.buffer in images or not expr.dtype.is_float:
+        return None
+    dtype = params[expr.buffer].dtype
+    return expr if dtype.is_half or casts else None
+
+
+#: The C type a widened load's raw element is held in, by buffer type.
+_RAW_CTYPE = {ir.DType.F32: "float", ir.DType.BF16: "ushort", ir.DType.F16: "ushort"}
+#: A raw element ``raw`` as a float, by buffer type.
+_RAW_VALUE = {ir.DType.F32: "raw", ir.DType.BF16: "adreno_bf16_load(raw)",
+              ir.DType.F16: "vload_half(0, (__private const half *)&raw)"}
+
+
+class _RawFinishWriter(CodeWriter):
+    """The code writer, with the widened load rendered as the raw register ``raw`` converted."""
+
+    def __init__(self, params: dict[str, Param], load: ir.Load, var_names: dict[ir.Var, str]) -> None:
+        # (the index variables are in scope for the writer's bookkeeping only: the one load that
+        # uses them is rendered as ``raw``)
+        super().__init__(params, var_names, prefix="finish_t")
+        self.raw_load = load
+
+    def expr(self, expr: ir.Expr, guarded: bool = False) -> str:
+        if expr == self.raw_load:
+            return _RAW_VALUE[self.params[expr.buffer].dtype]
+        return super().expr(expr, guarded)
+
+
+def _raw_fetch_functions(suffix: str, expr: ir.Expr, load: ir.Load, names: tuple[str, str, str],
+                         vars_: tuple[ir.Expr, ...], params: dict[str, Param]) -> tuple[str, str]:
+    """The helpers ``<symbol>_fetch<suffix>`` (the raw element) and ``<symbol>_finish<suffix>`` (it as the operand's float)."""
+    param = params[load.buffer]
+    raw_t = _RAW_CTYPE[param.dtype]
+    var_names = {v: n for v, n in zip(vars_, names, strict=True) if isinstance(v, ir.Var)}
+    writer = CodeWriter(params, var_names, prefix=f"fetch{suffix}_t")
+    offset = writer.expr(writer.flat_index(load.buffer, load.index))
+    body = writer.close_scope()
+    pointer = param.c_name if param.dtype is not ir.DType.F16 else f"((__global const ushort *){param.c_name})"
+    args = ", ".join(f"const INDEX_T {n}" for n in names)
+    decls = ", ".join(r.declaration() for r in records(params))
+    fetch = "\n".join([f"inline {raw_t} {helper_name('_fetch' + suffix)}({args}, {decls}) {{",
+                        *("    " + ln for ln in body), f"    return {pointer}[{offset}];", "}"])
+    finisher = _RawFinishWriter(params, load, var_names)
+    value = finisher.expr(expr)
+    finish = "\n".join([f"inline float {helper_name('_finish' + suffix)}(const {raw_t} raw) {{",
+                         *("    " + ln for ln in finisher.close_scope()), f"    return {value};", "}"])
+    return fetch, finish
+
+
 def _operand_function(suffix: str, expr: ir.Expr, names: tuple[str, str, str], vars_: tuple[ir.Expr, ...],
                       params: dict[str, Param], images: dict[str, ImageOperand]) -> str:
     """The helper ``<symbol><suffix>`` computing one operand element (``_load_a``, ``_load_b``)."""
@@ -372,6 +439,30 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
         f"#define STORE_C(b, m, n, v) {store_c}(b, m, n, v, {arg_names})",
     ]
     slice_k = math.ceil(node.k / split)
+    # The tiled template's prefetch: raw elements of widened loads, else the operand values.
+    fetches: list[str] = []
+    for operand, side, names, operand_vars in (
+            (node.lhs, "A", ("b", "m", "k"), (v["b"], v["m"], v["k"])),
+            (node.rhs, "B", ("b", "k", "n"), (v["b"], v["k"], v["n"]))):
+        load = widened_load(operand, params, operand_images) if RAW_PREFETCH else None
+        call_args = ", ".join(names)
+        if load is None:
+            fetches += [f"#define {side}_RAW_T float", f"#define FETCH_{side}({call_args}) LOAD_{side}({call_args})",
+                        f"#define FINISH_{side}(raw) (raw)"]
+            continue
+        suffix = f"_{side.lower()}"
+        operands += _raw_fetch_functions(suffix, operand, load, names, operand_vars, params)
+        fetch = helper_name("_fetch" + suffix)
+        if split == 1:
+            fetch_call = f"{fetch}({call_args}, {arg_names})"
+        else:
+            slice_of = {"b": f"(b) / {split}", "k": f"((INDEX_T)((b) % {split}) * {slice_k} + (k))"}
+            sliced = ", ".join(slice_of.get(n, n) for n in names)
+            fetch_call = (f"({slice_of['k']} < {node.k} ? {fetch}({sliced}, {arg_names}) "
+                          f": ({_RAW_CTYPE[params[load.buffer].dtype]})0)")
+        fetches += [f"#define {side}_RAW_T {_RAW_CTYPE[params[load.buffer].dtype]}",
+                    f"#define FETCH_{side}({call_args}) {fetch_call}",
+                    f"#define FINISH_{side}(raw) {helper_name('_finish' + suffix)}(raw)"]
     if split == 1:
         macros = [f"#define LOAD_A(b, m, k) {load_a}(b, m, k, {operand_args})",
                   f"#define LOAD_B(b, k, n) {load_b}(b, k, n, {operand_args})", *epilogue]
@@ -388,7 +479,7 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
             f"#define STORE_ROW(b, m, v) ({slices}[{split * node.batch * node.m * node.n} + "
             f"(INDEX_T)(b) * {node.m} + (m)] = (v))",
         ]
-    prelude = "\n".join([*common, *operands, *macros, ""])
+    prelude = "\n".join([*common, *operands, *macros, *fetches, ""])
     batch = node.batch * split
     arguments = (*records(params), *image_records(operand_images, params))
     sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={slice_k}", f"-DROW_SUM={int(spec.row_sum is not None)}")
@@ -399,7 +490,8 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
                              tuple(operand_images.values()))
     else:
         launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile))
-        options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}")
+        options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}",
+                   f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}")
         first = RenderedGemm("gemm", prelude + _template("gemm.cl"), options, launch.global_size,
                              launch.local_size, GEMM_MACROS, arguments, tuple(operand_images.values()))
     if split == 1:
