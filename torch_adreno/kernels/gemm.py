@@ -311,7 +311,7 @@ class _RawFinishWriter(CodeWriter):
 
     def expr(self, expr: ir.Expr, guarded: bool = False) -> str:
         if expr == self.raw_load:
-            return _RAW_VALUE[self.params[expr.buffer].dtype]
+            return _RAW_VALUE[self.params[self.raw_load.buffer].dtype]
         return super().expr(expr, guarded)
 
 
