@@ -42,6 +42,7 @@ from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainab
 from workloads import breakdown
 
 import torch_adreno
+import torch_adreno.backend as backend
 from torch_adreno.runtime.frozen import FROZEN_COPIES
 from torch_adreno.training.replay.capture import PERSISTENT
 
@@ -107,12 +108,18 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--zero-copy", default="auto", choices=["auto", "true", "false"],
                         help="the zero_copy option (false: device copies, whose bytes persistent_device_bytes counts)")
+    parser.add_argument("--unfilled", action="store_true",
+                        help="without the k split of GEMMs of few 128 x 128 tiles (fusion.split_k's fill): its "
+                             "float32 slice sums are bytes both precisions move")
     parser.add_argument("--out", type=Path, default=RESULTS / "frozen_weights.jsonl")
     args = parser.parse_args()
     cfg = SMALL if args.small else FULL
     options = {"device": device_arg(args.device), "zero_copy": args.zero_copy}
     context = {**run_context(options["device"]), "benchmark": "frozen_weights", "shape": dataclasses.asdict(cfg),
                "small": args.small, "zero_copy": args.zero_copy}
+    if args.unfilled:
+        backend.large_tiles_apply = lambda profile: False
+    context["unfilled"] = args.unfilled
     rows = []
     for variant in args.variants:
         row = {**context, **measure(cfg, variant, args.steps, options)}
