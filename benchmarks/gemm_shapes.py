@@ -146,7 +146,22 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
     return {"torch_forward_us": statistics.median(forward[2:]), "torch_backward_us": statistics.median(backward[2:])}
 
 
-VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch")
+VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m")
+
+
+def _wide_tiling(wide_n: bool) -> Any:
+    """``choose_tiling`` with 128 x 256 (``wide_n``) or 256 x 128 output tiles, 8 x 16 (16 x 8)
+    outputs per work-item, where the extents fill them and the tiles still number the compute
+    units; the heuristic's choice elsewhere."""
+    heuristic = gemm.choose_tiling
+
+    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+        tile_m, tile_n = (128, 256) if wide_n else (256, 128)
+        if m >= tile_m and n >= tile_n and math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch >= profile.compute_units:
+            return gemm.GemmTiling(tile_m, tile_n, 8, tile_m // 16, tile_n // 16)
+        return heuristic(m, n, batch, profile)
+
+    return choose
 
 
 @contextlib.contextmanager
@@ -155,16 +170,19 @@ def _heuristics(variant: str) -> Iterator[None]:
     the device (``fusion.split_k.choose_large_tile_split``). ``guarded_prefetch``: ``gemm.cl``'s
     prefetch skipped at the last K step behind a branch; ``finish_at_load``: operands widened where
     they are loaded, not as they are stored into the tiles; ``old_prefetch``: both, the template
-    as it was before (``kernels.gemm.PREFETCH_EVERY_STEP``, ``RAW_PREFETCH``)."""
-    original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH
+    as it was before (``kernels.gemm.PREFETCH_EVERY_STEP``, ``RAW_PREFETCH``). ``wide_n`` / ``wide_m``:
+    128 x 256 / 256 x 128 tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``)."""
+    original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     if variant == "unfilled":
         backend.large_tiles_apply = lambda profile: False
+    if variant in ("wide_n", "wide_m"):
+        gemm.choose_tiling = _wide_tiling(variant == "wide_n")
     gemm.PREFETCH_EVERY_STEP = variant not in ("guarded_prefetch", "old_prefetch")
     gemm.RAW_PREFETCH = variant not in ("finish_at_load", "old_prefetch")
     try:
         yield
     finally:
-        backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH = original
+        backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
 
 
 def main() -> None:
