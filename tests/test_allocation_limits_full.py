@@ -82,8 +82,10 @@ def _train_recorded(workload: Workload, target: str, made: dict[str, list[int]],
 
 def _assert_within(step: Any, made: dict[str, list[int]], target: str) -> None:
     """No buffer or image made above the profile's largest allocation; the footprint within its
-    global memory (the limits the step was held to are the profile's: the device's are larger)."""
-    profile = profiles.get_target(target)
+    global memory (the limits the step was held to are the profile's, or the present device's where
+    they are smaller: PoCL reports part of the host's memory, 5.4 GB of 24 GiB on one CI machine,
+    below adreno740's 5.8 GB)."""
+    profile = profiles.profile_for(step._residency.runtime.profile, target)
     limits = step.memory_limits
     assert (limits.max_allocation_bytes, limits.global_memory_bytes) == (profile.max_alloc_bytes,
                                                                          profile.global_mem_bytes)
