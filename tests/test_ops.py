@@ -252,6 +252,26 @@ def test_tiled_gemm_prefetches_16_bit_operands_as_loaded(gemm_template, dtype):
     assert all("#define A_RAW_T float" in src and "#define B_RAW_T float" in src for src, _ in gemm_template.gemms)
 
 
+def test_a_linear_layer_over_a_reshaped_activation_loads_it_without_division(monkeypatch):
+    """GPT-2's linear layers read a [batch, seq, d] activation as [batch * seq, d]: the operand's
+    flat index folds back to ``m * d + k`` (it once divided and took the remainder per element,
+    in every GEMM's operand loads and their gradients'), and the results equal eager's."""
+    from helpers import record_programs
+
+    programs = record_programs(monkeypatch)
+
+    def fn(x, w):
+        h = torch.tanh(x)  # an intermediate, so that the view is over a buffer of the graph
+        return (h.view(4 * 6, 10) @ w).view(4, 6, 7)
+
+    assert_matches_eager(fn, r(4, 6, 10), r(10, 7), options={"compile_cache": False})  # (compiled here, recorded)
+    gemms = [k for prog in programs for k in prog.kernels if k.kind == "gemm"]
+    assert len(gemms) >= 3, [k.name for k in gemms]  # forward, and both gradients
+    for kernel in gemms:
+        operands = kernel.source[kernel.source.index("_load_a)("):kernel.source.index("#define LOAD_A")]
+        assert " / " not in operands and " % " not in operands, (kernel.name, operands)
+
+
 @pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
 def test_both_gemm_templates_for_convolution(gemm_template):
     assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4)
