@@ -91,6 +91,12 @@ def test_gemm_tile_grows_while_every_compute_unit_keeps_a_work_group():
     # 1024^2 in 128 x 128 tiles is 64 work-groups for 132 compute units: 64 x 64 (256 groups) instead.
     assert shape == {512: (64, 64, 4, 4), 1024: (64, 64, 4, 4), 2048: (128, 128, 8, 8), 4096: (128, 128, 8, 8)}
     assert choose_tiling(1024, 1024, 4, h200).tile_m == 128  # a batch of four fills the device
+    # 128 x 128 tiles between one and 1.5 per compute unit leave most units one work-group:
+    # GPT-2's c_attn (144 tiles) and c_fc (192) take 128 x 64, its 50,257-word head (3,144) and
+    # 2048^2 (256: nearly two per unit) keep 128 x 128.
+    for m, n in ((1024, 2304), (1024, 3072)):
+        assert (lambda t: (t.tile_m, t.tile_n, t.tile_k, t.wpt_m, t.wpt_n))(choose_tiling(m, n, 1, h200)) == (128, 64, 8, 8, 4)
+    assert (choose_tiling(1024, 50257, 1, h200).tile_n, choose_tiling(2048, 2048, 1, h200).tile_n) == (128, 128)
     assert choose_tiling(1024, 10, 1, REFERENCE_PROFILE).tile_n == 16
     # A mobile-class GPU (4 compute units) keeps 64 x 64 tiles by default; the tuner may try 128.
     assert (choose_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_m, choose_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_n) == (64, 64)

@@ -88,6 +88,8 @@ def _fit_local_memory(tiling: GemmTiling, profile: DeviceProfile) -> GemmTiling:
 
 #: Devices with at least this many compute units get the 128-wide GEMM tiles by default.
 DESKTOP_COMPUTE_UNITS = 16
+#: 128 x 128 tiles numbering fewer than this many per compute unit become 128 x 64 (:func:`choose_tiling`).
+HALF_FILLED_UNITS = 1.5
 
 
 def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
@@ -97,7 +99,8 @@ def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
 def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
     """Output tile per work-group of a ``batch`` x ``m`` x ``n`` GEMM: on desktop-class GPUs
     128 x 128 (8 x 8 outputs per work-item, K step 8) where the extents allow and the tiles still
-    number at least the device's compute units, then 128 x 64; else 64 where the extent allows,
+    number at least the device's compute units (128 x 64, K step 8, where they number fewer than
+    :data:`HALF_FILLED_UNITS` per unit), then 128 x 64; else 64 where the extent allows,
     down to 16 for thin operands (a 6-channel convolution, a 10-class classifier); 16 work-items
     per direction (8 where the device allows fewer than 256 per group)."""
     threads = _threads_per_direction(profile)
@@ -117,6 +120,14 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
     # work-groups per compute unit (measured on the H200: 2048^2 and 4096^2 SGEMM 1.25x faster
     # than with 16, while 64 x 64 tiles do best with 16).
     tile_k = 8 if tile_m * tile_n >= 128 * 128 else 16
+    if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 \
+            and _groups(m, n, batch, 128, 128) < HALF_FILLED_UNITS * profile.compute_units:
+        # Between one and 1.5 work-groups of 128 x 128 per compute unit, most units run a lone
+        # work-group, at half the rate of two; 128 x 64 tiles, twice as many, did better at every
+        # such shape the tuner was given (H200, benchmarks/results/gemm_shapes_h200.jsonl "tuned":
+        # GPT-2's c_attn forward, 144 tiles, 180 -> 158 us; c_fc forward, 192, 179 -> 160; the MLP
+        # projection's input gradient, 192, 185 -> 152), with the K step of 8.
+        tile_n = 64
     return _fit_local_memory(GemmTiling(tile_m, tile_n, tile_k, tile_m // threads, tile_n // threads), profile)
 
 
