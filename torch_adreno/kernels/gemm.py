@@ -96,11 +96,11 @@ def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
     return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
 
 
-def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
+def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile, sixteen_bit: bool = False) -> GemmTiling:
     """Output tile per work-group of a ``batch`` x ``m`` x ``n`` GEMM: on desktop-class GPUs
     128 x 128 (8 x 8 outputs per work-item, K step 8) where the extents allow and the tiles still
     number at least the device's compute units (128 x 64, K step 8, where they number fewer than
-    :data:`HALF_FILLED_UNITS` per unit), then 128 x 64; else 64 where the extent allows,
+    :data:`HALF_FILLED_UNITS` per unit and no operand is ``sixteen_bit``), then 128 x 64; else 64 where the extent allows,
     down to 16 for thin operands (a 6-channel convolution, a 10-class classifier); 16 work-items
     per direction (8 where the device allows fewer than 256 per group)."""
     threads = _threads_per_direction(profile)
@@ -120,13 +120,15 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
     # work-groups per compute unit (measured on the H200: 2048^2 and 4096^2 SGEMM 1.25x faster
     # than with 16, while 64 x 64 tiles do best with 16).
     tile_k = 8 if tile_m * tile_n >= 128 * 128 else 16
-    if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 \
+    if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 and not sixteen_bit \
             and _groups(m, n, batch, 128, 128) < HALF_FILLED_UNITS * profile.compute_units:
         # Between one and 1.5 work-groups of 128 x 128 per compute unit, most units run a lone
         # work-group, at half the rate of two; 128 x 64 tiles, twice as many, did better at every
         # such shape the tuner was given (H200, benchmarks/results/gemm_shapes_h200.jsonl "tuned":
         # GPT-2's c_attn forward, 144 tiles, 180 -> 158 us; c_fc forward, 192, 179 -> 160; the MLP
-        # projection's input gradient, 192, 185 -> 152), with the K step of 8.
+        # projection's input gradient, 192, 185 -> 152), with the K step of 8. Not with 16-bit
+        # operands: GPT-2's bf16 MLP input gradient went 168 -> 204 us with them (H200,
+        # benchmarks/results/frozen_weights_h200_session29*.jsonl).
         tile_n = 64
     return _fit_local_memory(GemmTiling(tile_m, tile_n, tile_k, tile_m // threads, tile_n // threads), profile)
 
@@ -500,7 +502,8 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
                              launch.global_size, launch.local_size, GEMM_MACROS, arguments,
                              tuple(operand_images.values()))
     else:
-        launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile))
+        sixteen_bit = any(params[ld.buffer].dtype.is_half for ld in [*ir.loads(node.lhs), *ir.loads(node.rhs)])
+        launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile, sixteen_bit))
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}",
                    f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}")
         first = RenderedGemm("gemm", prelude + _template("gemm.cl"), options, launch.global_size,
