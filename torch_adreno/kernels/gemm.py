@@ -457,7 +457,9 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     for operand, side, names, operand_vars in (
             (node.lhs, "A", ("b", "m", "k"), (v["b"], v["m"], v["k"])),
             (node.rhs, "B", ("b", "k", "n"), (v["b"], v["k"], v["n"]))):
-        load = widened_load(operand, params, operand_images) if RAW_PREFETCH else None
+        # (the direct template has no prefetch: its kernels get the pass-through macros only)
+        tiled = use_local_memory_tiles(profile)
+        load = widened_load(operand, params, operand_images) if RAW_PREFETCH and tiled else None
         call_args = ", ".join(names)
         if load is None:
             fetches += [f"#define {side}_RAW_T float", f"#define FETCH_{side}({call_args}) LOAD_{side}({call_args})",
