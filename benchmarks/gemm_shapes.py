@@ -34,6 +34,7 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 import torch_adreno
 import torch_adreno.backend as backend
 from torch_adreno.kernels import gemm
+from torch_adreno.lowering import conv
 
 #: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
 Layer = tuple[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]]
@@ -146,7 +147,8 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
     return {"torch_forward_us": statistics.median(forward[2:]), "torch_backward_us": statistics.median(backward[2:])}
 
 
-VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m")
+VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
+            "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -171,8 +173,15 @@ def _heuristics(variant: str) -> Iterator[None]:
     prefetch skipped at the last K step behind a branch; ``finish_at_load``: operands widened where
     they are loaded, not as they are stored into the tiles; ``old_prefetch``: both, the template
     as it was before (``kernels.gemm.PREFETCH_EVERY_STEP``, ``RAW_PREFETCH``). ``wide_n`` / ``wide_m``:
-    128 x 256 / 256 x 128 tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``)."""
+    128 x 256 / 256 x 128 tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``).
+    ``dense_strided``: a strided convolution's input gradient as one GEMM over every position and
+    tap (``lowering.conv.STRIDED_GRAD_INPUT_BY_PHASE`` off); ``wgrad_tap_major`` / ``wgrad_padded`` /
+    ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
+    conv_knobs = conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS
+    conv.STRIDED_GRAD_INPUT_BY_PHASE = variant != "dense_strided"
+    conv.WEIGHT_GRADIENT_TAP_MAJOR = variant in ("wgrad_tap_major", "wgrad_both")
+    conv.WEIGHT_GRADIENT_PADDED_ROWS = variant in ("wgrad_padded", "wgrad_both")
     if variant == "unfilled":
         backend.large_tiles_apply = lambda profile: False
     if variant in ("wide_n", "wide_m"):
@@ -183,6 +192,7 @@ def _heuristics(variant: str) -> Iterator[None]:
         yield
     finally:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
+        conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 
 
 def main() -> None:

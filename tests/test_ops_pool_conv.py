@@ -4,6 +4,7 @@ gradients on the OpenCL device (PoCL in CI) against eager PyTorch, plus their IR
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -160,13 +161,59 @@ def test_conv_transpose_forward_and_backward_are_implicit_gemms():
     w = torch.randn(4, 3, 3, 3, requires_grad=True)
     fn = lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1)  # noqa: E731
     fw, bw = (lower_graph(gm, Config(), "g") for gm in capture_graphs(fn, x, w))
-    (gemm,) = [n for n in fw.nodes if isinstance(n, ir.Gemm)]
-    # Output 10x10 positions of both images as the columns (the batch folded in: no groups),
-    # summed over the input channels times the kernel taps.
-    assert (gemm.batch, gemm.m, gemm.n, gemm.k) == (1, 3, 2 * 100, 4 * 9)
-    assert fw.buffers[gemm.output].shape == (2, 3, 10, 10)
+    gemms = [n for n in fw.nodes if isinstance(n, ir.Gemm)]
+    # One GEMM per output phase (position modulo the stride): the 5x5 positions of that phase of
+    # both images as the columns (the batch folded in: no groups), summed over the input channels
+    # times the taps that reach the phase (1, 2, 2 and 4 of the 9): no product is a masked zero.
+    assert sorted((g.batch, g.m, g.n, g.k) for g in gemms) == [(1, 3, 50, 4), (1, 3, 50, 8), (1, 3, 50, 8),
+                                                               (1, 3, 50, 16)]
+    assert {fw.buffers[g.output].shape for g in gemms} == {(2, 3, 5, 5)}
     assert sum(isinstance(n, ir.Gemm) for n in bw.nodes) == 2
     assert not any(isinstance(n, ir.HostOp) for n in [*fw.nodes, *bw.nodes])
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,size",
+                         [(3, 2, 1, 1, 56), (3, 2, 1, 1, 7), (1, 2, 0, 1, 8), (3, (2, 1), 1, 1, 9), (2, 3, 0, 1, 10),
+                          (3, 2, 2, 2, 9)])
+def test_strided_input_gradient_does_only_the_products_that_reach_each_position(kernel, stride, padding,
+                                                                                dilation, size):
+    # The input gradient of a strided convolution as one GEMM per input phase: each input position
+    # is summed over only the taps whose window can read it (the dense form over every position and
+    # every tap did about stride**2 times as many products, most of them masked zeros), and phases
+    # no tap reaches get no GEMM at all.
+    x = torch.randn(2, 4, size, size, requires_grad=True)
+    w = torch.randn(6, 4, kernel, kernel, requires_grad=True)
+    fn = lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation)  # noqa: E731
+    fw, bw = (lower_graph(gm, Config(), "g") for gm in capture_graphs(fn, x, w))
+    (forward,) = [n for n in fw.nodes if isinstance(n, ir.Gemm)]
+    gemms = [n for n in bw.nodes if isinstance(n, ir.Gemm)]
+    weight_gradient = [g for g in gemms if bw.buffers[g.output].shape == tuple(w.shape)]
+    input_gradient = [g for g in gemms if g not in weight_gradient]
+    assert len(weight_gradient) == 1 and input_gradient
+    strides = [stride] * 2 if isinstance(stride, int) else list(stride)
+    reaching = math.prod(sum(sum((q + padding - t * dilation) % s == 0 for t in range(kernel)) for q in range(size))
+                         for s in strides)
+    assert sum(g.m * g.n * g.k for g in input_gradient) == 2 * 4 * 6 * reaching
+    assert reaching < size * size * kernel * kernel / math.prod(strides) + 2 * size * kernel
+    assert forward.m * forward.n * forward.k == 2 * 6 * 4 * kernel * kernel * math.prod(
+        (size + 2 * padding - dilation * (kernel - 1) - 1) // s + 1 for s in strides)
+
+
+@device
+@pytest.mark.parametrize("kernel,stride,padding,dilation,size",
+                         [(3, 2, 1, 1, 8), (3, 2, 1, 1, 7), (1, 2, 0, 1, 7), (3, (2, 1), 1, 1, 9), (2, 3, 0, 1, 10),
+                          (3, 2, 2, 2, 9), (4, 3, 1, 1, 11)])
+def test_strided_convolution_gradients_match_eager(kernel, stride, padding, dilation, size):
+    x, w, b = r(2, 3, size, size + 1), r(5, 3, kernel, kernel), r(5)
+    assert_matches_eager(lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation),
+                         x, w, b, atol=1e-4)
+
+
+@device
+def test_strided_convolution_gradients_in_1d_and_3d_match_eager():
+    assert_matches_eager(lambda x, w: F.conv1d(x, w, stride=3, padding=2), r(2, 3, 17), r(4, 3, 5), atol=1e-4)
+    assert_matches_eager(lambda x, w: F.conv3d(x, w, stride=(2, 1, 2), padding=1), r(2, 2, 5, 6, 7),
+                         r(3, 2, 3, 3, 3), atol=1e-4)
 
 
 def test_pooling_lowers_to_window_reductions():

@@ -50,6 +50,9 @@ LARGE_TILE_MIN_SLICE = 64
 LARGE_TILE_GROUPS_PER_UNIT = 2
 #: Slice sums written and read again, at most this fraction of the operand bytes.
 MAX_PARTIAL_TRAFFIC = 0.25
+#: On GPUs with the large tiles, outputs too small for them are split to fill the compute units
+#: whatever the slice sums weigh (:func:`choose_small_output_split`); False: benchmarks only.
+SPLIT_SMALL_OUTPUTS = True
 
 
 def output_tiles(gemm: ir.Gemm) -> int:
@@ -98,6 +101,21 @@ def choose_large_tile_split(gemm: ir.Gemm, compute_units: int) -> int:
     return max(split, 1)
 
 
+def choose_small_output_split(gemm: ir.Gemm, compute_units: int) -> int:
+    """The number of k slices of a GEMM whose output is under one 64 x 64 tile per compute unit and
+    narrower than a 128 x 128 tile (which :func:`choose_large_tile_split` leaves alone): enough that
+    its tiles times the slices give every compute unit two work-groups, slices at least
+    :data:`LARGE_TILE_MIN_SLICE` long. The slice sums may then outweigh the operands: on a GPU of
+    a hundred compute units the few work-groups of such an output each walking k alone are what
+    takes the time (H200: MobileNetV2's 384 x 64 weight gradients over k = 3,136, 6 tiles in 4
+    slices, 102 us for 0.15 GFLOP), and the sums of a few hundred KB per slice stay in the L2
+    cache. 1: no split."""
+    tiles = output_tiles(gemm)
+    if tiles >= compute_units or (gemm.m >= LARGE_TILE and gemm.n >= LARGE_TILE):
+        return 1
+    return max(1, min(LARGE_TILE_GROUPS_PER_UNIT * compute_units // tiles, gemm.k // LARGE_TILE_MIN_SLICE))
+
+
 def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list[Decision],
                      compute_units: int | None = None, large_tile_kernels: bool = False) -> None:
     """Give every GEMM kernel that :func:`choose_split` splits (or, with ``large_tile_kernels``,
@@ -109,12 +127,18 @@ def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list
             continue
         g = spec.gemm
         split = choose_split(g, target_tiles(compute_units))
-        filling = choose_large_tile_split(g, compute_units) if large_tile_kernels and compute_units else 1
+        filling = large = 1
+        if large_tile_kernels and compute_units:
+            large = choose_large_tile_split(g, compute_units)
+            filling = max(large, choose_small_output_split(g, compute_units) if SPLIT_SMALL_OUTPUTS else 1)
         if split == 1 and filling == 1:
             continue
-        reason = (f"{large_tiles(g)} tile(s) of 128x128 would leave {compute_units} compute units without their "
-                  f"two work-groups" if filling > split else
-                  f"{output_tiles(g)} output tile(s) of 64x64 would leave most of {compute_units or 'the'} compute units idle")
+        reason = (f"{output_tiles(g)} output tile(s) of 64x64 would leave most of {compute_units or 'the'} compute units "
+                  f"idle" if filling <= split else
+                  f"{large_tiles(g)} tile(s) of 128x128 would leave {compute_units} compute units without their "
+                  f"two work-groups" if filling == large else
+                  f"{output_tiles(g)} output tile(s) of 64x64 would leave {compute_units} compute units without their "
+                  f"two work-groups")
         split = max(split, filling)
         rows = g.batch * g.m if spec.row_sum is not None else 0
         name = f"{g.name}_slices"
