@@ -148,7 +148,7 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 
 
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
-            "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "unit_stride_walk")
+            "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -176,12 +176,8 @@ def _heuristics(variant: str) -> Iterator[None]:
     128 x 256 / 256 x 128 tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``).
     ``dense_strided``: a strided convolution's input gradient as one GEMM over every position and
     tap (``lowering.conv.STRIDED_GRAD_INPUT_BY_PHASE`` off); ``wgrad_tap_major`` / ``wgrad_padded`` /
-    ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two
-    (measured slower: kept off). ``unit_stride_walk``: tile loads walk the unit-stride direction
-    only, no coalescing probe (``kernels.gemm.COALESCING_PROBE`` off)."""
+    ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
-    probe = gemm.COALESCING_PROBE
-    gemm.COALESCING_PROBE = variant != "unit_stride_walk"
     conv_knobs = conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS
     conv.STRIDED_GRAD_INPUT_BY_PHASE = variant != "dense_strided"
     conv.WEIGHT_GRADIENT_TAP_MAJOR = variant in ("wgrad_tap_major", "wgrad_both")
@@ -197,7 +193,6 @@ def _heuristics(variant: str) -> Iterator[None]:
     finally:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
         conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
-        gemm.COALESCING_PROBE = probe
 
 
 def main() -> None:

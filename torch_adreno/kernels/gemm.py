@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-
-import numpy as np
 
 from torch_adreno import ir
 from torch_adreno.fusion import GemmKernel
@@ -211,91 +208,6 @@ def _unit_stride(expr: ir.Expr, var: ir.Expr, params: dict[str, Param], writer: 
     flat = writer.flat_index(loaded[0].buffer, loaded[0].index)
     _, terms = ir.linear_terms(flat)
     return terms.get(var) == 1
-
-
-#: Work-items of one warp / wavefront whose loads the memory system serves together, and the bytes
-#: of one memory transaction (a sector): what :func:`_sectors_per_warp` counts.
-WARP = 32
-SECTOR_BYTES = 32
-#: Operands' tile loads walk the direction whose warps touch fewer sectors (False: the unit-stride
-#: rule alone; benchmarks only).
-COALESCING_PROBE = True
-_INTEGER_OPS: dict[str, Callable[..., np.ndarray]] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide, "mod": np.mod,
-    "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
-    "ne": np.not_equal, "logical_and": np.logical_and, "logical_or": np.logical_or, "min": np.minimum,
-    "max": np.maximum, "where": np.where,
-}
-
-
-def _evaluate_index(expr: ir.Expr, values: dict[ir.Var, np.ndarray]) -> np.ndarray | None:
-    """``expr`` (an index expression of ``values``' variables) at every point of ``values``; None
-    where it holds anything else (a load, an op without an integer meaning here)."""
-    memo: dict[ir.Expr, np.ndarray | None] = {}
-
-    def go(e: ir.Expr) -> np.ndarray | None:
-        if e in memo:
-            return memo[e]
-        out: np.ndarray | None = None
-        if isinstance(e, ir.Var):
-            out = values.get(e)
-        elif isinstance(e, ir.Const) and not e.dtype.is_float:
-            out = np.asarray(int(e.value), dtype=np.int64)
-        elif isinstance(e, ir.Call) and e.op in _INTEGER_OPS:
-            args = [go(a) for a in e.args]
-            if all(a is not None for a in args):
-                out = _INTEGER_OPS[e.op](*args)
-        memo[e] = out
-        return out
-
-    return go(expr)
-
-
-def _sectors_per_warp(expr: ir.Expr, var: ir.Expr, params: dict[str, Param], writer: CodeWriter,
-                      samples: int = 16) -> float | None:
-    """Mean number of memory sectors one warp's loads of ``expr``'s first load touch when its
-    work-items take consecutive values of ``var`` (the other variables at seeded random points);
-    None where the index cannot be evaluated. Masked-out elements count as touching nothing."""
-    loaded = ir.loads(expr)
-    if not isinstance(var, ir.Var) or not loaded or var.size < 2:
-        return None
-    load = loaded[0]
-    flat = writer.flat_index(load.buffer, load.index)
-    variables = sorted({v for v in ir.walk(flat) if isinstance(v, ir.Var)} | {var}, key=lambda v: v.name)
-    rng = np.random.default_rng(0)
-    lanes = np.arange(WARP)
-    values = {}
-    for v in variables:
-        if v == var:
-            start = rng.integers(0, max(1, v.size - WARP), samples)
-            values[v] = np.minimum(start[:, None] + lanes[None, :], v.size - 1)
-        else:
-            values[v] = np.broadcast_to(rng.integers(0, v.size, samples)[:, None], (samples, WARP))
-    addresses = _evaluate_index(flat, values)
-    if addresses is None:
-        return None
-    addresses = np.broadcast_to(addresses, (samples, WARP))
-    sector = addresses * params[load.buffer].dtype.itemsize // SECTOR_BYTES
-    return float(np.mean([len(set(row.tolist())) for row in sector]))
-
-
-def _walks_along(expr: ir.Expr, along: ir.Expr, across: ir.Expr, params: dict[str, Param],
-                 writer: CodeWriter) -> bool:
-    """Whether an operand's tile loads should walk ``along`` (its work-items on consecutive values
-    of it) rather than ``across``: where either is a unit stride of the operand's first load, the
-    unit stride; otherwise the direction whose warps touch fewer memory sectors (an im2col gather
-    is unit-stride in neither: a convolution's weight-gradient input moves by one along the output
-    positions of a row but only three taps at a time along its columns), ``along`` on a tie."""
-    if _unit_stride(expr, along, params, writer):
-        return True
-    if _unit_stride(expr, across, params, writer):
-        return False
-    if COALESCING_PROBE:
-        sectors_along = _sectors_per_warp(expr, along, params, writer)
-        sectors_across = _sectors_per_warp(expr, across, params, writer)
-        if sectors_along is not None and sectors_across is not None:
-            return sectors_along <= sectors_across
-    return True
 
 
 def image_width(shape: tuple[int, ...], profile: DeviceProfile) -> int | None:
@@ -518,8 +430,8 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     split = spec.split_k
     operand_images = image_operands(node, params, profile) if images else {}
     probe = CodeWriter(params)
-    a_k_fastest = _walks_along(node.lhs, v["k"], v["m"], params, probe)
-    b_n_fastest = _walks_along(node.rhs, v["n"], v["k"], params, probe)
+    a_k_fastest = _unit_stride(node.lhs, v["k"], params, probe) or not _unit_stride(node.lhs, v["m"], params, probe)
+    b_n_fastest = _unit_stride(node.rhs, v["n"], params, probe) or not _unit_stride(node.rhs, v["k"], params, probe)
     arg_names = ", ".join(p.c_name for p in params.values())
     index_t = index_ctype_for(params, node.batch * node.m * node.k, node.batch * node.k * node.n,
                               split * node.batch * (node.m * node.n + node.m))
