@@ -286,10 +286,18 @@ def ours(work: Workload, base: nn.Module, device: str | int | None, steps: int, 
     options = {"device": device} if device is not None else {}
     train = torch_adreno.TrainingStep(model, work.loss, opt, options=options)
 
+    phases: dict[str, list[float]] = {"guard": [], "batch": [], "enqueue": [], "after": []}
+
     def step() -> float:
-        return float(train(x, y))
+        loss = float(train(x, y))
+        if train.replay is not None and train.replayed_steps:
+            for phase, values in phases.items():
+                values.append(train.replay.last_phases.get(phase, 0.0))
+        return loss
 
     row = _timed(step, warmup, steps, lambda: None)
+    # The host's own work of each replayed step, by phase (the device idles through guard + batch).
+    row["replay_host_phases_ms"] = {phase: statistics.median(values) * 1e3 for phase, values in phases.items() if values}
     row["compile_s"] = sum(row["warmup_call_s"][:2])  # the calls before the first replay
     row.update(label=LABELS["ours"], options={k: str(v) for k, v in options.items()},
                replayed_steps=train.replayed_steps, timed_steps_replayed=train.replayed_steps >= warmup - 2 + steps,

@@ -476,6 +476,58 @@ def test_staged_batch_upload_is_bit_identical(monkeypatch, dropout) -> None:
     _assert_bit_identical(full, staged)
 
 
+def _counting_copies(monkeypatch) -> list[int]:
+    """Stage every staged batch ahead of its guard (no size threshold) on a pool that records the
+    bytes of each copy it is given."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch_adreno.training.replay import batch as batch_module
+
+    copies: list[int] = []
+    pool = ThreadPoolExecutor(2)
+
+    class Counting:
+        def submit(self, fn, target, source):
+            copies.append(source.size)
+            return pool.submit(fn, target, source)
+
+    monkeypatch.setattr(batch_module, "PRESTAGE_BYTES", 0)
+    monkeypatch.setattr(batch_module, "_copy_pool", lambda: Counting())
+    return copies
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-seeds", "dropout-seeds"])
+def test_a_staged_batch_is_copied_while_the_guard_runs_and_stays_bit_identical(monkeypatch, dropout) -> None:
+    from torch_adreno.training.replay import step as replay_module
+
+    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    copies = _counting_copies(monkeypatch)
+    batches = _batches(8)
+    opt = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
+    full = _train(lambda: _mlp(dropout), opt, batches, replay=False, options=COPY, seed=3)
+    staged = _train(lambda: _mlp(dropout), opt, batches, replay=True, options=COPY, seed=3)
+    assert staged[3].replayed_steps == 6
+    # Each replayed step's two batch tensors, each copied in COPY_THREADS pieces by the workers.
+    x_bytes, y_bytes = batches[0][0].numel() * 4, batches[0][1].numel() * 8
+    assert sorted(set(copies)) == sorted({x_bytes // 2, y_bytes // 2}) and len(copies) == 6 * 4
+    _assert_bit_identical(full, staged)
+
+
+def test_a_prestaged_batch_whose_guard_fails_runs_the_full_step(monkeypatch) -> None:
+    from torch_adreno.training.replay import step as replay_module
+
+    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    copies = _counting_copies(monkeypatch)
+    run = _Lockstep(COPY)
+    assert run.run(4).replayed_steps == 2
+    for opt in (run.opt, run.reference_opt):
+        opt.param_groups[0]["lr"] = 0.02
+    prof = run.run(4)
+    _assert_guard_fell_back(prof, "hyperparameter 'lr' of group 0 changed")
+    assert prof.replayed_steps == 3 and len(copies) == (2 + 1 + 3) * 4  # the failed guard's batch was staged too
+    run.check_parameters()
+
+
 @pytest.mark.parametrize("options", MODES)
 def test_fresh_batch_tensors_every_step_with_dropout_and_two_steps(options) -> None:
     """Each step gets new batch tensors (the allocator hands their addresses out again), random

@@ -293,6 +293,15 @@ class ReplayedStep:
         """Pinned staging buffers the replay mapped (staged batch mode: one for batch and seeds)."""
         return self._batch.staging_buffers
 
+    def prestage(self, batch: tuple[Any, ...]) -> None:
+        """Start copying a large staged ``batch`` into place while the caller checks the guard;
+        the next call runs on it, or :meth:`settle` waits for the copies (see ``BatchInput``)."""
+        self._batch.prestage(batch)
+
+    def settle(self) -> None:
+        """Wait for a prestaged batch's copies (a replay whose guard failed, before it is dropped)."""
+        self._batch.settle()
+
     @property
     def staged_seeds(self) -> int:
         """Seeds sent in the staged write with the batch (not staged: 0)."""
