@@ -88,15 +88,15 @@ class Replays:
         if entry is None:
             return None, None
         replay, guard = entry
-        replay.prestage(batch)  # a large batch is copied into place while the guard runs
+        replay.batch_input.prestage(batch)  # a large batch is copied into place while the guard runs
         # The guard holds what check_can_step checks (the batch needs no grad, no gradient hooks).
         try:
             reason = guard(batch)
         except BaseException:
-            replay.settle()
+            replay.batch_input.settle()
             raise
         if reason is not None:
-            replay.settle()
+            replay.batch_input.settle()
             del self._replays[signature]
             _log.info("TrainingStep: not replayed because %s; running the compiled graphs and capturing again", reason)
             return None, reason

@@ -147,9 +147,10 @@ class ReplayedStep:
                                     options.arena_kernels and not residency.zero_copy and not images, heap_group)
         self._arena = self._buffers.arenas[0]
         bindings = self._batch_bindings(recorder)
-        # (The seeds and the copied batch are in one of the arena's buffers, one write's bytes.)
-        self._batch = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()),
-                                 self._buffers.arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
+        # (The seeds and the copied batch are in one of the arena's buffers, one write's bytes;
+        # replays.valid_for prestages a large batch through it while the guard is checked.)
+        self.batch_input = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()),
+                                      self._buffers.arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
         # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
@@ -291,21 +292,12 @@ class ReplayedStep:
     @property
     def staging_buffers(self) -> int:
         """Pinned staging buffers the replay mapped (staged batch mode: one for batch and seeds)."""
-        return self._batch.staging_buffers
-
-    def prestage(self, batch: tuple[Any, ...]) -> None:
-        """Start copying a large staged ``batch`` into place while the caller checks the guard;
-        the next call runs on it, or :meth:`settle` waits for the copies (see ``BatchInput``)."""
-        self._batch.prestage(batch)
-
-    def settle(self) -> None:
-        """Wait for a prestaged batch's copies (a replay whose guard failed, before it is dropped)."""
-        self._batch.settle()
+        return self.batch_input.staging_buffers
 
     @property
     def staged_seeds(self) -> int:
         """Seeds sent in the staged write with the batch (not staged: 0)."""
-        return self._batch.staged_seeds
+        return self.batch_input.staged_seeds
 
     def _enqueue_all(self, profiled: bool) -> None:
         if not profiled:
@@ -331,8 +323,8 @@ class ReplayedStep:
             # (The residency's own copies are waited for where they are made.)
             self.runtime.queue.finish()
             self._graph_calls_seen = self.runtime.graph_calls
-        self._batch.bind(batch, queue, keep)
-        self._batch.upload_seeds(queue, keep)
+        self.batch_input.bind(batch, queue, keep)
+        self.batch_input.upload_seeds(queue, keep)
         enqueue_start = time.perf_counter()
         self._enqueue_all(profiled)
         index_errors = self.runtime.index_errors
