@@ -147,8 +147,7 @@ class ReplayedStep:
                                     options.arena_kernels and not residency.zero_copy and not images, heap_group)
         self._arena = self._buffers.arenas[0]
         bindings = self._batch_bindings(recorder)
-        # (The seeds and the copied batch are in one of the arena's buffers, one write's bytes;
-        # replays.valid_for prestages a large batch through it while the guard is checked.)
+        # Seeds and batch share one arena buffer and one write; valid_for prestages through it.
         self.batch_input = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()),
                                       self._buffers.arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
         # A kernel argument holds no reference to its buffer: the residency may drop its entry for
