@@ -148,7 +148,8 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 
 
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
-            "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both")
+            "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
+            "items_8x8_k_as_index")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -157,11 +158,25 @@ def _wide_tiling(wide_n: bool) -> Any:
     units; the heuristic's choice elsewhere."""
     heuristic = gemm.choose_tiling
 
-    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
         tile_m, tile_n = (128, 256) if wide_n else (256, 128)
         if m >= tile_m and n >= tile_n and math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch >= profile.compute_units:
             return gemm.GemmTiling(tile_m, tile_n, 8, tile_m // 16, tile_n // 16)
         return heuristic(m, n, batch, profile)
+
+    return choose
+
+
+def _items_8x8_tiling() -> Any:
+    """``choose_tiling`` with 8 x 8 outputs per work-item wherever the heuristic's tile is 64 x 128
+    or 128 x 64 with fewer (128 work-items in place of 256)."""
+    heuristic = gemm.choose_tiling
+
+    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
+        tiling = heuristic(m, n, batch, profile, sixteen_bit)
+        if {tiling.tile_m, tiling.tile_n} == {64, 128} and (tiling.wpt_m, tiling.wpt_n) != (8, 8):
+            return gemm.GemmTiling(tiling.tile_m, tiling.tile_n, tiling.tile_k, 8, 8)
+        return tiling
 
     return choose
 
@@ -176,8 +191,14 @@ def _heuristics(variant: str) -> Iterator[None]:
     128 x 256 / 256 x 128 tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``).
     ``dense_strided``: a strided convolution's input gradient as one GEMM over every position and
     tap (``lowering.conv.STRIDED_GRAD_INPUT_BY_PHASE`` off); ``wgrad_tap_major`` / ``wgrad_padded`` /
-    ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two."""
+    ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two.
+    ``k_as_index``: the operand helpers take k itself, not (K step, offset) (``gemm.K_STEP_INDEX``
+    off); ``items_8x8``: 8 x 8 outputs per work-item in 64 x 128 tiles (``_items_8x8_tiling``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
+    k_step_index = gemm.K_STEP_INDEX
+    gemm.K_STEP_INDEX = "k_as_index" not in variant
+    if variant.startswith("items_8x8"):
+        gemm.choose_tiling = _items_8x8_tiling()
     conv_knobs = conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS
     conv.STRIDED_GRAD_INPUT_BY_PHASE = variant != "dense_strided"
     conv.WEIGHT_GRADIENT_TAP_MAJOR = variant in ("wgrad_tap_major", "wgrad_both")
@@ -192,6 +213,7 @@ def _heuristics(variant: str) -> Iterator[None]:
         yield
     finally:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
+        gemm.K_STEP_INDEX = k_step_index
         conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 
 

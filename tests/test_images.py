@@ -26,7 +26,7 @@ import torch_adreno
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
 from torch_adreno.kernels import ImageOperand, KernelSource
-from torch_adreno.kernels.gemm import image_width
+from torch_adreno.kernels.gemm_operands import image_width
 from torch_adreno.models import MODELS
 from torch_adreno.runtime import get_runtime
 from torch_adreno.runtime.images import ImageViews, image_views, images_enabled

@@ -257,8 +257,9 @@ def launch_candidates(kernel: KernelSource, profile: DeviceProfile) -> list[Kern
     defines = _defines(kernel.build_options)
     launches: list[Launch]
     if kernel.kind == "gemm":
+        granule = int(defines.get("K_GRANULE", "1"))
         launches = gemm_candidates(int(defines["SIZE_M"]), int(defines["SIZE_N"]), kernel.global_size[2],
-                                   "TILE_M" in defines, profile)
+                                   "TILE_M" in defines, profile, int(defines["TILE_K"]) if granule > 1 else None)
     elif kernel.kind == "attention":
         launches = []  # (one geometry: its blocks follow from the head dimension and local memory)
     elif GROUP_SIZE in defines:

@@ -7,13 +7,16 @@
 // STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
 // that direction), PREFETCH_EVERY_STEP (1: the prefetch of the next K step is not skipped at the
-// last one).
+// last one), K_GRANULE (1 or TILE_K: the operands' K index is passed as a K step and an offset
+// in it, kt * K_GRANULE + kk, so that what an index map computes from the step alone, such as an
+// im2col gather's kernel tap, is computed once per step for the whole work-group and not per element).
 //
 // The code writer prepends what is specific to one use: INDEX_T, KERNEL_NAME, KERNEL_PARAMS,
 // KERNEL_LOCALS (written from the kernel's parameter records), and the operand and epilogue
-// functions load_a(b, m, k, ...), load_b(b, k, n, ...), store_c(b, m, n, value, ...) (named
-// after the kernel's symbol through KERNEL_HELPER) behind the macros LOAD_A, LOAD_B and STORE_C,
-// and the prefetch's A_RAW_T / FETCH_A / FINISH_A (and B's): the fetched element and its operand value.
+// functions load_a(b, m, kt, kk, ...), load_b(b, kt, kk, n, ...), store_c(b, m, n, value, ...)
+// (named after the kernel's symbol through KERNEL_HELPER) behind the macros LOAD_A, LOAD_B and
+// STORE_C, and the prefetch's A_RAW_T / FETCH_A / FINISH_A (and B's): the fetched element and its
+// operand value.
 // Operands are arbitrary index maps (transposes, im2col gathers with padding); the tiles in local
 // memory make each of them read once per work-group.
 //
@@ -28,6 +31,13 @@
 // the tiles are padded by 4 floats: keeps float4 alignment and spreads the stores of a
 // k-fastest operand over the memory banks.
 
+#if K_GRANULE == 1
+#define K_STEP(k) (k)
+#elif K_GRANULE == TILE_K
+#define K_STEP(k) ((k) / TILE_K)
+#else
+#error "K_GRANULE must be 1 or TILE_K"
+#endif
 #define THREADS_M (TILE_M / WPT_M)
 #define THREADS_N (TILE_N / WPT_N)
 #define THREADS (THREADS_M * THREADS_N)
@@ -107,12 +117,12 @@ void KERNEL_NAME(KERNEL_PARAMS)
     for (int i = 0; i < LOADS_A; ++i) {
         const int e = tid + i * THREADS;
         const INDEX_T m = m0 + A_MM(e), k = A_KK(e);
-        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, k) : (A_RAW_T)0;
+        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, 0, A_KK(e)) : (A_RAW_T)0;
     }
     for (int i = 0; i < LOADS_B; ++i) {
         const int e = tid + i * THREADS;
         const INDEX_T n = n0 + B_NN(e), k = B_KK(e);
-        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, k, n) : (B_RAW_T)0;
+        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, 0, B_KK(e), n) : (B_RAW_T)0;
     }
 
     for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
@@ -136,12 +146,12 @@ void KERNEL_NAME(KERNEL_PARAMS)
             for (int i = 0; i < LOADS_A; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T m = m0 + A_MM(e), k = k1 + A_KK(e);
-                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, k) : (A_RAW_T)0;
+                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, K_STEP(k1), A_KK(e)) : (A_RAW_T)0;
             }
             for (int i = 0; i < LOADS_B; ++i) {
                 const int e = tid + i * THREADS;
                 const INDEX_T n = n0 + B_NN(e), k = k1 + B_KK(e);
-                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, k, n) : (B_RAW_T)0;
+                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, K_STEP(k1), B_KK(e), n) : (B_RAW_T)0;
             }
         }
 
@@ -186,6 +196,7 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #endif
 }
 
+#undef K_STEP
 #undef THREADS_M
 #undef THREADS_N
 #undef THREADS

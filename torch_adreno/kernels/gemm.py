@@ -9,8 +9,15 @@ from importlib import resources
 
 from torch_adreno import ir
 from torch_adreno.fusion import GemmKernel
+from torch_adreno.kernels.gemm_operands import (
+    KSteps,
+    image_operands,
+    image_records,
+    operand_prelude,
+    unit_stride,
+)
 from torch_adreno.kernels.generated import index_ctype_for, write_stores
-from torch_adreno.kernels.params import KernelParam, image_record
+from torch_adreno.kernels.params import KernelParam
 from torch_adreno.kernels.program import HELPER_NAMING, HELPER_NAMING_MACROS, ImageOperand, helper_name
 from torch_adreno.kernels.workgroup import (
     MAX_CANDIDATE_GROUP,
@@ -70,6 +77,9 @@ PREFETCH_EVERY_STEP = True
 #: loaded and finished as they are stored into the tiles (``gemm.cl``'s ``FETCH``/``FINISH``);
 #: False finishes them at the load, as before (kept to measure).
 RAW_PREFETCH = True
+#: ``gemm.cl``'s operand helpers take the K index as (K step, offset in it) (:class:`KSteps`, the
+#: granule the tiling's K step); False passes k itself (kept to measure the two).
+K_STEP_INDEX = True
 
 
 def _tile_for(extent: int) -> int:
@@ -198,171 +208,6 @@ def large_tiles_apply(profile: DeviceProfile) -> bool:
     return use_local_memory_tiles(profile) and profile.compute_units >= DESKTOP_COMPUTE_UNITS
 
 
-def _unit_stride(expr: ir.Expr, var: ir.Expr, params: dict[str, Param], writer: CodeWriter) -> bool:
-    """Whether the first load of ``expr`` moves by one element when ``var`` grows by one."""
-    if not isinstance(var, ir.Var):
-        return False
-    loaded = ir.loads(expr)
-    if not loaded:
-        return False
-    flat = writer.flat_index(loaded[0].buffer, loaded[0].index)
-    _, terms = ir.linear_terms(flat)
-    return terms.get(var) == 1
-
-
-def image_width(shape: tuple[int, ...], profile: DeviceProfile) -> int | None:
-    """Texels per row of the RGBA float image a buffer of ``shape`` is read through (see
-    :class:`ImageOperand`), or None where none fits the device's image limits.
-
-    Rows of the tensor first (the last dimension, then the last two, ...: neighbouring texels in 2D
-    are then neighbouring elements of the tensor, what a texture cache's 2D blocks are for), then any
-    width that divides the buffer into whole rows. With ``cl_khr_image2d_from_buffer`` a width
-    whose row pitch meets the device's pitch alignment comes first (the one nearest the tensor's
-    row, for 2D locality), so that the image can share the buffer's memory instead of being a copy
-    kept in step with it.
-    """
-    numel = math.prod(shape)
-    if numel == 0 or numel % 4:
-        return None
-    texels = numel // 4
-    rows: list[int] = []
-    extent = 1
-    for size in reversed(shape):
-        extent *= size
-        if extent % 4 == 0:
-            rows.append(extent // 4)
-    divisors = [d for d in range(1, math.isqrt(texels) + 1) if texels % d == 0]
-    divisors = sorted({*divisors, *(texels // d for d in divisors)}, reverse=True)
-    fitting = [w for w in dict.fromkeys([*rows, *divisors])
-               if w <= profile.image2d_max_width and texels // w <= profile.image2d_max_height]
-    align = max(profile.image_pitch_alignment, 1) if profile.image_from_buffer else 1
-    if not fitting:
-        return None
-    aligned = [w for w in fitting if w % align == 0]
-    if not aligned:
-        return fitting[0]
-    return min(aligned, key=lambda w: (abs(math.log(w / fitting[0])), -w))
-
-
-#: Element types a buffer read through an image may have, with the image's channel type: the
-#: kernels read every one with ``LOAD_IMAGE_FLOAT`` (``read_imagef`` widens half channels).
-IMAGE_CHANNEL_TYPES: dict[ir.DType, str] = {ir.DType.F32: "float32"}
-
-
-def image_operands(node: ir.Gemm, params: dict[str, Param], profile: DeviceProfile) -> dict[str, ImageOperand]:
-    """The buffers the GEMM's operands load that can be read through images: of a type in
-    :data:`IMAGE_CHANNEL_TYPES`, only read by the kernel and sharing no bytes with a buffer it
-    writes (an image read of memory the same launch writes is undefined), with an image shape
-    within the device's limits."""
-    chosen: dict[str, ImageOperand] = {}
-    for load in [*ir.loads(node.lhs), *ir.loads(node.rhs)]:
-        param = params[load.buffer]
-        channel_type = IMAGE_CHANNEL_TYPES.get(param.dtype)
-        if load.buffer in chosen or param.written or param.aliased or channel_type is None:
-            continue
-        width = image_width(param.shape, profile)
-        if width is not None:
-            chosen[load.buffer] = ImageOperand(load.buffer, width, math.prod(param.shape) // 4 // width, channel_type)
-    return chosen
-
-
-def image_c_name(param: Param) -> str:
-    return f"{param.c_name}_image"
-
-
-def image_records(images: dict[str, ImageOperand], params: dict[str, Param]) -> tuple[KernelParam, ...]:
-    """The image arguments of the operands in ``images``, in order (after the buffers)."""
-    return tuple(image_record(name, image_c_name(params[name]), params[name].dtype) for name in images)
-
-
-class _ImageOperandWriter(CodeWriter):
-    """The code writer, with loads of the image operands rendered as image reads."""
-
-    def __init__(self, params: dict[str, Param], images: dict[str, ImageOperand], var_names: dict[ir.Var, str],
-                 prefix: str) -> None:
-        super().__init__(params, var_names, prefix=prefix)
-        self.images = images
-
-    def _render(self, expr: ir.Expr, guarded: bool) -> str:
-        if isinstance(expr, ir.Load) and expr.buffer in self.images:
-            offset = self.expr(self.flat_index(expr.buffer, expr.index), guarded)
-            image = self.images[expr.buffer]
-            return f"LOAD_IMAGE_FLOAT({image_c_name(self.params[expr.buffer])}, {offset}, {image.width})"
-        return super()._render(expr, guarded)
-
-
-def widened_load(expr: ir.Expr, params: dict[str, Param], images: dict[str, ImageOperand]) -> ir.Load | None:
-    """The load of a GEMM operand that is that one element's value cast between float types (a
-    16-bit weight widened, an activation rounded to autocast's type): the template holds such an
-    operand in registers as loaded and finishes it into a float later (``gemm.cl``). None for any
-    other operand, and for a bare float32 load (nothing to finish). Zero finishes to zero, what
-    the template's out-of-range elements are."""
-    casts = 0
-    while isinstance(expr, ir.Call) and expr.op == "cast" and expr.dtype.is_float and expr.args[0].dtype.is_float:
-        expr, casts = expr.args[0], casts + 1
-    if not isinstance(expr, ir.Load) or expr.buffer in images or not expr.dtype.is_float:
-        return None
-    dtype = params[expr.buffer].dtype
-    return expr if dtype.is_half or casts else None
-
-
-#: The C type a widened load's raw element is held in, by buffer type.
-_RAW_CTYPE = {ir.DType.F32: "float", ir.DType.BF16: "ushort", ir.DType.F16: "ushort"}
-#: A raw element ``raw`` as a float, by buffer type.
-_RAW_VALUE = {ir.DType.F32: "raw", ir.DType.BF16: "adreno_bf16_load(raw)",
-              ir.DType.F16: "vload_half(0, (__private const half *)&raw)"}
-
-
-class _RawFinishWriter(CodeWriter):
-    """The code writer, with the widened load rendered as the raw register ``raw`` converted."""
-
-    def __init__(self, params: dict[str, Param], load: ir.Load, var_names: dict[ir.Var, str]) -> None:
-        # (the index variables are in scope for the writer's bookkeeping only: the one load that
-        # uses them is rendered as ``raw``)
-        super().__init__(params, var_names, prefix="finish_t")
-        self.raw_load = load
-
-    def expr(self, expr: ir.Expr, guarded: bool = False) -> str:
-        if expr == self.raw_load:
-            return _RAW_VALUE[self.params[self.raw_load.buffer].dtype]
-        return super().expr(expr, guarded)
-
-
-def _raw_fetch_functions(suffix: str, expr: ir.Expr, load: ir.Load, names: tuple[str, str, str],
-                         vars_: tuple[ir.Expr, ...], params: dict[str, Param]) -> tuple[str, str]:
-    """The helpers ``<symbol>_fetch<suffix>`` (the raw element) and ``<symbol>_finish<suffix>`` (it as the operand's float)."""
-    param = params[load.buffer]
-    raw_t = _RAW_CTYPE[param.dtype]
-    var_names = {v: n for v, n in zip(vars_, names, strict=True) if isinstance(v, ir.Var)}
-    writer = CodeWriter(params, var_names, prefix=f"fetch{suffix}_t")
-    offset = writer.expr(writer.flat_index(load.buffer, load.index))
-    body = writer.close_scope()
-    pointer = param.c_name if param.dtype is not ir.DType.F16 else f"((__global const ushort *){param.c_name})"
-    args = ", ".join(f"const INDEX_T {n}" for n in names)
-    decls = ", ".join(r.declaration() for r in records(params))
-    fetch = "\n".join([f"inline {raw_t} {helper_name('_fetch' + suffix)}({args}, {decls}) {{",
-                        *("    " + ln for ln in body), f"    return {pointer}[{offset}];", "}"])
-    finisher = _RawFinishWriter(params, load, var_names)
-    value = finisher.expr(expr)
-    finish = "\n".join([f"inline float {helper_name('_finish' + suffix)}(const {raw_t} raw) {{",
-                         *("    " + ln for ln in finisher.close_scope()), f"    return {value};", "}"])
-    return fetch, finish
-
-
-def _operand_function(suffix: str, expr: ir.Expr, names: tuple[str, str, str], vars_: tuple[ir.Expr, ...],
-                      params: dict[str, Param], images: dict[str, ImageOperand]) -> str:
-    """The helper ``<symbol><suffix>`` computing one operand element (``_load_a``, ``_load_b``)."""
-    var_names = {v: n for v, n in zip(vars_, names, strict=True) if isinstance(v, ir.Var)}
-    # (temporaries are the function's own: named after the helper's role, not the kernel)
-    writer = _ImageOperandWriter(params, images, var_names, prefix=f"{suffix.strip('_')}_t")
-    value = writer.expr(expr)
-    body = writer.close_scope()
-    args = ", ".join(f"const INDEX_T {n}" for n in names)
-    decls = ", ".join(r.declaration() for r in (*records(params), *image_records(images, params)))
-    return "\n".join([f"inline float {helper_name(suffix)}({args}, {decls}) {{", *("    " + ln for ln in body),
-                      f"    return {value};", "}"])
-
-
 def _store_function(suffix: str, spec: GemmKernel, params: dict[str, Param]) -> str:
     """The epilogue: every store of the kernel, for one (b, m, n) with its accumulated ``value``."""
     v = spec.gemm.vars()
@@ -430,20 +275,24 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     split = spec.split_k
     operand_images = image_operands(node, params, profile) if images else {}
     probe = CodeWriter(params)
-    a_k_fastest = _unit_stride(node.lhs, v["k"], params, probe) or not _unit_stride(node.lhs, v["m"], params, probe)
-    b_n_fastest = _unit_stride(node.rhs, v["n"], params, probe) or not _unit_stride(node.rhs, v["k"], params, probe)
+    a_k_fastest = unit_stride(node.lhs, v["k"], params, probe) or not unit_stride(node.lhs, v["m"], params, probe)
+    b_n_fastest = unit_stride(node.rhs, v["n"], params, probe) or not unit_stride(node.rhs, v["k"], params, probe)
     arg_names = ", ".join(p.c_name for p in params.values())
     index_t = index_ctype_for(params, node.batch * node.m * node.k, node.batch * node.k * node.n,
                               split * node.batch * (node.m * node.n + node.m))
     common = [f"#define INDEX_T {index_t}", *HELPER_NAMING]
-    operands = [
-        _operand_function("_load_a", node.lhs, ("b", "m", "k"), (v["b"], v["m"], v["k"]), params, operand_images),
-        _operand_function("_load_b", node.rhs, ("b", "k", "n"), (v["b"], v["k"], v["n"]), params, operand_images),
-    ]
+    batch = node.batch * split
+    tiled = use_local_memory_tiles(profile)
+    sixteen_bit = any(params[ld.buffer].dtype.is_half for ld in [*ir.loads(node.lhs), *ir.loads(node.rhs)])
+    tiling = choose_tiling(node.m, node.n, batch, profile, sixteen_bit) if tiled else None
+    granule = tiling.tile_k if tiling is not None and K_STEP_INDEX else 1
+    steps = KSteps(granule, v["k"], node.k)
+    # (slices of whole K steps: a slice's helpers take its first step plus the template's; the
+    # helpers return zero past K)
+    slice_k = round_up(math.ceil(node.k / split), granule) if split > 1 else node.k
+    operands = operand_prelude(node, params, operand_images, steps, tiled, RAW_PREFETCH, split, slice_k)
     if operand_images:
         operands.insert(0, _template("gemm_image.cl"))
-    operand_args = ", ".join([arg_names, *(image_c_name(params[b]) for b in operand_images)])
-    load_a, load_b = helper_name("_load_a"), helper_name("_load_b")
     store_c, store_row = helper_name("_store_c"), helper_name("_store_row")
     epilogue = [
         _store_function("_store_c", spec, params),
@@ -451,63 +300,29 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
         f"#define STORE_ROW(b, m, v) {store_row}(b, m, v, {arg_names})" if spec.row_sum is not None else "",
         f"#define STORE_C(b, m, n, v) {store_c}(b, m, n, v, {arg_names})",
     ]
-    slice_k = math.ceil(node.k / split)
-    # The tiled template's prefetch: raw elements of widened loads, else the operand values.
-    fetches: list[str] = []
-    for operand, side, names, operand_vars in (
-            (node.lhs, "A", ("b", "m", "k"), (v["b"], v["m"], v["k"])),
-            (node.rhs, "B", ("b", "k", "n"), (v["b"], v["k"], v["n"]))):
-        # (the direct template has no prefetch: its kernels get the pass-through macros only)
-        tiled = use_local_memory_tiles(profile)
-        load = widened_load(operand, params, operand_images) if RAW_PREFETCH and tiled else None
-        call_args = ", ".join(names)
-        if load is None:
-            fetches += [f"#define {side}_RAW_T float", f"#define FETCH_{side}({call_args}) LOAD_{side}({call_args})",
-                        f"#define FINISH_{side}(raw) (raw)"]
-            continue
-        suffix = f"_{side.lower()}"
-        operands += _raw_fetch_functions(suffix, operand, load, names, operand_vars, params)
-        fetch = helper_name("_fetch" + suffix)
-        if split == 1:
-            fetch_call = f"{fetch}({call_args}, {arg_names})"
-        else:
-            slice_of = {"b": f"(b) / {split}", "k": f"((INDEX_T)((b) % {split}) * {slice_k} + (k))"}
-            sliced = ", ".join(slice_of.get(n, n) for n in names)
-            fetch_call = (f"({slice_of['k']} < {node.k} ? {fetch}({sliced}, {arg_names}) "
-                          f": ({_RAW_CTYPE[params[load.buffer].dtype]})0)")
-        fetches += [f"#define {side}_RAW_T {_RAW_CTYPE[params[load.buffer].dtype]}",
-                    f"#define FETCH_{side}({call_args}) {fetch_call}",
-                    f"#define FINISH_{side}(raw) {helper_name('_finish' + suffix)}(raw)"]
-    if split == 1:
-        macros = [f"#define LOAD_A(b, m, k) {load_a}(b, m, k, {operand_args})",
-                  f"#define LOAD_B(b, k, n) {load_b}(b, k, n, {operand_args})", *epilogue]
-    else:
-        # Work-group batch index b' = b * split + slice: operands read k from the slice's start;
-        # the slice sums go to the partials buffer, [b'][m][n] then the row sums [b'][m].
+    stores = epilogue
+    if split > 1:
+        # Work-group batch index b' = b * split + slice; the slice sums go to the partials buffer,
+        # [b'][m][n] then the row sums [b'][m] (the epilogue is the second launch's).
         assert spec.partials is not None
         slices = params[spec.partials].c_name
-        k_of = f"((INDEX_T)((b) % {split}) * {slice_k} + (k))"
-        macros = [
-            f"#define LOAD_A(b, m, k) ({k_of} < {node.k} ? {load_a}((b) / {split}, m, {k_of}, {operand_args}) : 0.0f)",
-            f"#define LOAD_B(b, k, n) ({k_of} < {node.k} ? {load_b}((b) / {split}, {k_of}, n, {operand_args}) : 0.0f)",
+        stores = [
             f"#define STORE_C(b, m, n, v) ({slices}[((INDEX_T)(b) * {node.m} + (m)) * {node.n} + (n)] = (v))",
             f"#define STORE_ROW(b, m, v) ({slices}[{split * node.batch * node.m * node.n} + "
             f"(INDEX_T)(b) * {node.m} + (m)] = (v))",
         ]
-    prelude = "\n".join([*common, *operands, *macros, *fetches, ""])
-    batch = node.batch * split
+    prelude = "\n".join([*common, *operands, *stores, ""])
     arguments = (*records(params), *image_records(operand_images, params))
     sizes = (f"-DSIZE_M={node.m}", f"-DSIZE_N={node.n}", f"-DSIZE_K={slice_k}", f"-DROW_SUM={int(spec.row_sum is not None)}")
-    if not use_local_memory_tiles(profile):
+    if tiling is None:
         launch = direct_launch(node.m, node.n, batch, choose_direct_tiling(node.m, node.n, profile))
         first = RenderedGemm("gemm", prelude + _template("gemm_direct.cl"), (*launch.defines, "-cl-mad-enable", *sizes),
                              launch.global_size, launch.local_size, GEMM_MACROS, arguments,
                              tuple(operand_images.values()))
     else:
-        sixteen_bit = any(params[ld.buffer].dtype.is_half for ld in [*ir.loads(node.lhs), *ir.loads(node.rhs)])
-        launch = tiled_launch(node.m, node.n, batch, choose_tiling(node.m, node.n, batch, profile, sixteen_bit))
+        launch = tiled_launch(node.m, node.n, batch, tiling)
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}",
-                   f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}")
+                   f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}", f"-DK_GRANULE={granule}")
         first = RenderedGemm("gemm", prelude + _template("gemm.cl"), options, launch.global_size,
                              launch.local_size, GEMM_MACROS, arguments, tuple(operand_images.values()))
     if split == 1:
@@ -544,9 +359,12 @@ def tiled_launch(m: int, n: int, batch: int, tiling: GemmTiling) -> Launch:
     return Launch(defines, global_size, (tn, tm, 1))
 
 
-def gemm_candidates(m: int, n: int, batch: int, tiled: bool, profile: DeviceProfile) -> list[Launch]:
+def gemm_candidates(m: int, n: int, batch: int, tiled: bool, profile: DeviceProfile,
+                    tile_k: int | None = None) -> list[Launch]:
     """Launches a tuner may try for a GEMM of the given template (``tiled``: ``gemm.cl``, else
-    ``gemm_direct.cl``), the heuristic's first."""
+    ``gemm_direct.cl``), the heuristic's first; ``tile_k``: only tilings of that K step (operand
+    helpers written for it, ``-DK_GRANULE``)."""
     if tiled:
-        return [tiled_launch(m, n, batch, t) for t in tiling_candidates(m, n, batch, profile)]
+        return [tiled_launch(m, n, batch, t) for t in tiling_candidates(m, n, batch, profile)
+                if tile_k is None or t.tile_k == tile_k]
     return [direct_launch(m, n, batch, t) for t in direct_tiling_candidates(m, n, profile)]
