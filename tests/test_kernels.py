@@ -75,6 +75,35 @@ def test_padded_reads_stay_under_their_guard():
     assert not re.search(r"const float \w+ = in\d+\[", load_b)
 
 
+def test_im2col_tap_is_computed_from_the_k_step_alone():
+    """The tiled template passes k as (K step, offset): a 3 x 3 convolution over 32 channels, K
+    step 16, reads its kernel tap and channel block from the step (the same across a work-group)
+    and adds the offset to the channel only. With k itself the helpers divide k per element."""
+    from torch_adreno.kernels import gemm
+
+    def conv(x, w):
+        return F.conv2d(x, w, padding=1)
+
+    inputs = (torch.randn(2, 32, 8, 8), torch.randn(16, 32, 3, 3))
+    (kernel,) = compile_stages(conv, *inputs)[3].kernels
+    granule = re.search(r"-DK_GRANULE=(\d+)", " ".join(kernel.build_options))
+    tile_k = re.search(r"-DTILE_K=(\d+)", " ".join(kernel.build_options))
+    assert granule and tile_k and granule.group(1) == tile_k.group(1) == "16"
+    for helper in ("_load_a", "_load_b"):
+        body = kernel.source.split(f"KERNEL_HELPER({helper})(")[1].split("}")[0]
+        assert "const INDEX_T kt, const INDEX_T kk" in body
+        assert re.search(r"\(kt / 6\)", body) and re.search(r"\(kt % 2\)", body)  # (tap row, channel block)
+        assert not re.search(r"kk [/%]", body) and not re.search(r"\bk [/%]", body)
+    original = gemm.K_STEP_INDEX
+    gemm.K_STEP_INDEX = False
+    try:
+        (plain,) = compile_stages(conv, *inputs)[3].kernels
+    finally:
+        gemm.K_STEP_INDEX = original
+    assert "-DK_GRANULE=1" in plain.build_options
+    assert re.search(r"\(k / 96\)", plain.source.split("KERNEL_HELPER(_load_b)(")[1].split("}")[0])
+
+
 def test_gemm_template_choice_follows_the_device():
     _, _, _, gpu = compile_stages(torch.mm, torch.randn(70, 40), torch.randn(40, 33))
     _, _, _, cpu = compile_stages(torch.mm, torch.randn(70, 40), torch.randn(40, 33), profile=CPU_PROFILE)
@@ -106,6 +135,10 @@ def test_gemm_tile_grows_while_every_compute_unit_keeps_a_work_group():
     assert candidates[0] == choose_tiling(1024, 1024, 1, h200)
     assert any(t.tile_m == t.tile_n == 128 for t in candidates)
     assert all(t.wpt_m * t.wpt_n <= 64 and t.local_bytes() <= h200.local_mem_bytes for t in candidates)
+    # A 64-channel convolution's 64 x 128 tiles, also with 8 x 8 outputs per work-item (128 of them).
+    conv = tiling_candidates(64, 50176, 1, h200)
+    assert (conv[0].tile_m, conv[0].tile_n, conv[0].wpt_m, conv[0].wpt_n) == (64, 128, 4, 8)
+    assert any((t.tile_m, t.tile_n, t.wpt_m, t.wpt_n) == (64, 128, 8, 8) for t in conv)
 
 
 def test_memory_plan_invariants():

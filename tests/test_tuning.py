@@ -76,6 +76,9 @@ def test_candidates_are_valid_launches_of_the_same_source(profile):
                                                 int(defines["TILE_M"]) // int(defines["WPT_M"]))
                     tiles_n = math.ceil(int(defines["SIZE_N"]) / int(defines["TILE_N"]))
                     assert c.global_size[0] == tiles_n * c.local_size[0]
+                    # (operand helpers written for the heuristic's K step take no other)
+                    if defines["K_GRANULE"] != "1":
+                        assert defines["TILE_K"] == defines["K_GRANULE"]
                 elif kernel.kind == "gemm":
                     kinds.add("direct")
                     assert c.global_size[2] == kernel.global_size[2] and c.local_size[1:] == (1, 1)

@@ -168,6 +168,14 @@ def tiling_candidates(m: int, n: int, batch: int, profile: DeviceProfile) -> lis
         tiling = GemmTiling(tile_m, tile_n, tile_k, tile_m // t, tile_n // t)
         if tiling.local_bytes() <= profile.local_mem_bytes and tiling not in tilings:
             tilings.append(tiling)
+    # Rectangular tiles with 8 x 8 outputs per work-item (128 work-items): the 64-row (or column)
+    # tile of a 64-channel convolution reads as few operands from local memory per multiply-add
+    # as the 128 x 128 one.
+    for tile_m, tile_n in ((64, 128), (128, 64)):
+        tiling = GemmTiling(tile_m, tile_n, default.tile_k, 8, 8)
+        if (fills(tile_m, m) and fills(tile_n, n) and tile_m * tile_n // 64 <= profile.max_work_group_size
+                and tiling.local_bytes() <= profile.local_mem_bytes and tiling not in tilings):
+            tilings.append(tiling)
     return tilings
 
 
