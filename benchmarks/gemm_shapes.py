@@ -168,13 +168,14 @@ def _wide_tiling(wide_n: bool) -> Any:
 
 
 def _items_8x8_tiling() -> Any:
-    """``choose_tiling`` with 8 x 8 outputs per work-item wherever the heuristic's tile is 64 x 128
-    or 128 x 64 with fewer (128 work-items in place of 256)."""
+    """``choose_tiling`` with 8 x 8 outputs per work-item wherever the heuristic's tile is 128 x 64
+    with fewer (128 work-items in place of 256; 64 x 128 tiles so were slower at every ResNet-18
+    layer, 128 x 64 ones faster: benchmarks/results/gemm_shapes_k_steps_h200.jsonl)."""
     heuristic = gemm.choose_tiling
 
     def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
         tiling = heuristic(m, n, batch, profile, sixteen_bit)
-        if {tiling.tile_m, tiling.tile_n} == {64, 128} and (tiling.wpt_m, tiling.wpt_n) != (8, 8):
+        if (tiling.tile_m, tiling.tile_n) == (128, 64) and (tiling.wpt_m, tiling.wpt_n) != (8, 8):
             return gemm.GemmTiling(tiling.tile_m, tiling.tile_n, tiling.tile_k, 8, 8)
         return tiling
 
@@ -193,7 +194,7 @@ def _heuristics(variant: str) -> Iterator[None]:
     tap (``lowering.conv.STRIDED_GRAD_INPUT_BY_PHASE`` off); ``wgrad_tap_major`` / ``wgrad_padded`` /
     ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two.
     ``k_as_index``: the operand helpers take k itself, not (K step, offset) (``gemm.K_STEP_INDEX``
-    off); ``items_8x8``: 8 x 8 outputs per work-item in 64 x 128 tiles (``_items_8x8_tiling``)."""
+    off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8_tiling``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     k_step_index = gemm.K_STEP_INDEX
     gemm.K_STEP_INDEX = "k_as_index" not in variant

@@ -94,6 +94,13 @@ def test_im2col_tap_is_computed_from_the_k_step_alone():
         assert "const INDEX_T kt, const INDEX_T kk" in body
         assert re.search(r"\(kt / 6\)", body) and re.search(r"\(kt % 2\)", body)  # (tap row, channel block)
         assert not re.search(r"kk [/%]", body) and not re.search(r"\bk [/%]", body)
+    # The weight gradient's k runs over 2 x 7 x 7 positions: a step of 16 does not divide a row
+    # of 7, so its helpers take k itself (one division per element, not two).
+    x, w = (t.requires_grad_() for t in (torch.randn(2, 32, 7, 7), torch.randn(16, 32, 3, 3)))
+    backward = compile_stages(conv, x, w, index=1)[3].kernels
+    signatures = {k.name: k.source.split("KERNEL_HELPER(_load_a)(")[1].split(", __global")[0] for k in backward}
+    assert sorted(signatures.values()) == ["const INDEX_T b, const INDEX_T m, const INDEX_T k",
+                                           "const INDEX_T b, const INDEX_T m, const INDEX_T kt, const INDEX_T kk"]
     original = gemm.K_STEP_INDEX
     gemm.K_STEP_INDEX = False
     try:

@@ -207,6 +207,15 @@ class KSteps:
         kt, kk = self.variables()
         return ir.substitute(expr, {self.k: ir.call("add", ir.call("mul", kt, ir.index(self.granule)), kk)})
 
+    def splits(self, expr: ir.Expr) -> bool:
+        """Whether ``expr`` over (kt, kk) divides only the step: no ``//`` or ``%`` of the offset is
+        left (else the helper is better off taking k itself, as one index it divides once)."""
+        if self.granule == 1:
+            return False
+        offset = self.variables()[1]
+        return not any(isinstance(e, ir.Call) and e.op in ("floordiv", "mod")
+                       and any(a == offset for a in ir.walk(e.args[0])) for e in ir.walk(self.operand(expr)))
+
     def arguments(self, split: int, slice_k: int, k_term: str = "(kt) + (kk)") -> tuple[str, str]:
         """(the helpers' K arguments, the GEMM's k) for the template's step ``kt`` and offset ``kk``
         (granule 1: its ``k_term``) in work-group batch ``b``: of slice ``b % split`` when the GEMM
@@ -224,23 +233,28 @@ def operand_prelude(node: ir.Gemm, params: dict[str, Param], images: dict[str, I
     """The operand helpers of one GEMM launch and the macros the templates read them through.
 
     ``gemm_direct.cl`` (``tiled`` False) calls ``LOAD_A(b, m, k)`` and ``LOAD_B(b, k, n)``;
-    ``gemm.cl`` calls ``FETCH_A(b, m, kt, kk)`` and ``FETCH_B(b, kt, kk, n)`` (``steps``) and
+    ``gemm.cl`` calls ``FETCH_A(b, m, kt, kk)`` and ``FETCH_B(b, kt, kk, n)`` (``steps``: an
+    operand's helper takes the step and offset where that leaves no division of the offset,
+    :meth:`KSteps.splits`, else k) and
     ``FINISH_A``/``FINISH_B`` on what they return (``A_RAW_T``/``B_RAW_T``: with ``raw_prefetch``,
     a widened load's element as loaded). A split GEMM's work-group batch ``b`` is ``b * split +
     slice``: the helpers read the slice's part of K and return zero past its end."""
     v = node.vars()
-    steps = steps if tiled else KSteps(1, steps.k, steps.size)
     arg_names = ", ".join(p.c_name for p in params.values())
     operand_args = ", ".join([arg_names, *(image_c_name(params[b]) for b in images)])
-    k_args, k_global = steps.arguments(split, slice_k, "(kt) + (kk)" if tiled else "(k)")
     batch_arg = f"(b) / {split}" if split > 1 else "b"
+    # (the template's k: its step and offset, or k itself in the direct template)
+    k_term = "(k)" if not tiled else "(kt) + (kk)" if steps.granule == 1 else f"(kt) * {steps.granule} + (kk)"
     texts: list[str] = []
     macros: list[str] = []
-    sides = (("A", node.lhs, ("b", "m", *steps.names), (v["b"], v["m"], *steps.variables()), "b, m, {k}"),
-             ("B", node.rhs, ("b", *steps.names, "n"), (v["b"], *steps.variables(), v["n"]), "b, {k}, n"))
-    for side, operand, names, operand_vars, order in sides:
+    for side, operand in (("A", node.lhs), ("B", node.rhs)):
+        side_steps = steps if tiled and steps.splits(operand) else KSteps(1, steps.k, steps.size)
+        names, operand_vars, order = (
+            (("b", "m", *side_steps.names), (v["b"], v["m"], *side_steps.variables()), "b, m, {k}") if side == "A" else
+            (("b", *side_steps.names, "n"), (v["b"], *side_steps.variables(), v["n"]), "b, {k}, n"))
+        k_args, k_global = side_steps.arguments(split, slice_k, k_term)
         suffix = f"_{side.lower()}"
-        expr = steps.operand(operand)
+        expr = side_steps.operand(operand)
         texts.append(_operand_function("_load" + suffix, expr, names, operand_vars, params, images))
         template_args = order.format(k="kt, kk" if tiled else "k")
         call = order.replace("b,", f"{batch_arg},", 1).format(k=k_args)
