@@ -77,8 +77,11 @@ PREFETCH_EVERY_STEP = True
 #: loaded and finished as they are stored into the tiles (``gemm.cl``'s ``FETCH``/``FINISH``);
 #: False finishes them at the load, as before (kept to measure).
 RAW_PREFETCH = True
-#: ``gemm.cl``'s operand helpers take the K index as (K step, offset in it) (:class:`KSteps`, the
-#: granule the tiling's K step); False passes k itself (kept to measure the two).
+#: ``gemm.cl``'s operand helpers take the K index as (K step, offset in it) where it removes
+#: divisions of the offset (:class:`KSteps`, the granule the tiling's K step); False passes k itself.
+#: H200, ResNet-18's convolutions (benchmarks/results/gemm_shapes_k_steps_h200.jsonl, two runs):
+#: the stem's weight gradient 349 -> 290 us, 128- to 512-channel 3 x 3 layers 5-10% faster, the
+#: 64-channel ones 10% slower; GPT-2's plain matrices have no division and keep k.
 K_STEP_INDEX = True
 
 
@@ -140,7 +143,14 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile, sixteen_bi
         # operands: GPT-2's bf16 MLP input gradient went 168 -> 204 us with them (H200,
         # benchmarks/results/frozen_weights_h200_session29*.jsonl).
         tile_n = 64
-    return _fit_local_memory(GemmTiling(tile_m, tile_n, tile_k, tile_m // threads, tile_n // threads), profile)
+    wpt_m, wpt_n = tile_m // threads, tile_n // threads
+    if (tile_m, tile_n) == (128, 64) and m <= 128 and threads == 16:
+        # One row of 128 x 64 tiles (a 128-channel convolution): 8 x 8 outputs per work-item, 128
+        # work-items. H200 (benchmarks/results/gemm_shapes_k_steps_h200.jsonl "items_8x8"):
+        # ResNet-18's layer2 forward and input gradient 188 -> 150 and 202 -> 151 us, its strided
+        # forward 111 -> 86; GPT-2's 1024-row products were slower so (c_attn 143 -> 168 us).
+        wpt_n = 8
+    return _fit_local_memory(GemmTiling(tile_m, tile_n, tile_k, wpt_m, wpt_n), profile)
 
 
 def tiling_candidates(m: int, n: int, batch: int, profile: DeviceProfile) -> list[GemmTiling]:
@@ -293,8 +303,10 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     tiled = use_local_memory_tiles(profile)
     sixteen_bit = any(params[ld.buffer].dtype.is_half for ld in [*ir.loads(node.lhs), *ir.loads(node.rhs)])
     tiling = choose_tiling(node.m, node.n, batch, profile, sixteen_bit) if tiled else None
-    granule = tiling.tile_k if tiling is not None and K_STEP_INDEX else 1
-    steps = KSteps(granule, v["k"], node.k)
+    steps = KSteps(tiling.tile_k if tiling is not None and K_STEP_INDEX else 1, v["k"], node.k)
+    if not (steps.splits(node.lhs) or steps.splits(node.rhs)):
+        steps = KSteps(1, v["k"], node.k)  # (and the tuner may vary the K step)
+    granule = steps.granule
     # (slices of whole K steps: a slice's helpers take its first step plus the template's; the
     # helpers return zero past K)
     slice_k = round_up(math.ceil(node.k / split), granule) if split > 1 else node.k

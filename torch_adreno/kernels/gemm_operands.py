@@ -179,6 +179,12 @@ def _operand_function(suffix: str, expr: ir.Expr, names: tuple[str, ...], vars_:
                       f"    return {value};", "}"])
 
 
+def _divides(expr: ir.Expr, var: ir.Expr) -> bool:
+    """Whether ``expr`` takes ``//`` or ``%`` of an index that ``var`` is part of."""
+    return any(isinstance(e, ir.Call) and e.op in ("floordiv", "mod") and any(a == var for a in ir.walk(e.args[0]))
+               for e in ir.walk(expr))
+
+
 @dataclass(frozen=True)
 class KSteps:
     """The K index as the tiled template passes it to the operand helpers: ``k = kt * granule + kk``,
@@ -208,13 +214,12 @@ class KSteps:
         return ir.substitute(expr, {self.k: ir.call("add", ir.call("mul", kt, ir.index(self.granule)), kk)})
 
     def splits(self, expr: ir.Expr) -> bool:
-        """Whether ``expr`` over (kt, kk) divides only the step: no ``//`` or ``%`` of the offset is
-        left (else the helper is better off taking k itself, as one index it divides once)."""
-        if self.granule == 1:
+        """Whether ``expr`` divides k (an im2col gather does, a plain matrix does not) and over
+        (kt, kk) divides only the step: no ``//`` or ``%`` of the offset is left (else the helper is
+        better off taking k itself, as one index it divides once)."""
+        if self.granule == 1 or not _divides(expr, self.k):
             return False
-        offset = self.variables()[1]
-        return not any(isinstance(e, ir.Call) and e.op in ("floordiv", "mod")
-                       and any(a == offset for a in ir.walk(e.args[0])) for e in ir.walk(self.operand(expr)))
+        return not _divides(self.operand(expr), self.variables()[1])
 
     def arguments(self, split: int, slice_k: int, k_term: str = "(kt) + (kk)") -> tuple[str, str]:
         """(the helpers' K arguments, the GEMM's k) for the template's step ``kt`` and offset ``kk``
