@@ -4,7 +4,10 @@ the step's kernels are short and the host phases stand out. Times each part of
 ``BatchInput.bind`` (the prestaged copies' wait, the write's enqueue, the seeds) with the write's
 own device time, prestaged and not.
 
-    python benchmarks/batch_phase.py [--device NVIDIA] [--steps 30]
+    python benchmarks/batch_phase.py [--device NVIDIA] [--steps 30] [--workload resnet18]
+
+``--workload``: one of benchmarks/workloads.py's models at full size in place of the small one
+(the same batch bytes, the step's own kernels behind them).
 """
 
 from __future__ import annotations
@@ -29,15 +32,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--workload", default=None, help="a benchmarks/workloads.py workload (full size)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 8, stride=8), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-                                torch.nn.Flatten(), torch.nn.Linear(8, 10))
-    x, y = torch.randn(16, 3, 224, 224), torch.randint(0, 10, (16,))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     options = {"device": args.device} if args.device else {}
-    train = torch_adreno.TrainingStep(model, lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), opt,
-                                      options=options)
+    if args.workload:
+        from workloads import LR, MOMENTUM, get_workload
+
+        work = get_workload(args.workload, False)
+        model = work.make()
+        x, y = work.batch()
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR, momentum=MOMENTUM)
+        train = torch_adreno.TrainingStep(model, work.loss, opt, options=options)
+    else:
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 8, stride=8), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                    torch.nn.Flatten(), torch.nn.Linear(8, 10))
+        x, y = torch.randn(16, 3, 224, 224), torch.randint(0, 10, (16,))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        train = torch_adreno.TrainingStep(model, lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), opt,
+                                          options=options)
     timings: dict[str, list[float]] = defaultdict(list)
 
     def timed(name, fn):
