@@ -149,7 +149,7 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
-            "items_8x8_k_as_index")
+            "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -182,6 +182,19 @@ def _items_8x8_tiling() -> Any:
     return choose
 
 
+def _narrow_k_step_tiling() -> Any:
+    """``choose_tiling`` with a K step of 8 in 64 x 128 tiles (the 64-channel convolutions' tile)."""
+    heuristic = gemm.choose_tiling
+
+    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
+        tiling = heuristic(m, n, batch, profile, sixteen_bit)
+        if (tiling.tile_m, tiling.tile_n) == (64, 128):
+            return gemm.GemmTiling(64, 128, 8, tiling.wpt_m, tiling.wpt_n)
+        return tiling
+
+    return choose
+
+
 @contextlib.contextmanager
 def _heuristics(variant: str) -> Iterator[None]:
     """``unfilled``: the compiler as it was before GEMMs of few 128 x 128 tiles were split to fill
@@ -194,12 +207,15 @@ def _heuristics(variant: str) -> Iterator[None]:
     tap (``lowering.conv.STRIDED_GRAD_INPUT_BY_PHASE`` off); ``wgrad_tap_major`` / ``wgrad_padded`` /
     ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two.
     ``k_as_index``: the operand helpers take k itself, not (K step, offset) (``gemm.K_STEP_INDEX``
-    off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8_tiling``)."""
+    off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8_tiling``);
+    ``narrow_k_step``: a K step of 8 in 64 x 128 tiles."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     k_step_index = gemm.K_STEP_INDEX
     gemm.K_STEP_INDEX = "k_as_index" not in variant
     if variant.startswith("items_8x8"):
         gemm.choose_tiling = _items_8x8_tiling()
+    if variant.startswith("narrow_k_step"):
+        gemm.choose_tiling = _narrow_k_step_tiling()
     conv_knobs = conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS
     conv.STRIDED_GRAD_INPUT_BY_PHASE = variant != "dense_strided"
     conv.WEIGHT_GRADIENT_TAP_MAJOR = variant in ("wgrad_tap_major", "wgrad_both")
