@@ -146,7 +146,7 @@ def test_gemm_tile_grows_while_every_compute_unit_keeps_a_work_group():
     assert all(t.wpt_m * t.wpt_n <= 64 and t.local_bytes() <= h200.local_mem_bytes for t in candidates)
     # A 64-channel convolution's 64 x 128 tiles, also with 8 x 8 outputs per work-item (128 of them).
     conv = tiling_candidates(64, 50176, 1, h200)
-    assert (conv[0].tile_m, conv[0].tile_n, conv[0].wpt_m, conv[0].wpt_n) == (64, 128, 4, 8)
+    assert (conv[0].tile_m, conv[0].tile_n, conv[0].tile_k, conv[0].wpt_m, conv[0].wpt_n) == (64, 128, 8, 4, 8)
     assert any((t.tile_m, t.tile_n, t.wpt_m, t.wpt_n) == (64, 128, 8, 8) for t in conv)
 
 

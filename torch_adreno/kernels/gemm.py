@@ -133,6 +133,11 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile, sixteen_bi
     # work-groups per compute unit (measured on the H200: 2048^2 and 4096^2 SGEMM 1.25x faster
     # than with 16, while 64 x 64 tiles do best with 16).
     tile_k = 8 if tile_m * tile_n >= 128 * 128 else 16
+    if (tile_m, tile_n) == (64, 128) and threads == 16:
+        # 64-row tiles (a 64-channel convolution) too, H200 (benchmarks/results/
+        # gemm_shapes_k_steps_h200.jsonl "narrow_k_step"): ResNet-18's layer1 forward, input and
+        # weight gradients 202 -> 148, 223 -> 150 and 278 -> 242 us, its stem's forward 273 -> 189.
+        tile_k = 8
     if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 and not sixteen_bit \
             and _groups(m, n, batch, 128, 128) < HALF_FILLED_UNITS * profile.compute_units:
         # Between one and 1.5 work-groups of 128 x 128 per compute unit, most units run a lone
