@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -262,6 +264,28 @@ def test_tiled_gemm_prefetches_16_bit_operands_as_loaded(gemm_template, dtype):
     gemm_template.gemms.clear()
     assert_matches_eager(lambda a, b: a @ b, r(70, 37), r(37, 45))
     assert all("#define A_RAW_T float" in src and "#define B_RAW_T float" in src for src, _ in gemm_template.gemms)
+
+
+_STEPPED_HELPER = re.compile(r"KERNEL_HELPER\(_(load|fetch)_[ab]\)\([^)]*const INDEX_T kt, const INDEX_T kk")
+
+
+@pytest.mark.parametrize("gemm_template", ["tiled"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_convolutions_read_their_operands_by_k_step(gemm_template, dtype):
+    """A 3 x 3 convolution over 32 channels (forward, input gradient) and its weight gradient over
+    k = 8 x 32 x 32 positions, split in k slices: every GEMM's im2col operand takes (K step,
+    offset) (``kernels.gemm_operands.KSteps``), the split slices start at whole steps, 16-bit
+    operands are fetched raw by step too; results equal eager's."""
+    tol = {torch.float32: 1e-3, torch.bfloat16: 5e-2}[dtype]
+    with torch_adreno.profile() as prof:
+        assert_matches_eager(lambda x, w: F.conv2d(x, w, padding=1), r(8, 32, 32, 32).to(dtype),
+                             r(16, 32, 3, 3).to(dtype), rtol=tol, atol=tol)
+    assert any("_splitsum_" in k.name for k in prof.kernels)
+    assert len(gemm_template.gemms) >= 3
+    for source, options in gemm_template.gemms:
+        assert _STEPPED_HELPER.search(source) and "-DK_GRANULE=1" not in options, options
+        if dtype is torch.bfloat16:
+            assert "#define B_RAW_T ushort" in source or "#define A_RAW_T ushort" in source
 
 
 def test_a_linear_layer_over_a_reshaped_activation_loads_it_without_division(monkeypatch):
