@@ -254,15 +254,17 @@ def operand_prelude(node: ir.Gemm, params: dict[str, Param], images: dict[str, I
     macros: list[str] = []
     for side, operand in (("A", node.lhs), ("B", node.rhs)):
         side_steps = steps if tiled and steps.splits(operand) else KSteps(1, steps.k, steps.size)
-        names, operand_vars, order = (
-            (("b", "m", *side_steps.names), (v["b"], v["m"], *side_steps.variables()), "b, m, {k}") if side == "A" else
-            (("b", *side_steps.names, "n"), (v["b"], *side_steps.variables(), v["n"]), "b, {k}, n"))
         k_args, k_global = side_steps.arguments(split, slice_k, k_term)
+        template_k = "kt, kk" if tiled else "k"
+        if side == "A":  # (the helpers' and the macros' arguments: b, m, k for A; b, k, n for B)
+            names, operand_vars = ("b", "m", *side_steps.names), (v["b"], v["m"], *side_steps.variables())
+            template_args, call = f"b, m, {template_k}", f"{batch_arg}, m, {k_args}"
+        else:
+            names, operand_vars = ("b", *side_steps.names, "n"), (v["b"], *side_steps.variables(), v["n"])
+            template_args, call = f"b, {template_k}, n", f"{batch_arg}, {k_args}, n"
         suffix = f"_{side.lower()}"
         expr = side_steps.operand(operand)
         texts.append(_operand_function("_load" + suffix, expr, names, operand_vars, params, images))
-        template_args = order.format(k="kt, kk" if tiled else "k")
-        call = order.replace("b,", f"{batch_arg},", 1).format(k=k_args)
         load = f"{helper_name('_load' + suffix)}({call}, {operand_args})"
         if split > 1:
             load = f"({k_global} < {node.k} ? {load} : 0.0f)"
