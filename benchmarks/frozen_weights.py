@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import gemm_shapes
 from common import RESULTS, append_jsonl, device_arg, run_context
 from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainable_parameters
 from workloads import breakdown
@@ -111,6 +112,8 @@ def main() -> None:
     parser.add_argument("--unfilled", action="store_true",
                         help="without the k split of GEMMs of few 128 x 128 tiles (fusion.split_k's fill): its "
                              "float32 slice sums are bytes both precisions move")
+    parser.add_argument("--heuristics", default="heuristic", choices=list(gemm_shapes.VARIANTS),
+                        help="compile under one of benchmarks/gemm_shapes.py's GEMM heuristic variants")
     parser.add_argument("--out", type=Path, default=RESULTS / "frozen_weights.jsonl")
     args = parser.parse_args()
     cfg = SMALL if args.small else FULL
@@ -120,10 +123,12 @@ def main() -> None:
     if args.unfilled:
         backend.large_tiles_apply = lambda profile: False
     context["unfilled"] = args.unfilled
+    context["heuristics"] = args.heuristics
     rows = []
-    for variant in args.variants:
-        row = {**context, **measure(cfg, variant, args.steps, options)}
-        rows.append(row)
+    with gemm_shapes.heuristics(args.heuristics):
+        for variant in args.variants:
+            row = {**context, **measure(cfg, variant, args.steps, options)}
+            rows.append(row)
     base = next((r for r in rows if r["variant"] == "float32"), None)
     print(f"{'variant':24s} {'read MB':>9s} {'written MB':>10s} {'x f32':>6s} {'launches':>8s} {'step ms':>8s} "
           f"{'copies':>6s} {'state MB':>9s}")

@@ -33,6 +33,7 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 import torch_adreno.backend as backend
+from torch_adreno.fusion import split_k
 from torch_adreno.kernels import gemm
 from torch_adreno.lowering import conv
 
@@ -149,7 +150,8 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
-            "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index")
+            "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "sixteen_bit_half_filled",
+            "slices_2", "slices_3", "slices_2_sixteen_bit_half_filled", "slices_3_sixteen_bit_half_filled")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -195,8 +197,29 @@ def _narrow_k_step_tiling() -> Any:
     return choose
 
 
+def _as_float32_tiling() -> Any:
+    """``choose_tiling`` choosing for 16-bit operands as for float32 ones (128 x 64 tiles where
+    128 x 128 ones would number under 1.5 per compute unit)."""
+    heuristic = gemm.choose_tiling
+
+    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
+        return heuristic(m, n, batch, profile, False)
+
+    return choose
+
+
+def _at_most_slices(most: int) -> Any:
+    """``split_k.choose_large_tile_split`` cutting k into at most ``most`` slices."""
+    heuristic = split_k.choose_large_tile_split
+
+    def choose(g: Any, compute_units: int) -> int:
+        return min(most, heuristic(g, compute_units))
+
+    return choose
+
+
 @contextlib.contextmanager
-def _heuristics(variant: str) -> Iterator[None]:
+def heuristics(variant: str) -> Iterator[None]:
     """``unfilled``: the compiler as it was before GEMMs of few 128 x 128 tiles were split to fill
     the device (``fusion.split_k.choose_large_tile_split``). ``guarded_prefetch``: ``gemm.cl``'s
     prefetch skipped at the last K step behind a branch; ``finish_at_load``: operands widened where
@@ -208,8 +231,15 @@ def _heuristics(variant: str) -> Iterator[None]:
     ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two.
     ``k_as_index``: the operand helpers take k itself, not (K step, offset) (``gemm.K_STEP_INDEX``
     off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8_tiling``);
-    ``narrow_k_step``: a K step of 8 in 64 x 128 tiles."""
+    ``narrow_k_step``: a K step of 8 in 64 x 128 tiles. ``sixteen_bit_half_filled``: 16-bit operands
+    tiled as float32 ones (``_as_float32_tiling``); ``slices_2`` / ``slices_3``: GEMMs of few
+    128 x 128 tiles cut into at most 2 / 3 slices (``_at_most_slices``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
+    large_tile_split = split_k.choose_large_tile_split
+    if variant.startswith("slices_"):
+        split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
+    if variant.endswith("sixteen_bit_half_filled"):
+        gemm.choose_tiling = _as_float32_tiling()
     k_step_index = gemm.K_STEP_INDEX
     gemm.K_STEP_INDEX = "k_as_index" not in variant
     if variant.startswith("items_8x8"):
@@ -231,6 +261,7 @@ def _heuristics(variant: str) -> Iterator[None]:
     finally:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
         gemm.K_STEP_INDEX = k_step_index
+        split_k.choose_large_tile_split = large_tile_split
         conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 
 
@@ -264,7 +295,7 @@ def main() -> None:
                 module = module.cpu()
                 for variant in args.variants:
                     options = {**base, "compile_cache": False, **({"tune": True} if variant == "tuned" else {})}
-                    with _heuristics(variant):
+                    with heuristics(variant):
                         kernels = _our_kernels(module, x, args.reps, options)
                     gemm = [k for k in kernels if k["kind"] == "gemm"]
                     row = {**context, "benchmark": "gemm_shapes", "label": args.label, "layer": name, "variant": variant,
