@@ -150,8 +150,8 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
-            "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "sixteen_bit_half_filled",
-            "slices_2", "slices_3", "slices_2_sixteen_bit_half_filled", "slices_3_sixteen_bit_half_filled")
+            "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
+            "slices_3")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -160,7 +160,7 @@ def _wide_tiling(wide_n: bool) -> Any:
     units; the heuristic's choice elsewhere."""
     heuristic = gemm.choose_tiling
 
-    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
+    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
         tile_m, tile_n = (128, 256) if wide_n else (256, 128)
         if m >= tile_m and n >= tile_n and math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch >= profile.compute_units:
             return gemm.GemmTiling(tile_m, tile_n, 8, tile_m // 16, tile_n // 16)
@@ -175,8 +175,8 @@ def _items_8x8_tiling() -> Any:
     layer, 128 x 64 ones faster: benchmarks/results/gemm_shapes_k_steps_h200.jsonl)."""
     heuristic = gemm.choose_tiling
 
-    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
-        tiling = heuristic(m, n, batch, profile, sixteen_bit)
+    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+        tiling = heuristic(m, n, batch, profile)
         if (tiling.tile_m, tiling.tile_n) == (128, 64) and (tiling.wpt_m, tiling.wpt_n) != (8, 8):
             return gemm.GemmTiling(tiling.tile_m, tiling.tile_n, tiling.tile_k, 8, 8)
         return tiling
@@ -188,22 +188,11 @@ def _narrow_k_step_tiling() -> Any:
     """``choose_tiling`` with a K step of 8 in 64 x 128 tiles (the 64-channel convolutions' tile)."""
     heuristic = gemm.choose_tiling
 
-    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
-        tiling = heuristic(m, n, batch, profile, sixteen_bit)
+    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+        tiling = heuristic(m, n, batch, profile)
         if (tiling.tile_m, tiling.tile_n) == (64, 128):
             return gemm.GemmTiling(64, 128, 8, tiling.wpt_m, tiling.wpt_n)
         return tiling
-
-    return choose
-
-
-def _as_float32_tiling() -> Any:
-    """``choose_tiling`` choosing for 16-bit operands as for float32 ones (128 x 64 tiles where
-    128 x 128 ones would number under 1.5 per compute unit)."""
-    heuristic = gemm.choose_tiling
-
-    def choose(m: int, n: int, batch: int, profile: Any, sixteen_bit: bool = False) -> gemm.GemmTiling:
-        return heuristic(m, n, batch, profile, False)
 
     return choose
 
@@ -231,15 +220,14 @@ def heuristics(variant: str) -> Iterator[None]:
     ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two.
     ``k_as_index``: the operand helpers take k itself, not (K step, offset) (``gemm.K_STEP_INDEX``
     off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8_tiling``);
-    ``narrow_k_step``: a K step of 8 in 64 x 128 tiles. ``sixteen_bit_half_filled``: 16-bit operands
-    tiled as float32 ones (``_as_float32_tiling``); ``slices_2`` / ``slices_3``: GEMMs of few
-    128 x 128 tiles cut into at most 2 / 3 slices (``_at_most_slices``)."""
+    ``narrow_k_step``: a K step of 8 in 64 x 128 tiles. ``slices_2`` / ``slices_3``: GEMMs of few
+    128 x 128 tiles cut into at most 2 / 3 slices (``_at_most_slices``; in
+    ``results/gemm_shapes_fill_slices_h200.jsonl`` named ``slices_2_sixteen_bit_half_filled``, from
+    when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
-    if variant.endswith("sixteen_bit_half_filled"):
-        gemm.choose_tiling = _as_float32_tiling()
     k_step_index = gemm.K_STEP_INDEX
     gemm.K_STEP_INDEX = "k_as_index" not in variant
     if variant.startswith("items_8x8"):

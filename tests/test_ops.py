@@ -228,10 +228,10 @@ def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(ge
 
     heuristic = gemm.choose_tiling
 
-    def large_where_they_fit(m, n, batch, profile, sixteen_bit=False):
+    def large_where_they_fit(m, n, batch, profile):
         if m >= 128 and n >= 128:
             return gemm.GemmTiling(128, 128, 8, 8, 8)
-        return heuristic(m, n, batch, profile, sixteen_bit)
+        return heuristic(m, n, batch, profile)
 
     monkeypatch.setattr(gemm, "choose_tiling", large_where_they_fit)
     assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(33, 140), r(130, 140), r(130), atol=1e-4)

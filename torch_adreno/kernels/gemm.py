@@ -110,11 +110,11 @@ def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
     return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
 
 
-def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile, sixteen_bit: bool = False) -> GemmTiling:
+def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
     """Output tile per work-group of a ``batch`` x ``m`` x ``n`` GEMM: on desktop-class GPUs
     128 x 128 (8 x 8 outputs per work-item, K step 8) where the extents allow and the tiles still
     number at least the device's compute units (128 x 64, K step 8, where they number fewer than
-    :data:`HALF_FILLED_UNITS` per unit and no operand is ``sixteen_bit``), then 128 x 64; else 64 where the extent allows,
+    :data:`HALF_FILLED_UNITS` per unit), then 128 x 64; else 64 where the extent allows,
     down to 16 for thin operands (a 6-channel convolution, a 10-class classifier); 16 work-items
     per direction (8 where the device allows fewer than 256 per group)."""
     threads = _threads_per_direction(profile)
@@ -139,15 +139,16 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile, sixteen_bi
         # gemm_shapes_k_steps_h200.jsonl "narrow_k_step"): ResNet-18's layer1 forward, input and
         # weight gradients 202 -> 148, 223 -> 150 and 278 -> 242 us, its stem's forward 273 -> 189.
         tile_k = 8
-    if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 and not sixteen_bit \
+    if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 \
             and _groups(m, n, batch, 128, 128) < HALF_FILLED_UNITS * profile.compute_units:
         # Between one and 1.5 work-groups of 128 x 128 per compute unit, most units run a lone
         # work-group, at half the rate of two; 128 x 64 tiles, twice as many, did better at every
         # such shape the tuner was given (H200, benchmarks/results/gemm_shapes_h200.jsonl "tuned":
         # GPT-2's c_attn forward, 144 tiles, 180 -> 158 us; c_fc forward, 192, 179 -> 160; the MLP
-        # projection's input gradient, 192, 185 -> 152), with the K step of 8. Not with 16-bit
-        # operands: GPT-2's bf16 MLP input gradient went 168 -> 204 us with them (H200,
-        # benchmarks/results/frozen_weights_h200_session29*.jsonl).
+        # projection's input gradient, 192, 185 -> 152), with the K step of 8. 16-bit operands as
+        # well since the template widens them as they are stored into the tiles (bf16: c_attn
+        # forward 174 -> 148 us, c_fc forward 172 -> 147, the MLP projection's input gradient
+        # 180 -> 151; benchmarks/results/gemm_shapes_fill_slices_h200.jsonl "sixteen_bit_half_filled").
         tile_n = 64
     wpt_m, wpt_n = tile_m // threads, tile_n // threads
     if (tile_m, tile_n) == (128, 64) and m <= 128 and threads == 16:
@@ -307,8 +308,7 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     common = [f"#define INDEX_T {index_t}", *HELPER_NAMING]
     batch = node.batch * split
     tiled = use_local_memory_tiles(profile)
-    sixteen_bit = any(params[ld.buffer].dtype.is_half for ld in [*ir.loads(node.lhs), *ir.loads(node.rhs)])
-    tiling = choose_tiling(node.m, node.n, batch, profile, sixteen_bit) if tiled else None
+    tiling = choose_tiling(node.m, node.n, batch, profile) if tiled else None
     steps = KSteps(tiling.tile_k if tiling is not None and K_STEP_INDEX else 1, v["k"], node.k)
     if not (steps.splits(node.lhs) or steps.splits(node.rhs)):
         steps = KSteps(1, v["k"], node.k)  # (and the tuner may vary the K step)
