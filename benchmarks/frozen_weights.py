@@ -60,7 +60,7 @@ VARIANTS: dict[str, tuple[torch.dtype | None, bool, bool]] = {
 }
 
 
-def measure(cfg: GPT2Config, variant: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+def measure(cfg: GPT2Config, variant: str, steps: int, options: dict[str, Any], kernel_rows: int = 12) -> dict[str, Any]:
     torch._dynamo.reset()
     dtype, freeze, frozen_casts = VARIANTS[variant]
     torch.manual_seed(0)
@@ -97,7 +97,7 @@ def measure(cfg: GPT2Config, variant: str, steps: int, options: dict[str, Any]) 
         "h2d_bytes": prof.bytes_host_to_device, "device_ms": prof.device_time_us / 1e3,
         "median_step_ms": 1e3 * statistics.median(times), "copies_made_in_timed_steps": FROZEN_COPIES.copies_made - made,
         "persistent_device_bytes": persistent, "compile_and_capture_s": warm_s, "losses": losses,
-        **{key: value for key, value in breakdown(prof, 12).items() if key.startswith("by_")},
+        **{key: value for key, value in breakdown(prof, kernel_rows).items() if key.startswith("by_")},
     }
 
 
@@ -114,6 +114,8 @@ def main() -> None:
                              "float32 slice sums are bytes both precisions move")
     parser.add_argument("--heuristics", default="heuristic", choices=list(gemm_shapes.VARIANTS),
                         help="compile under one of benchmarks/gemm_shapes.py's GEMM heuristic variants")
+    parser.add_argument("--kernel-rows", type=int, default=12,
+                        help="the ops and kernels the breakdown lists, the most time-consuming first")
     parser.add_argument("--out", type=Path, default=RESULTS / "frozen_weights.jsonl")
     args = parser.parse_args()
     cfg = SMALL if args.small else FULL
@@ -129,7 +131,7 @@ def main() -> None:
     rows = []
     with gemm_shapes.heuristics(args.heuristics):
         for variant in args.variants:
-            row = {**context, **measure(cfg, variant, args.steps, options)}
+            row = {**context, **measure(cfg, variant, args.steps, options, args.kernel_rows)}
             rows.append(row)
     base = next((r for r in rows if r["variant"] == "float32"), None)
     print(f"{'variant':24s} {'read MB':>9s} {'written MB':>10s} {'x f32':>6s} {'launches':>8s} {'step ms':>8s} "
