@@ -53,6 +53,18 @@ class FrozenLinear(torch.nn.Module):
         return self.linear(x)
 
 
+class FrozenMLP(torch.nn.Module):
+    """GPT-2's MLP with frozen weights over [batch, seq, d] inputs, as the LoRA model runs it."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.c_fc, self.c_proj = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        self.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(torch.nn.functional.gelu(self.c_fc(x), approximate="tanh"))
+
+
 class Conv(torch.nn.Module):
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int) -> None:
         super().__init__()
@@ -79,6 +91,7 @@ CASES: dict[str, list[Layer]] = {
         ("gpt2 mlp c_fc 1024x768->3072", _linear(1024, 768, 3072)),
         ("gpt2 mlp c_proj 1024x3072->768", _linear(1024, 3072, 768)),
         ("gpt2 head 1024x768->50257", _linear(1024, 768, 50257, bias=False)),
+        ("gpt2 mlp 4x256x768 c_fc gelu c_proj", lambda: (FrozenMLP(768), torch.randn(4, 256, 768, requires_grad=True))),
     ],
     "resnet18": [
         ("resnet18 stem 3->64 7x7 s2 @224", _conv(16, 3, 64, 224, 7, 2, input_grad=False)),
