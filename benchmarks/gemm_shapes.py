@@ -164,7 +164,7 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
-            "slices_3")
+            "slices_3", "half_filled_k16", "full_tiles")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -210,6 +210,24 @@ def _narrow_k_step_tiling() -> Any:
     return choose
 
 
+def _half_filled_variant(k16: bool) -> Any:
+    """``choose_tiling`` with a K step of 16 in the half-filled 128 x 64 tiles (``k16``), or with
+    128 x 128 tiles where the heuristic takes 128 x 64 ones for under 1.5 per compute unit."""
+    heuristic = gemm.choose_tiling
+
+    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+        tiling = heuristic(m, n, batch, profile)
+        if (tiling.tile_m, tiling.tile_n, tiling.wpt_n) != (128, 64, 4):
+            return tiling
+        if k16:
+            return gemm.GemmTiling(128, 64, 16, tiling.wpt_m, tiling.wpt_n)
+        if n >= 128 and math.ceil(m / 128) * math.ceil(n / 128) * batch >= profile.compute_units:
+            return gemm.GemmTiling(128, 128, 8, 8, 8)
+        return tiling
+
+    return choose
+
+
 def _at_most_slices(most: int) -> Any:
     """``split_k.choose_large_tile_split`` cutting k into at most ``most`` slices."""
     heuristic = split_k.choose_large_tile_split
@@ -236,9 +254,13 @@ def heuristics(variant: str) -> Iterator[None]:
     ``narrow_k_step``: a K step of 8 in 64 x 128 tiles. ``slices_2`` / ``slices_3``: GEMMs of few
     128 x 128 tiles cut into at most 2 / 3 slices (``_at_most_slices``; in
     ``results/gemm_shapes_fill_slices_h200.jsonl`` named ``slices_2_sixteen_bit_half_filled``, from
-    when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices)."""
+    when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices).
+    ``half_filled_k16``: the half-filled 128 x 64 tiles with a K step of 16; ``full_tiles``: 128 x 128
+    tiles in their place (``_half_filled_variant``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
+    if variant in ("half_filled_k16", "full_tiles"):
+        gemm.choose_tiling = _half_filled_variant(variant == "half_filled_k16")
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
     k_step_index = gemm.K_STEP_INDEX
