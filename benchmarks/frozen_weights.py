@@ -114,12 +114,15 @@ def main() -> None:
                              "float32 slice sums are bytes both precisions move")
     parser.add_argument("--heuristics", default="heuristic", choices=list(gemm_shapes.VARIANTS),
                         help="compile under one of benchmarks/gemm_shapes.py's GEMM heuristic variants")
+    parser.add_argument("--tune", action="store_true", help="compile with tune=True (each kernel's tiling measured)")
     parser.add_argument("--kernel-rows", type=int, default=12,
                         help="the ops and kernels the breakdown lists, the most time-consuming first")
     parser.add_argument("--out", type=Path, default=RESULTS / "frozen_weights.jsonl")
     args = parser.parse_args()
     cfg = SMALL if args.small else FULL
     options = {"device": device_arg(args.device), "zero_copy": args.zero_copy}
+    if args.tune:
+        options["tune"] = True
     if args.heuristics != "heuristic" or args.unfilled:
         options["compile_cache"] = False  # (the disk cache's keys do not see the patched heuristics)
     context = {**run_context(options["device"]), "benchmark": "frozen_weights", "shape": dataclasses.asdict(cfg),
@@ -127,7 +130,7 @@ def main() -> None:
     if args.unfilled:
         backend.large_tiles_apply = lambda profile: False
     context["unfilled"] = args.unfilled
-    context["heuristics"] = args.heuristics
+    context["heuristics"], context["tune"] = args.heuristics, args.tune
     rows = []
     with gemm_shapes.heuristics(args.heuristics):
         for variant in args.variants:
