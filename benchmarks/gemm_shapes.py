@@ -34,7 +34,7 @@ from common import RESULTS, append_jsonl, device_arg, run_context
 import torch_adreno
 import torch_adreno.backend as backend
 from torch_adreno.fusion import split_k
-from torch_adreno.kernels import arena_params, gemm
+from torch_adreno.kernels import gemm
 from torch_adreno.lowering import conv
 
 #: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
@@ -164,7 +164,7 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
-            "slices_3", "half_filled_k16", "full_tiles", "read_only_arenas")
+            "slices_3", "half_filled_k16", "full_tiles")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -256,12 +256,9 @@ def heuristics(variant: str) -> Iterator[None]:
     ``results/gemm_shapes_fill_slices_h200.jsonl`` named ``slices_2_sixteen_bit_half_filled``, from
     when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices).
     ``half_filled_k16``: the half-filled 128 x 64 tiles with a K step of 16; ``full_tiles``: 128 x 128
-    tiles in their place (``_half_filled_variant``). ``read_only_arenas``: a replay's kernels read
-    their operands through read-only arena parameters (``kernels.arena_params.READ_ONLY_ARENAS``)."""
+    tiles in their place (``_half_filled_variant``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
-    read_only_arenas = arena_params.READ_ONLY_ARENAS
-    arena_params.READ_ONLY_ARENAS = variant == "read_only_arenas"
     if variant in ("half_filled_k16", "full_tiles"):
         gemm.choose_tiling = _half_filled_variant(variant == "half_filled_k16")
     if variant.startswith("slices_"):
@@ -288,7 +285,6 @@ def heuristics(variant: str) -> Iterator[None]:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
         gemm.K_STEP_INDEX = k_step_index
         split_k.choose_large_tile_split = large_tile_split
-        arena_params.READ_ONLY_ARENAS = read_only_arenas
         conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 
 

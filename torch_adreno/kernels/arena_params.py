@@ -58,14 +58,6 @@ class ArenaRewriteError(ValueError):
     """An arena placement that cannot be made (an argument that is not a buffer, a bad offset)."""
 
 
-#: Whether operands a kernel only reads are found through a second, read-only parameter of their
-#: arena (``const``, ``restrict``: none of the bytes read through it is written during the launch,
-#: as the operands of one launch lie in disjoint byte ranges), bound to the same buffer.
-READ_ONLY_ARENAS = False
-#: The suffix of a read-only arena parameter's name.
-READ_ONLY_SUFFIX = "_ro"
-
-
 def arena_param(base: int) -> str:
     """The parameter name of arena ``base`` (0: the first argument)."""
     return ARENA_PARAM if base == 0 else f"{ARENA_PARAM}{base}"
@@ -79,12 +71,6 @@ def arena_buffer(base: int) -> str:
 def arena_records(count: int) -> tuple[KernelParam, ...]:
     """The parameter records of arenas ``0..count-1``, the first arguments of a placed kernel."""
     return tuple(arena_record(arena_buffer(base), arena_param(base)) for base in range(count))
-
-
-def read_only_arena_records(count: int) -> tuple[KernelParam, ...]:
-    """The read-only parameters of arenas ``0..count-1`` (:data:`READ_ONLY_ARENAS`), after the arenas."""
-    return tuple(KernelParam(f"{arena_buffer(base)} read-only", arena_param(base) + READ_ONLY_SUFFIX, Role.ARENA,
-                             ir.DType.U8) for base in range(count))
 
 
 def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int],
@@ -119,10 +105,9 @@ def place_in_arena(kernel: KernelSource, offsets: Mapping[int, int],
         offset = KernelParam(f"<offset of {record.key}>", record.c_name + OFFSET_SUFFIX, Role.ARENA_OFFSET,
                              ir.DType.I32, address_space="__private")
         offset_records.append(offset)
-        arena = arena_param(base_of[position]) + (READ_ONLY_SUFFIX if READ_ONLY_ARENAS and not record.written else "")
-        arguments[at] = replace(record, located=ArenaLocation(arena, offset.c_name, OFFSET_ALIGNMENT))
-    read_only = read_only_arena_records(count) if READ_ONLY_ARENAS else ()
-    return replace(kernel, arguments=(*arena_records(count), *read_only, *offset_records, *arguments))
+        arguments[at] = replace(record, located=ArenaLocation(arena_param(base_of[position]), offset.c_name,
+                                                              OFFSET_ALIGNMENT))
+    return replace(kernel, arguments=(*arena_records(count), *offset_records, *arguments))
 
 
 def offset_values(kernel: KernelSource, offsets: Mapping[int, int]) -> tuple[int, ...]:

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from torch_adreno.kernels import arena_params
 from torch_adreno.kernels.arena_params import copy_ranges, offset_values, place_in_arena
 from torch_adreno.kernels.program import KernelSource
 from torch_adreno.runtime.build import build_kernels
@@ -125,13 +124,11 @@ def arena_kernels(runtime: DeviceRuntime, recorder: StepRecorder, locate: Locate
             continue
         template = next(built)
         kernel = cl.Kernel(template.program, template.function_name)
-        # (each slab again for its read-only parameter, where the kernel has those)
-        bound = placement.slabs * (2 if arena_params.READ_ONLY_ARENAS else 1)
-        for argument, slab in enumerate(bound):
+        for argument, slab in enumerate(placement.slabs):
             kernel.set_arg(argument, slab)
-        for argument, value in enumerate(placement.offsets, start=len(bound)):
+        for argument, value in enumerate(placement.offsets, start=len(placement.slabs)):
             kernel.set_arg(argument, np.int32(value))
-        kernels.append(ReplayKernel(kernel, bound, placement.placed, placement.offsets))
+        kernels.append(ReplayKernel(kernel, placement.slabs, placement.placed, placement.offsets))
     return kernels
 
 
