@@ -164,7 +164,8 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
-            "slices_3", "half_filled_k16", "full_tiles")
+            "slices_3", "half_filled_k16", "full_tiles",
+            "wide_k_step_8")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -228,6 +229,20 @@ def _half_filled_variant(k16: bool) -> Any:
     return choose
 
 
+def _wide_k_step_8() -> Any:
+    """``choose_tiling`` with a K step of 8 in every 128 x 64 tile (the heuristic gives those it
+    picks outright, not as the half-filled 128 x 128 ones, a K step of 16)."""
+    heuristic = gemm.choose_tiling
+
+    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+        tiling = heuristic(m, n, batch, profile)
+        if (tiling.tile_m, tiling.tile_n) == (128, 64) and tiling.tile_k != 8:
+            return gemm.GemmTiling(128, 64, 8, tiling.wpt_m, tiling.wpt_n)
+        return tiling
+
+    return choose
+
+
 def _at_most_slices(most: int) -> Any:
     """``split_k.choose_large_tile_split`` cutting k into at most ``most`` slices."""
     heuristic = split_k.choose_large_tile_split
@@ -256,10 +271,12 @@ def heuristics(variant: str) -> Iterator[None]:
     ``results/gemm_shapes_fill_slices_h200.jsonl`` named ``slices_2_sixteen_bit_half_filled``, from
     when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices).
     ``half_filled_k16``: the half-filled 128 x 64 tiles with a K step of 16; ``full_tiles``: 128 x 128
-    tiles in their place (``_half_filled_variant``)."""
+    tiles in their place (``_half_filled_variant``); ``wide_k_step_8``: a K step of 8 in every
+    128 x 64 tile (``_wide_k_step_8``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
-    if variant in ("half_filled_k16", "full_tiles"):
+    if variant in ("half_filled_k16", "full_tiles",
+            "wide_k_step_8"):
         gemm.choose_tiling = _half_filled_variant(variant == "half_filled_k16")
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
