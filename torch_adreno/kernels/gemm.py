@@ -146,9 +146,12 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
         # such shape the tuner was given (H200, benchmarks/results/gemm_shapes_h200.jsonl "tuned":
         # GPT-2's c_attn forward, 144 tiles, 180 -> 158 us; c_fc forward, 192, 179 -> 160; the MLP
         # projection's input gradient, 192, 185 -> 152), with the K step of 8. 16-bit operands as
-        # well since the template widens them as they are stored into the tiles (bf16: c_attn
-        # forward 174 -> 148 us, c_fc forward 172 -> 147, the MLP projection's input gradient
-        # 180 -> 151; benchmarks/results/gemm_shapes_fill_slices_h200.jsonl "sixteen_bit_half_filled").
+        # well, now that the template holds them as loaded and widens them only as they are stored
+        # into the tiles (bf16: c_attn forward 174 -> 148 us, c_fc forward 172 -> 147, the MLP
+        # projection's input gradient 180 -> 151; benchmarks/results/gemm_shapes_fill_slices_h200.jsonl
+        # "sixteen_bit_half_filled"). Inside the replayed bf16 GPT-2 step that last one takes 203 us,
+        # for a reason not found: the same kernel, same PTX, bound without the arena takes 152
+        # (README, "Half precision").
         tile_n = 64
     wpt_m, wpt_n = tile_m // threads, tile_n // threads
     if (tile_m, tile_n) == (128, 64) and m <= 128 and threads == 16:
