@@ -164,8 +164,7 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
-            "slices_3", "half_filled_k16", "full_tiles",
-            "wide_k_step_8")
+            "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -275,9 +274,10 @@ def heuristics(variant: str) -> Iterator[None]:
     128 x 64 tile (``_wide_k_step_8``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
-    if variant in ("half_filled_k16", "full_tiles",
-            "wide_k_step_8"):
+    if variant in ("half_filled_k16", "full_tiles"):
         gemm.choose_tiling = _half_filled_variant(variant == "half_filled_k16")
+    if variant == "wide_k_step_8":
+        gemm.choose_tiling = _wide_k_step_8()
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
     k_step_index = gemm.K_STEP_INDEX
