@@ -182,64 +182,60 @@ def _wide_tiling(wide_n: bool) -> Any:
     return choose
 
 
-def _items_8x8_tiling() -> Any:
-    """``choose_tiling`` with 8 x 8 outputs per work-item wherever the heuristic's tile is 128 x 64
-    with fewer (128 work-items in place of 256; 64 x 128 tiles so were slower at every ResNet-18
-    layer, 128 x 64 ones faster: benchmarks/results/gemm_shapes_k_steps_h200.jsonl)."""
+#: A rewrite of the heuristic's tiling: (its tiling, m, n, batch, profile) -> the tiling to use.
+Rewrite = Callable[[gemm.GemmTiling, int, int, int, Any], gemm.GemmTiling]
+
+
+def _rewritten_tiling(rewrite: Rewrite) -> Any:
+    """``choose_tiling`` as the heuristic chooses, then passed through ``rewrite``."""
     heuristic = gemm.choose_tiling
 
     def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
-        tiling = heuristic(m, n, batch, profile)
-        if (tiling.tile_m, tiling.tile_n) == (128, 64) and (tiling.wpt_m, tiling.wpt_n) != (8, 8):
-            return gemm.GemmTiling(tiling.tile_m, tiling.tile_n, tiling.tile_k, 8, 8)
-        return tiling
+        return rewrite(heuristic(m, n, batch, profile), m, n, batch, profile)
 
     return choose
 
 
-def _narrow_k_step_tiling() -> Any:
-    """``choose_tiling`` with a K step of 8 in 64 x 128 tiles (the 64-channel convolutions' tile)."""
-    heuristic = gemm.choose_tiling
-
-    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
-        tiling = heuristic(m, n, batch, profile)
-        if (tiling.tile_m, tiling.tile_n) == (64, 128):
-            return gemm.GemmTiling(64, 128, 8, tiling.wpt_m, tiling.wpt_n)
-        return tiling
-
-    return choose
+def _items_8x8(t: gemm.GemmTiling, m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+    """8 x 8 outputs per work-item wherever the heuristic's tile is 128 x 64 with fewer (128
+    work-items in place of 256; 64 x 128 tiles so were slower at every ResNet-18 layer, 128 x 64
+    ones faster: benchmarks/results/gemm_shapes_k_steps_h200.jsonl)."""
+    if (t.tile_m, t.tile_n) == (128, 64) and (t.wpt_m, t.wpt_n) != (8, 8):
+        return gemm.GemmTiling(t.tile_m, t.tile_n, t.tile_k, 8, 8)
+    return t
 
 
-def _half_filled_variant(k16: bool) -> Any:
-    """``choose_tiling`` with a K step of 16 in the half-filled 128 x 64 tiles (``k16``), or with
-    128 x 128 tiles where the heuristic takes 128 x 64 ones for under 1.5 per compute unit."""
-    heuristic = gemm.choose_tiling
-
-    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
-        tiling = heuristic(m, n, batch, profile)
-        if (tiling.tile_m, tiling.tile_n, tiling.wpt_n) != (128, 64, 4):
-            return tiling
-        if k16:
-            return gemm.GemmTiling(128, 64, 16, tiling.wpt_m, tiling.wpt_n)
-        if n >= 128 and math.ceil(m / 128) * math.ceil(n / 128) * batch >= profile.compute_units:
-            return gemm.GemmTiling(128, 128, 8, 8, 8)
-        return tiling
-
-    return choose
+def _narrow_k_step(t: gemm.GemmTiling, m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+    """A K step of 8 in 64 x 128 tiles (the 64-channel convolutions' tile)."""
+    return gemm.GemmTiling(64, 128, 8, t.wpt_m, t.wpt_n) if (t.tile_m, t.tile_n) == (64, 128) else t
 
 
-def _wide_k_step_8() -> Any:
-    """``choose_tiling`` with a K step of 8 in every 128 x 64 tile (the heuristic gives those it
-    picks outright, not as the half-filled 128 x 128 ones, a K step of 16)."""
-    heuristic = gemm.choose_tiling
+def _half_filled_k16(t: gemm.GemmTiling, m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+    """A K step of 16 in the half-filled 128 x 64 tiles (8 x 4 per work-item)."""
+    return gemm.GemmTiling(128, 64, 16, t.wpt_m, t.wpt_n) if (t.tile_m, t.tile_n, t.wpt_n) == (128, 64, 4) else t
 
-    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
-        tiling = heuristic(m, n, batch, profile)
-        if (tiling.tile_m, tiling.tile_n) == (128, 64) and tiling.tile_k != 8:
-            return gemm.GemmTiling(128, 64, 8, tiling.wpt_m, tiling.wpt_n)
-        return tiling
 
-    return choose
+def _full_tiles(t: gemm.GemmTiling, m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+    """128 x 128 tiles where the heuristic takes half-filled 128 x 64 ones for under 1.5 per compute unit."""
+    if ((t.tile_m, t.tile_n, t.wpt_n) == (128, 64, 4) and n >= 128
+            and math.ceil(m / 128) * math.ceil(n / 128) * batch >= profile.compute_units):
+        return gemm.GemmTiling(128, 128, 8, 8, 8)
+    return t
+
+
+def _wide_k_step_8(t: gemm.GemmTiling, m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+    """A K step of 8 in every 128 x 64 tile (those the heuristic picks outright, not as half-filled
+    128 x 128 ones, have a K step of 16)."""
+    if (t.tile_m, t.tile_n) == (128, 64) and t.tile_k != 8:
+        return gemm.GemmTiling(128, 64, 8, t.wpt_m, t.wpt_n)
+    return t
+
+
+#: The variants that rewrite the heuristic's tiling, by the prefix of their name.
+TILING_REWRITES: dict[str, Rewrite] = {
+    "items_8x8": _items_8x8, "narrow_k_step": _narrow_k_step, "half_filled_k16": _half_filled_k16,
+    "full_tiles": _full_tiles, "wide_k_step_8": _wide_k_step_8,
+}
 
 
 def _at_most_slices(most: int) -> Any:
@@ -264,28 +260,23 @@ def heuristics(variant: str) -> Iterator[None]:
     tap (``lowering.conv.STRIDED_GRAD_INPUT_BY_PHASE`` off); ``wgrad_tap_major`` / ``wgrad_padded`` /
     ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two.
     ``k_as_index``: the operand helpers take k itself, not (K step, offset) (``gemm.K_STEP_INDEX``
-    off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8_tiling``);
+    off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8``);
     ``narrow_k_step``: a K step of 8 in 64 x 128 tiles. ``slices_2`` / ``slices_3``: GEMMs of few
     128 x 128 tiles cut into at most 2 / 3 slices (``_at_most_slices``; in
     ``results/gemm_shapes_fill_slices_h200.jsonl`` named ``slices_2_sixteen_bit_half_filled``, from
     when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices).
     ``half_filled_k16``: the half-filled 128 x 64 tiles with a K step of 16; ``full_tiles``: 128 x 128
-    tiles in their place (``_half_filled_variant``); ``wide_k_step_8``: a K step of 8 in every
-    128 x 64 tile (``_wide_k_step_8``)."""
+    tiles in their place; ``wide_k_step_8``: a K step of 8 in every
+    128 x 64 tile (``TILING_REWRITES``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
-    if variant in ("half_filled_k16", "full_tiles"):
-        gemm.choose_tiling = _half_filled_variant(variant == "half_filled_k16")
-    if variant == "wide_k_step_8":
-        gemm.choose_tiling = _wide_k_step_8()
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
     k_step_index = gemm.K_STEP_INDEX
     gemm.K_STEP_INDEX = "k_as_index" not in variant
-    if variant.startswith("items_8x8"):
-        gemm.choose_tiling = _items_8x8_tiling()
-    if variant.startswith("narrow_k_step"):
-        gemm.choose_tiling = _narrow_k_step_tiling()
+    rewrite = next((r for prefix, r in TILING_REWRITES.items() if variant.startswith(prefix)), None)
+    if rewrite is not None:
+        gemm.choose_tiling = _rewritten_tiling(rewrite)
     conv_knobs = conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS
     conv.STRIDED_GRAD_INPUT_BY_PHASE = variant != "dense_strided"
     conv.WEIGHT_GRADIENT_TAP_MAJOR = variant in ("wgrad_tap_major", "wgrad_both")
