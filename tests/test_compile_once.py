@@ -242,7 +242,9 @@ def _replayed_arena_functions(blocks: int, monkeypatch) -> tuple[int, int, int]:
     compiled = {source.content() for _, source, _ in replay._launches}
     functions = {(kernel.program.int_ptr, kernel.function_name) for _, _, kernel in replay._launches}
     assert len(functions) == sum(built), (len(functions), built)  # each function built once
-    return replay.kernel_launches, len(compiled), len(functions)
+    launches = replay.kernel_launches
+    step.close()  # (its deferred host copies made now, not by a later test's sync)
+    return launches, len(compiled), len(functions)
 
 
 @pytest.mark.device

@@ -324,7 +324,7 @@ def test_native_half_kernels_compute_in_half_registers():
     assert "#pragma" not in default.source
     body = native.source.split("{", 1)[1]
     # half loads, arithmetic and stores: no float registers, no software rounding, no vload_half
-    assert re.search(r"const half t\d+ = in0\[i0\];", body)
+    assert re.search(r"const half t\d+ = in0\[x\];", body)  # (read at the kernel's own element index)
     assert re.search(r"const half t\d+ = \(t\d+ \* t\d+\);", body)
     assert "((half)0.5f)" in body and "out0[x] = (half)(" in body
     assert "float" not in body and "adreno_round_half" not in body and "vload_half" not in body

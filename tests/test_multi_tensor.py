@@ -190,6 +190,28 @@ def test_segmented_kernel_text_names_its_fx_nodes_and_decides_segments_by_offset
     assert kernel.global_size[0] >= 30
 
 
+def _optimizer_kernel(model: torch.nn.Module):
+    gm = _optimizer_graph(lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), model)
+    fused = fuse(lower_graph(gm, Config(), "g", None), Config())
+    program = render_program(fused, plan_memory(fused, REFERENCE_PROFILE), REFERENCE_PROFILE)
+    (kernel,) = [k for k in program.kernels if k.kind == "segmented"]
+    return kernel
+
+
+def test_segments_of_equal_code_share_it_so_the_kernel_does_not_grow_with_repeated_layers():
+    # SGD with momentum on 2 and on 12 layers of different widths: every parameter's update is the
+    # same elementwise code on other buffers, so the kernel holds that code once; only the
+    # decision tree pointing the code at each segment's buffers grows with the parameters.
+    two, twelve = (_optimizer_kernel(_mlp((6, 10) + (9, 8) * n + (3,))) for n in (0, 5))
+    assert (two.source.count("// segment "), twelve.source.count("// segment ")) == (4, 24)  # a segment a parameter
+    for kernel in (two, twelve):
+        computed = [ln for ln in kernel.source.splitlines() if "const float" in ln]
+        assert kernel.source.count("if (segment_group == 0) {") == 1 and "segment_group == 1" not in kernel.source
+        assert len(computed) == len([ln for ln in two.source.splitlines() if "const float" in ln]), kernel.source
+    # An element read at the segment's own index is read at ``x``: no index arithmetic, no shape.
+    assert "(x / " not in twelve.source and "(x % " not in twelve.source
+
+
 # -- on the device: compiled optimizer steps against eager ------------------------------------------------
 
 

@@ -9,6 +9,7 @@ of its elements exactly once.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -62,6 +63,22 @@ class SegmentedKernel:
             if any(s.buffer == buffer for s in seg.stores):
                 return seg
         return None
+
+    def readers(self, buffer: str) -> list[PointwiseKernel]:
+        """The segments that load ``buffer`` (in their values, indices or conditions)."""
+        return self._readers.get(buffer, [])
+
+    @functools.cached_property
+    def _readers(self) -> dict[str, list[PointwiseKernel]]:
+        # (cached: the memory plan asks for every buffer of every segment, and the segments are
+        # fixed once the kernel is made)
+        readers: dict[str, list[PointwiseKernel]] = {}
+        for seg in self.segments:
+            read = {ld.buffer for s in seg.stores for e in (s.value, *s.index, *([s.when] if s.when is not None else []))
+                    for ld in ir.loads(e)}
+            for buffer in read:
+                readers.setdefault(buffer, []).append(seg)
+        return readers
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,13 @@ class Call(Expr):
         return self._text
 
 
+#: Index arithmetic simplified, by (op, arguments): a model's repeated blocks index their buffers
+#: alike, so most of a graph's index expressions were simplified before (expressions are
+#: immutable, so a result may be shared). Bounded: cleared when full.
+_SIMPLIFIED: dict[tuple[str, tuple[Expr, ...]], Expr | None] = {}
+_SIMPLIFIED_LIMIT = 200_000
+
+
 def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
     """Build ``op(args)`` with its result type; index arithmetic is simplified on the way."""
     info = OPS.get(op)
@@ -195,7 +202,14 @@ def call(op: str, *args: Expr, dtype: DType | None = None) -> Expr:
         wide = tuple(cast(a, DType.F32) if a.dtype.is_half else a for a in args)
         return cast(Call(op, wide, DType.F32), result)
     if all(a.dtype is DType.INDEX for a in args):
-        simplified = _simplify_index_call(op, args)
+        key = (op, args)
+        if key in _SIMPLIFIED:
+            simplified = _SIMPLIFIED[key]
+        else:
+            simplified = _simplify_index_call(op, args)
+            if len(_SIMPLIFIED) >= _SIMPLIFIED_LIMIT:
+                _SIMPLIFIED.clear()
+            _SIMPLIFIED[key] = simplified
         if simplified is not None:
             return simplified
     return Call(op, args, result)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from torch_adreno import ir
 from torch_adreno.fusion import Accumulator, PointwiseKernel, ReductionKernel, SegmentedKernel, Store
@@ -14,6 +16,7 @@ from torch_adreno.kernels.expressions import (
     reduction_init,
     value_ctype,
 )
+from torch_adreno.kernels.params import Role
 from torch_adreno.kernels.program import kernel_opening
 from torch_adreno.kernels.workgroup import (
     Launch,
@@ -59,12 +62,15 @@ def index_ctype_for(params: Mapping[str, Param], *extents: int) -> str:
     return "int" if largest <= INT32_LIMIT else "long"
 
 
-def unravel_lines(writer: CodeWriter, linear: str, vars_: tuple[ir.Expr, ...], shape: tuple[int, ...]) -> list[str]:
-    """Statements defining the loop variables ``vars_`` from a row-major ``linear`` index."""
+def unravel_lines(writer: CodeWriter, linear: str, vars_: tuple[ir.Expr, ...], shape: tuple[int, ...],
+                  used_by: Sequence[str] | None = None) -> list[str]:
+    """Statements defining the loop variables ``vars_`` from a row-major ``linear`` index (only
+    those the statements ``used_by`` name, when given)."""
+    used = None if used_by is None else set(re.findall(r"\w+", "\n".join(used_by)))
     lines = []
     strides = ir.contiguous_strides(shape)
     for d, (v, size) in enumerate(zip(vars_, shape, strict=True)):
-        if not isinstance(v, ir.Var):
+        if not isinstance(v, ir.Var) or (used is not None and writer.var_names[v] not in used):
             continue
         expr = linear if strides[d] == 1 else f"({linear} / {strides[d]})"
         if d > 0:
@@ -167,10 +173,10 @@ def render_pointwise(spec: PointwiseKernel, params: dict[str, Param], profile: D
     element, returning early past the last."""
     numel = math.prod(spec.ranges)
     stores, native = _native_stores(spec.stores, params, native_half)
-    writer = CodeWriter(params, var_names(spec.loop_vars), native_half=native)
+    writer = CodeWriter(params, var_names(spec.loop_vars), native_half=native, linear=("x", spec.loop_vars, spec.ranges))
     write_stores(writer, stores, "x", spec.ranges, spec.loop_vars)
-    index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges)
-    body = writer.close_scope()
+    body = writer.take_lines()
+    index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges, used_by=body)
     local = linear_local_size(numel, profile)
     text = "\n".join([
         f"#define INDEX_T {index_ctype_for(params, numel)}",
@@ -184,27 +190,96 @@ def render_pointwise(spec: PointwiseKernel, params: dict[str, Param], profile: D
     return text, (round_up(max(numel, 1), local),), (local,), _extensions(native)
 
 
-def _segment_lines(index: int, spec: PointwiseKernel, start: int, params: dict[str, Param],
-                   native_half: bool = False) -> list[str]:
-    """One segment of a segmented kernel: its element ``x`` from the launch's ``gx``, its stores."""
+#: Placeholders in a segment's text rendered once for its grouping: its temporaries' prefix and its
+#: k-th buffer parameter (characters no generated C contains).
+_TEMP_MARK = "@t"
+_PARAM_MARK = re.compile(r"@p(\d+)@")
+
+
+@dataclass(frozen=True)
+class _SegmentText:
+    """A segment's stores and index definitions with its temporaries as ``@tN`` and its buffers
+    as ``@pJ@``, J numbering them in the order the text first uses them (``buffers[J]`` is that
+    buffer's position among the kernel's parameters): segments of equal ``lines`` (a model's
+    repeated blocks, parameters of one shape) compute the same code on other buffers."""
+
+    start: int
+    numel: int
+    ranges: tuple[int, ...]
+    lines: tuple[str, ...]
+    buffers: tuple[int, ...]
+
+    def filled(self, prefix: str, names: Sequence[str]) -> list[str]:
+        """The text with temporaries named ``prefix``N and buffer J named ``names[J]``."""
+        return [_PARAM_MARK.sub(lambda m: names[int(m.group(1))], ln).replace(_TEMP_MARK, prefix) for ln in self.lines]
+
+
+def _segment_text(spec: PointwiseKernel, start: int, params: dict[str, Param], native_half: bool) -> _SegmentText:
+    marked = {b: replace(p, c_name=f"@p{k}@") for k, (b, p) in enumerate(params.items())}
     stores, native = _native_stores(spec.stores, params, native_half)
-    writer = CodeWriter(params, var_names(spec.loop_vars), prefix=f"s{index}_t", native_half=native)
+    writer = CodeWriter(marked, var_names(spec.loop_vars), prefix=_TEMP_MARK, native_half=native,
+                        linear=("x", spec.loop_vars, spec.ranges))
     write_stores(writer, stores, "x", spec.ranges, spec.loop_vars)
-    index_defs = unravel_lines(writer, "x", spec.loop_vars, spec.ranges)
-    body = writer.close_scope()
-    first = "const INDEX_T x = gx;" if start == 0 else f"const INDEX_T x = gx - {start};"
-    return [f"// segment {index}: elements [{start}, {start + math.prod(spec.ranges)}), "
-            f"pointwise over {list(spec.ranges)}", first, *index_defs, *body]
+    body = writer.take_lines()
+    lines = unravel_lines(writer, "x", spec.loop_vars, spec.ranges, used_by=body) + body
+    used = list(dict.fromkeys(int(m.group(1)) for ln in lines for m in _PARAM_MARK.finditer(ln)))
+    order = {k: j for j, k in enumerate(used)}
+    canonical = tuple(_PARAM_MARK.sub(lambda m: f"@p{order[int(m.group(1))]}@", ln) for ln in lines)
+    return _SegmentText(start, math.prod(spec.ranges), tuple(spec.ranges), canonical, tuple(used))
 
 
-def _segment_tree(segments: list[list[str]], offsets: list[int], lo: int, hi: int) -> list[str]:
-    """Statements running segment ``k`` of ``segments[lo:hi]`` for the ``gx`` in its range: a
-    balanced binary decision on constant offsets (log2(segments) comparisons per work-item)."""
+def _segment_tree(leaves: list[list[str]], offsets: list[int], lo: int, hi: int) -> list[str]:
+    """Statements running leaf ``k`` of ``leaves[lo:hi]`` for the ``gx`` in its range: a balanced
+    binary decision on constant offsets (log2(segments) comparisons per work-item)."""
     if hi - lo == 1:
-        return segments[lo]
+        return leaves[lo]
     mid = (lo + hi) // 2
-    return [f"if (gx < {offsets[mid]}) {{", *("    " + ln for ln in _segment_tree(segments, offsets, lo, mid)),
-            "} else {", *("    " + ln for ln in _segment_tree(segments, offsets, mid, hi)), "}"]
+    return [f"if (gx < {offsets[mid]}) {{", *("    " + ln for ln in _segment_tree(leaves, offsets, lo, mid)),
+            "} else {", *("    " + ln for ln in _segment_tree(leaves, offsets, mid, hi)), "}"]
+
+
+def _segment_leaves(texts: list[_SegmentText], params: dict[str, Param]) -> tuple[list[list[str]], list[str], list[str]]:
+    """The decision tree's leaves, the declarations before it and the shared bodies after it.
+
+    A segment whose text no other segment has is its own leaf (its code on its own buffers).
+    Segments of equal text are one group: each one's leaf only points the group's buffer
+    variables at its buffers and sets its element, and the group's code follows the tree once, so
+    the kernel's code grows with its distinct segments, not with all of them (twelve identical
+    blocks' optimizer updates compile as one block's).
+    """
+    c_names = [p.c_name for p in params.values()]
+    records = [p.record() for p in params.values()]
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for k, text in enumerate(texts):
+        if all(records[b].role is Role.BUFFER for b in text.buffers):
+            groups.setdefault(text.lines, []).append(k)
+    declarations: list[str] = []
+    bodies: list[str] = []
+    group_of: dict[int, int] = {}
+    for members in (m for m in groups.values() if len(m) > 1):
+        g = len(set(group_of.values()))
+        first = texts[members[0]]
+        local = [f"g{g}_p{j}" for j in range(len(first.buffers))]
+        # (no ``restrict``: a copy of a restrict parameter in the parameter's own block)
+        declarations += [f"{records[b].pointer_type()} {name} = 0;" for b, name in zip(first.buffers, local, strict=True)]
+        bodies += [f"{'if' if g == 0 else '} else if'} (segment_group == {g}) {{",
+                   "    const INDEX_T x = segment_x;", *("    " + ln for ln in first.filled(f"g{g}_t", local))]
+        group_of.update(dict.fromkeys(members, g))
+    if bodies:
+        bodies.append("}")
+        declarations = ["int segment_group = -1;", "INDEX_T segment_x = 0;", *declarations]
+    leaves: list[list[str]] = []
+    for k, text in enumerate(texts):
+        comment = f"// segment {k}: elements [{text.start}, {text.start + text.numel}), pointwise over {list(text.ranges)}"
+        group = group_of.get(k)
+        if group is None:
+            first_line = "const INDEX_T x = gx;" if text.start == 0 else f"const INDEX_T x = gx - {text.start};"
+            leaves.append([comment, first_line, *text.filled(f"s{k}_t", [c_names[b] for b in text.buffers])])
+        else:
+            leaves.append([f"{comment}: group {group}'s code", f"segment_group = {group};",
+                           f"segment_x = gx - {text.start};",
+                           *(f"g{group}_p{j} = {c_names[b]};" for j, b in enumerate(text.buffers))])
+    return leaves, declarations, bodies
 
 
 def render_segmented(spec: SegmentedKernel, params: dict[str, Param], profile: DeviceProfile,
@@ -213,7 +288,8 @@ def render_segmented(spec: SegmentedKernel, params: dict[str, Param], profile: D
     element of every segment, segment ``k`` taking items ``[offsets[k], offsets[k + 1])``."""
     offsets = spec.offsets
     total = offsets[-1]
-    segments = [_segment_lines(k, seg, offsets[k], params, native_half) for k, seg in enumerate(spec.segments)]
+    texts = [_segment_text(seg, offsets[k], params, native_half) for k, seg in enumerate(spec.segments)]
+    leaves, declarations, bodies = _segment_leaves(texts, params)
     native = _native_stores([], params, native_half)[1]
     local = linear_local_size(total, profile)
     text = "\n".join([
@@ -221,7 +297,9 @@ def render_segmented(spec: SegmentedKernel, params: dict[str, Param], profile: D
         *kernel_opening(),
         "    const INDEX_T gx = get_global_id(0);",
         f"    if (gx >= {total}) return;",
-        *("    " + ln for ln in _segment_tree(segments, offsets, 0, len(segments))),
+        *("    " + ln for ln in declarations),
+        *("    " + ln for ln in _segment_tree(leaves, offsets, 0, len(leaves))),
+        *("    " + ln for ln in bodies),
         "}",
         "",
     ])

@@ -9,6 +9,7 @@ inline when they read memory: hoisting them would turn a guarded read into an un
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -86,13 +87,22 @@ class CodeWriter:
     """Writes expressions of one kernel into scoped C statements."""
 
     def __init__(self, params: Mapping[str, Param], var_names: Mapping[ir.Var, str] | None = None,
-                 prefix: str = "t", registers: Mapping[ir.Load, str] | None = None, native_half: bool = False) -> None:
+                 prefix: str = "t", registers: Mapping[ir.Load, str] | None = None, native_half: bool = False,
+                 linear: tuple[str, tuple[ir.Expr, ...], tuple[int, ...]] | None = None) -> None:
         self.params = params
         #: float16 values are ``half`` in registers (cl_khr_fp16), not floats rounded to float16.
         self.native_half = native_half
         #: Loads served from registers: a kernel's own results read where it produces them.
         self.registers: dict[ir.Load, str] = dict(registers or {})
         self.var_names: dict[ir.Var, str] = dict(var_names or {})
+        #: (name, loop variables, ranges) of a kernel's linear element index: an element read at
+        #: the kernel's own index of a buffer of the kernel's own shape is read at it, with no
+        #: index arithmetic (and no code that depends on the shape).
+        self._linear: tuple[ir.Var, tuple[ir.Expr, ...], tuple[int, ...]] | None = None
+        if linear is not None:
+            name, loop_vars, ranges = linear
+            self._linear = (ir.Var(name, math.prod(ranges)), tuple(loop_vars), tuple(ranges))
+            self.var_names[self._linear[0]] = name
         self.scopes: list[Scope] = [Scope(set(self.var_names))]
         self._temps: dict[ir.Expr, str] = {}
         self._prefix = prefix
@@ -159,6 +169,8 @@ class CodeWriter:
 
     def flat_index(self, buffer: str, index: tuple[ir.Expr, ...]) -> ir.Expr:
         shape = self.params[buffer].shape
+        if self._linear is not None and shape == self._linear[2] and tuple(index) == self._linear[1]:
+            return self._linear[0]
         flat: ir.Expr = ir.index(0)
         for e, stride in zip(index, ir.contiguous_strides(shape), strict=True):
             flat = ir.call("add", flat, ir.call("mul", e, ir.index(stride)))

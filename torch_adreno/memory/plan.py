@@ -141,10 +141,7 @@ def _can_overwrite(fused: FusedGraph, index: int, out: str, src: str, ranges: di
         return False
     if isinstance(spec, SegmentedKernel):
         segment = spec.segment_storing(out)
-        others = [seg for seg in spec.segments if seg is not segment]
-        if segment is None or any(ld.buffer == src for seg in others for s in seg.stores
-                                  for e in (s.value, *s.index, *([s.when] if s.when is not None else []))
-                                  for ld in ir.loads(e)):
+        if segment is None or any(seg is not segment for seg in spec.readers(src)):
             return False
         spec = segment
     if not isinstance(spec, PointwiseKernel):
