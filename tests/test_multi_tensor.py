@@ -289,6 +289,34 @@ def test_training_step_runs_the_adam_update_in_two_launches():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.device
+def test_training_step_traces_an_unset_foreach_optimizer_through_its_multi_tensor_step():
+    # PyTorch picks the per-tensor step for host tensors when foreach is unset: Dynamo would trace
+    # its loop once per parameter. The step sets foreach for its lifetime (bitwise the same
+    # update) and gives the optimizer back as it was; an explicit choice is the user's.
+    torch.manual_seed(0)
+    model, reference = _mlp((6, 10, 9, 3)), _mlp((6, 10, 9, 3))
+    reference.load_state_dict(model.state_dict())
+    chosen = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    with torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), chosen):
+        assert chosen.param_groups[0]["foreach"] is False
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    x, y = torch.randn(12, 6), torch.randint(0, 3, (12,))
+    with torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt) as step:
+        assert opt.param_groups[0]["foreach"] is True
+        for _ in range(3):
+            loss = step(x, y)
+            ref_opt.zero_grad()
+            ref_loss = F.cross_entropy(reference(x), y)
+            ref_loss.backward()
+            ref_opt.step()
+            torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    assert opt.param_groups[0]["foreach"] is None
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 # -- foreach ops: decomposed per tensor ----------------------------------------------------------------
 
 
