@@ -6,6 +6,7 @@ own device time, prestaged and not.
 
     python benchmarks/batch_phase.py [--device NVIDIA] [--steps 30] [--workload resnet18]
 
+``--copy-threads``: the threads that copy a prestaged batch into the staging memory.
 ``--workload``: one of benchmarks/workloads.py's models at full size in place of the small one
 (the same batch bytes, the step's own kernels behind them).
 """
@@ -33,7 +34,10 @@ def main() -> None:
     parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workload", default=None, help="a benchmarks/workloads.py workload (full size)")
+    parser.add_argument("--copy-threads", type=int, default=batch_module.COPY_THREADS,
+                        help=f"threads copying a prestaged batch (default {batch_module.COPY_THREADS})")
     args = parser.parse_args()
+    batch_module.COPY_THREADS = args.copy_threads
     torch.manual_seed(0)
     options = {"device": args.device} if args.device else {}
     if args.workload:
@@ -99,7 +103,7 @@ def main() -> None:
                **{f"{n} ms": statistics.median(v) * 1e3 for n, v in timings.items()},
                "write device ms": statistics.median(dma) * 1e3 if dma else None}
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-    print("replayed", train.replayed_steps, "mode", train.replay.batch_mode)
+    print("replayed", train.replayed_steps, "mode", train.replay.batch_mode, "copy threads", batch_module.COPY_THREADS)
 
 
 if __name__ == "__main__":

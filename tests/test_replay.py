@@ -492,6 +492,7 @@ def _counting_copies(monkeypatch) -> list[int]:
             return pool.submit(fn, target, source)
 
     monkeypatch.setattr(batch_module, "PRESTAGE_BYTES", 0)
+    monkeypatch.setattr(batch_module, "COPY_THREADS", 2)  # (the host's cores decide it otherwise)
     monkeypatch.setattr(batch_module, "_copy_pool", lambda: Counting())
     return copies
 

@@ -17,6 +17,7 @@ torch's default generator in the capture's order, as the compiled path draws the
 from __future__ import annotations
 
 import enum
+import os
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,8 +38,11 @@ REPLAY_GRAPH = "replayed_step"
 #: while the step's guard runs on the caller's thread (:meth:`BatchInput.prestage`): the device
 #: idles until the batch is there. H200 host, ResNet-18's 9.6 MB batch: 0.74 ms copied by one
 #: thread, 0.49 by two; its guard takes ~0.6 ms (``benchmarks/results/batch_copy_h200.txt``).
+#: Inside ResNet-18's step, the batch phase is 1.06-1.17 ms with two threads, 0.66-0.68 with four
+#: and 0.97-0.98 with eight (``batch_phase.py --workload resnet18 --copy-threads N``,
+#: ``batch_phase_threads_resnet18_h200.txt``): four, where the host has them.
 PRESTAGE_BYTES = 1 << 20
-COPY_THREADS = 2
+COPY_THREADS = max(1, min(4, os.cpu_count() or 1))
 _copier: ThreadPoolExecutor | None = None
 
 
