@@ -60,7 +60,7 @@ from torch_adreno.training.gradients import (
     mark_gradients_on_device,
 )
 from torch_adreno.training.memory_limits import StepMemory
-from torch_adreno.training.optimizers import prefer_multi_tensor, restore_single_tensor
+from torch_adreno.training.optimizers import MultiTensorPreference
 from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
@@ -131,7 +131,6 @@ class TrainingStep:
         self.model = model
         self.optimizer = optimizer
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
-        self._multi_tensor_groups = prefer_multi_tensor(optimizer)
         self._loss = torch.compile(lambda *batch: loss_fn(model, *batch), backend="adreno",
                                    options=dict(options or {}), dynamic=False, fullgraph=True)
         # Static: a hyperparameter given as a float and changed (lr, momentum) is a recompile
@@ -150,7 +149,8 @@ class TrainingStep:
         self._replay_options = ReplayOptions(config.replay_arena_kernels, config.replay_merge_copies,
                                              config.verify_memory, self.memory_limits)
         self._heap_copies = config.heap_copies
-        self._hooks = _sync_hooks(model, optimizer, _SyncHook(self))
+        # (removed on close: the sync hooks, and foreach set where the user left it unset)
+        self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), MultiTensorPreference(optimizer)]
         self._closed = False
         self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
@@ -347,7 +347,6 @@ class TrainingStep:
             self._closed = True
             for hook in self._hooks:
                 hook.remove()
-            restore_single_tensor(self._multi_tensor_groups)
             self.synchronize()
 
     def __enter__(self) -> TrainingStep:
