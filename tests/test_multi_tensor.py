@@ -212,6 +212,18 @@ def test_segments_of_equal_code_share_it_so_the_kernel_does_not_grow_with_repeat
     assert "(x / " not in twelve.source and "(x % " not in twelve.source
 
 
+def test_index_simplification_of_a_graph_lowered_again_is_found_memoised(monkeypatch):
+    from torch_adreno.ir import expr
+
+    monkeypatch.setattr(expr, "_SIMPLIFIED", {})
+    gm = capture_graphs(lambda a: (a.reshape(6, 4).t() * 2).reshape(2, 12), torch.randn(4, 6))[0]
+    lower_graph(gm, Config(), "g", None)
+    known = dict(expr._SIMPLIFIED)
+    assert known  # (the reshapes and transpose simplify index arithmetic)
+    lower_graph(gm, Config(), "g2", None)
+    assert known == expr._SIMPLIFIED  # every simplification the second lowering asked for was memoised
+
+
 # -- on the device: compiled optimizer steps against eager ------------------------------------------------
 
 

@@ -249,10 +249,11 @@ def _segment_leaves(texts: list[_SegmentText], params: dict[str, Param]) -> tupl
     """
     c_names = [p.c_name for p in params.values()]
     records = [p.record() for p in params.values()]
-    groups: dict[tuple[str, ...], list[int]] = {}
+    # (keyed by the buffers' pointer types too: one group's variables are declared once)
+    groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[int]] = {}
     for k, text in enumerate(texts):
         if all(records[b].role is Role.BUFFER for b in text.buffers):
-            groups.setdefault(text.lines, []).append(k)
+            groups.setdefault((text.lines, tuple(records[b].pointer_type() for b in text.buffers)), []).append(k)
     declarations: list[str] = []
     bodies: list[str] = []
     group_of: dict[int, int] = {}
