@@ -164,7 +164,7 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
-            "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8")
+            "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8", "double_buffer")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -267,12 +267,15 @@ def heuristics(variant: str) -> Iterator[None]:
     when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices).
     ``half_filled_k16``: the half-filled 128 x 64 tiles with a K step of 16; ``full_tiles``: 128 x 128
     tiles in their place; ``wide_k_step_8``: a K step of 8 in every
-    128 x 64 tile (``TILING_REWRITES``)."""
+    128 x 64 tile (``TILING_REWRITES``). ``double_buffer``: two tiles of each operand, one barrier per K
+    step (``gemm.DOUBLE_BUFFERED_TILES``; slower at 40 of 62 kernels of ``results/
+    gemm_shapes_double_buffer_h200_session35.jsonl``, where it was the default and is ``heuristic``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
-    k_step_index = gemm.K_STEP_INDEX
+    k_step_index, double_buffered = gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES
+    gemm.DOUBLE_BUFFERED_TILES = variant == "double_buffer"
     gemm.K_STEP_INDEX = "k_as_index" not in variant
     rewrite = next((r for prefix, r in TILING_REWRITES.items() if variant.startswith(prefix)), None)
     if rewrite is not None:
@@ -291,7 +294,7 @@ def heuristics(variant: str) -> Iterator[None]:
         yield
     finally:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
-        gemm.K_STEP_INDEX = k_step_index
+        gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES = k_step_index, double_buffered
         split_k.choose_large_tile_split = large_tile_split
         conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 

@@ -7,7 +7,8 @@
 // STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
 // that direction), PREFETCH_EVERY_STEP (1: the prefetch of the next K step is not skipped at the
-// last one), K_GRANULE (1 or TILE_K: the operands' K index is passed as a K step and an offset
+// last one), DOUBLE_BUFFER (1: two tiles of each operand, one barrier per K step in place of
+// two), K_GRANULE (1 or TILE_K: the operands' K index is passed as a K step and an offset
 // in it, kt * K_GRANULE + kk, so that what an index map computes from the step alone, such as an
 // im2col gather's kernel tap, is computed once per step for the whole work-group and not per element).
 //
@@ -43,6 +44,13 @@
 #define THREADS (THREADS_M * THREADS_N)
 #define PITCH_M (TILE_M + 4)
 #define PITCH_N (TILE_N + 4)
+#define A_TILE_FLOATS (TILE_K * PITCH_M)
+#define B_TILE_FLOATS (TILE_K * PITCH_N)
+#if DOUBLE_BUFFER
+#define TILE_BUFFERS 2
+#else
+#define TILE_BUFFERS 1
+#endif
 #define LOADS_A ((TILE_M * TILE_K + THREADS - 1) / THREADS)
 #define LOADS_B ((TILE_N * TILE_K + THREADS - 1) / THREADS)
 // Row (column) of the tile held in a work-item's w-th register: runs of VW adjacent ones, the runs
@@ -86,6 +94,59 @@
 #define B_NN(e) ((e) / TILE_K)
 #endif
 
+// The operands of the K step starting at k1 into the prefetch registers (none past SIZE_K).
+#define FETCH_STEP(k1) \
+    for (int i = 0; i < LOADS_A; ++i) { \
+        const int e = tid + i * THREADS; \
+        const INDEX_T m = m0 + A_MM(e), k = (k1) + A_KK(e); \
+        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, K_STEP(k1), A_KK(e)) : (A_RAW_T)0; \
+    } \
+    for (int i = 0; i < LOADS_B; ++i) { \
+        const int e = tid + i * THREADS; \
+        const INDEX_T n = n0 + B_NN(e), k = (k1) + B_KK(e); \
+        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, K_STEP(k1), B_KK(e), n) : (B_RAW_T)0; \
+    }
+// The prefetch registers into tile t of each operand.
+#define STORE_TILES(t) \
+    for (int i = 0; i < LOADS_A; ++i) { \
+        const int e = tid + i * THREADS; \
+        if (e < TILE_M * TILE_K) \
+            a_tiles[(t) * A_TILE_FLOATS + A_KK(e) * PITCH_M + A_MM(e)] = FINISH_A(a_next[i]); \
+    } \
+    for (int i = 0; i < LOADS_B; ++i) { \
+        const int e = tid + i * THREADS; \
+        if (e < TILE_N * TILE_K) \
+            b_tiles[(t) * B_TILE_FLOATS + B_KK(e) * PITCH_N + B_NN(e)] = FINISH_B(b_next[i]); \
+    }
+#if ROW_SUM
+#define ADD_ROW_SUMS \
+    for (int wm = 0; wm < WPT_M; ++wm) { \
+        const float y = a_reg[wm] - row_sum_c[wm], t_ = row_sum[wm] + y; \
+        row_sum_c[wm] = (t_ - row_sum[wm]) - y; \
+        row_sum[wm] = t_; \
+    }
+#else
+#define ADD_ROW_SUMS
+#endif
+// One K step multiplied out of tile t of each operand into the accumulators.
+#define MULTIPLY_TILES(t) \
+    { \
+        __local const float *a_tile = a_tiles + (t) * A_TILE_FLOATS; \
+        __local const float *b_tile = b_tiles + (t) * B_TILE_FLOATS; \
+        for (int kk = 0; kk < TILE_K; ++kk) { \
+            float a_reg[WPT_M]; \
+            float b_reg[WPT_N]; \
+            for (int j = 0; j < WPT_M / VW_M; ++j) \
+                READ_A(a_reg, kk, tm, j) \
+            ADD_ROW_SUMS \
+            for (int j = 0; j < WPT_N / VW_N; ++j) \
+                READ_B(b_reg, kk, tn, j) \
+            for (int wm = 0; wm < WPT_M; ++wm) \
+                for (int wn = 0; wn < WPT_N; ++wn) \
+                    acc[wm][wn] = fma(a_reg[wm], b_reg[wn], acc[wm][wn]); \
+        } \
+    }
+
 __kernel __attribute__((reqd_work_group_size(THREADS_N, THREADS_M, 1)))
 void KERNEL_NAME(KERNEL_PARAMS)
 {
@@ -97,8 +158,8 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T m0 = (INDEX_T)get_group_id(1) * TILE_M;
     const INDEX_T b = get_group_id(2);
 
-    __local float a_tile[TILE_K * PITCH_M] __attribute__((aligned(16)));
-    __local float b_tile[TILE_K * PITCH_N] __attribute__((aligned(16)));
+    __local float a_tiles[TILE_BUFFERS * A_TILE_FLOATS] __attribute__((aligned(16)));
+    __local float b_tiles[TILE_BUFFERS * B_TILE_FLOATS] __attribute__((aligned(16)));
 
     float acc[WPT_M][WPT_N];
     for (int wm = 0; wm < WPT_M; ++wm)
@@ -114,67 +175,38 @@ void KERNEL_NAME(KERNEL_PARAMS)
 
     A_RAW_T a_next[LOADS_A];
     B_RAW_T b_next[LOADS_B];
-    for (int i = 0; i < LOADS_A; ++i) {
-        const int e = tid + i * THREADS;
-        const INDEX_T m = m0 + A_MM(e), k = A_KK(e);
-        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, 0, A_KK(e)) : (A_RAW_T)0;
-    }
-    for (int i = 0; i < LOADS_B; ++i) {
-        const int e = tid + i * THREADS;
-        const INDEX_T n = n0 + B_NN(e), k = B_KK(e);
-        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, 0, B_KK(e), n) : (B_RAW_T)0;
-    }
+    FETCH_STEP(0)
 
+#if DOUBLE_BUFFER
+    // Two tiles of each operand: step s is multiplied out of tile s % 2 while step s + 1's
+    // operands, fetched during the multiplication, are stored into the other, so one barrier per
+    // K step suffices (the other tile's last readers finished before the previous step's barrier).
+    STORE_TILES(0)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int tile = 0;
     for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
-        for (int i = 0; i < LOADS_A; ++i) {
-            const int e = tid + i * THREADS;
-            if (e < TILE_M * TILE_K)
-                a_tile[A_KK(e) * PITCH_M + A_MM(e)] = FINISH_A(a_next[i]);
-        }
-        for (int i = 0; i < LOADS_B; ++i) {
-            const int e = tid + i * THREADS;
-            if (e < TILE_N * TILE_K)
-                b_tile[B_KK(e) * PITCH_N + B_NN(e)] = FINISH_B(b_next[i]);
-        }
+        const INDEX_T k1 = k0 + TILE_K;
+        FETCH_STEP(k1)
+        MULTIPLY_TILES(tile)
+        STORE_TILES(tile ^ 1)
         barrier(CLK_LOCAL_MEM_FENCE);
-
+        tile ^= 1;
+    }
+#else
+    for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
+        STORE_TILES(0)
+        barrier(CLK_LOCAL_MEM_FENCE);
         const INDEX_T k1 = k0 + TILE_K;
 #if !PREFETCH_EVERY_STEP
         if (k1 < SIZE_K)
 #endif
         {
-            for (int i = 0; i < LOADS_A; ++i) {
-                const int e = tid + i * THREADS;
-                const INDEX_T m = m0 + A_MM(e), k = k1 + A_KK(e);
-                a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, K_STEP(k1), A_KK(e)) : (A_RAW_T)0;
-            }
-            for (int i = 0; i < LOADS_B; ++i) {
-                const int e = tid + i * THREADS;
-                const INDEX_T n = n0 + B_NN(e), k = k1 + B_KK(e);
-                b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, K_STEP(k1), B_KK(e), n) : (B_RAW_T)0;
-            }
+            FETCH_STEP(k1)
         }
-
-        for (int kk = 0; kk < TILE_K; ++kk) {
-            float a_reg[WPT_M];
-            float b_reg[WPT_N];
-            for (int j = 0; j < WPT_M / VW_M; ++j)
-                READ_A(a_reg, kk, tm, j)
-#if ROW_SUM
-            for (int wm = 0; wm < WPT_M; ++wm) {
-                const float y = a_reg[wm] - row_sum_c[wm], t = row_sum[wm] + y;
-                row_sum_c[wm] = (t - row_sum[wm]) - y;
-                row_sum[wm] = t;
-            }
-#endif
-            for (int j = 0; j < WPT_N / VW_N; ++j)
-                READ_B(b_reg, kk, tn, j)
-            for (int wm = 0; wm < WPT_M; ++wm)
-                for (int wn = 0; wn < WPT_N; ++wn)
-                    acc[wm][wn] = fma(a_reg[wm], b_reg[wn], acc[wm][wn]);
-        }
+        MULTIPLY_TILES(0)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#endif
 
     for (int wm = 0; wm < WPT_M; ++wm) {
         const INDEX_T m = m0 + ROW_OF(tm, wm);
@@ -203,6 +235,13 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef PITCH_M
 #undef PITCH_N
 #undef LOADS_A
+#undef A_TILE_FLOATS
+#undef B_TILE_FLOATS
+#undef TILE_BUFFERS
+#undef FETCH_STEP
+#undef STORE_TILES
+#undef ADD_ROW_SUMS
+#undef MULTIPLY_TILES
 #undef LOADS_B
 #undef ROW_OF
 #undef COL_OF

@@ -58,8 +58,9 @@ class GemmTiling:
         return (_vector_width(self.wpt_m), _vector_width(self.wpt_n))
 
     def local_bytes(self) -> int:
-        """Both tiles, their rows padded by 4 floats as ``gemm.cl`` lays them out."""
-        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4)
+        """Both operands' tiles (two of each where :data:`DOUBLE_BUFFERED_TILES`), their rows
+        padded by 4 floats as ``gemm.cl`` lays them out."""
+        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4) * (2 if DOUBLE_BUFFERED_TILES else 1)
 
 
 def _vector_width(outputs: int) -> int:
@@ -73,6 +74,12 @@ GEMM_MACROS = ("INDEX_T", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW", "A_RAW_T",
 #: ``gemm.cl`` prefetches at every K step, the last included (``PREFETCH_EVERY_STEP``); False
 #: restores the branch around the last one (kept to measure the two against each other).
 PREFETCH_EVERY_STEP = True
+#: ``gemm.cl`` keeps two tiles of each operand and stores the next K step into one while
+#: multiplying out of the other: one barrier per K step in place of two (``-DDOUBLE_BUFFER``).
+#: Off: on the H200 it measured slower (GPT-2's and ResNet-18's GEMMs 9.58 ms in all against 9.18,
+#: square SGEMM even: benchmarks/results/gemm_shapes_double_buffer_h200_session35.jsonl), the
+#: second pair of tiles costing occupancy more than the barrier costs; kept to measure on other GPUs.
+DOUBLE_BUFFERED_TILES = False
 #: Operands that only widen (or round) one loaded element are held in the prefetch registers as
 #: loaded and finished as they are stored into the tiles (``gemm.cl``'s ``FETCH``/``FINISH``);
 #: False finishes them at the load, as before (kept to measure).
@@ -351,7 +358,8 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     else:
         launch = tiled_launch(node.m, node.n, batch, tiling)
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}",
-                   f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}", f"-DK_GRANULE={granule}")
+                   f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}", f"-DK_GRANULE={granule}",
+                   f"-DDOUBLE_BUFFER={int(DOUBLE_BUFFERED_TILES)}")
         first = RenderedGemm("gemm", prelude + _template("gemm.cl"), options, launch.global_size,
                              launch.local_size, GEMM_MACROS, arguments, tuple(operand_images.values()))
     if split == 1:
