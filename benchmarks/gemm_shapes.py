@@ -93,6 +93,9 @@ CASES: dict[str, list[Layer]] = {
         ("gpt2 head 1024x768->50257", _linear(1024, 768, 50257, bias=False)),
         ("gpt2 mlp 4x256x768 c_fc gelu c_proj", lambda: (FrozenMLP(768), torch.randn(4, 256, 768, requires_grad=True))),
     ],
+    "square": [
+        ("square 4096x4096->4096", _linear(4096, 4096, 4096, bias=False)),
+    ],
     "resnet18": [
         ("resnet18 stem 3->64 7x7 s2 @224", _conv(16, 3, 64, 224, 7, 2, input_grad=False)),
         ("resnet18 layer1 64->64 3x3 @56", _conv(16, 64, 64, 56, 3, 1)),
@@ -164,7 +167,8 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
 VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
-            "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8", "double_buffer")
+            "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8", "double_buffer", "rolled", "unroll_2", "unroll_4",
+            "unroll_8", "unroll_16")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -269,13 +273,19 @@ def heuristics(variant: str) -> Iterator[None]:
     tiles in their place; ``wide_k_step_8``: a K step of 8 in every
     128 x 64 tile (``TILING_REWRITES``). ``double_buffer``: two tiles of each operand, one barrier per K
     step (``gemm.DOUBLE_BUFFERED_TILES``; slower at 40 of 62 kernels of ``results/
-    gemm_shapes_double_buffer_h200_session35.jsonl``, where it was the default and is ``heuristic``)."""
+    gemm_shapes_double_buffer_h200_session35.jsonl``, where it was the default and is ``heuristic``).
+    ``unroll_N``: the loop over one K step unrolled N times in every tiled GEMM, ``rolled``: in none
+    (``gemm.K_STEP_UNROLL``; ``heuristic`` unrolls as ``gemm.k_step_unroll`` chooses; in
+    ``results/gemm_shapes_unroll_h200_session36.jsonl`` and ``..._regcap_...`` ``heuristic`` is
+    ``rolled``, and ``regcap_128`` added ``-cl-nv-maxrregcount=128``, which changed nothing)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
-    k_step_index, double_buffered = gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES
+    k_step_index, double_buffered, unroll = gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES, gemm.K_STEP_UNROLL
     gemm.DOUBLE_BUFFERED_TILES = variant == "double_buffer"
+    if variant.startswith("unroll_") or variant == "rolled":
+        gemm.K_STEP_UNROLL = int(variant.split("_")[1]) if variant != "rolled" else 0
     gemm.K_STEP_INDEX = "k_as_index" not in variant
     rewrite = next((r for prefix, r in TILING_REWRITES.items() if variant.startswith(prefix)), None)
     if rewrite is not None:
@@ -294,7 +304,7 @@ def heuristics(variant: str) -> Iterator[None]:
         yield
     finally:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
-        gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES = k_step_index, double_buffered
+        gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES, gemm.K_STEP_UNROLL = k_step_index, double_buffered, unroll
         split_k.choose_large_tile_split = large_tile_split
         conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 
@@ -313,6 +323,9 @@ def main() -> None:
                         help="the layers' weights and inputs in these types (16-bit: the GEMMs of a 16-bit "
                              "frozen base; PyTorch's 16-bit GEMMs use tensor cores, ours cannot through OpenCL)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gemm_shapes.jsonl")
+    parser.add_argument("--sources", type=Path, default=None,
+                        help="write each compiled kernel's OpenCL source, its build options in its first line, "
+                             "under this folder (the debug_dir option), one subfolder per layer and variant")
     args = parser.parse_args()
     base = {"device": args.device} if args.device is not None else {}
     context = run_context(base.get("device"))
@@ -329,6 +342,9 @@ def main() -> None:
                 module = module.cpu()
                 for variant in args.variants:
                     options = {**base, "compile_cache": False, **({"tune": True} if variant == "tuned" else {})}
+                    if args.sources is not None:
+                        folder = "".join(c if c.isalnum() else "_" for c in f"{name}_{dtype_name}_{variant}")
+                        options["debug_dir"] = str(args.sources / folder)
                     with heuristics(variant):
                         kernels = _our_kernels(module, x, args.reps, options)
                     gemm = [k for k in kernels if k["kind"] == "gemm"]

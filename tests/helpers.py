@@ -93,6 +93,30 @@ def _backward(out: Any, leaves: Sequence[Any]) -> list[torch.Tensor | None]:
     return [leaf.grad if isinstance(leaf, torch.Tensor) and leaf.requires_grad else None for leaf in leaves]
 
 
+def assert_follows_float64(fn: Callable[..., Any], *inputs: Any, slack: float = 1e-3,
+                           options: dict[str, Any] | None = None) -> LaunchProfile:
+    """The float64 rule for 16-bit (or any chaotic) results: compiled forward and gradients at most
+    twice as far from a float64 run as eager's in the inputs' own types, plus ``slack`` (each
+    compared by its largest absolute difference); the backend really ran (kernels launched)."""
+    out, grads, prof = run_compiled(fn, inputs, options)
+    eager_out, eager_grads = run_eager(fn, inputs)
+    exact_out, exact_grads = run_eager(fn, [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point()
+                                            else x for x in inputs])
+    results = [("output", out, eager_out, exact_out),
+               *((f"gradient {i}", g, e, r) for i, (g, e, r) in enumerate(zip(grads, eager_grads, exact_grads,
+                                                                                  strict=True)))]
+    for what, ours, eager, exact in results:
+        if exact is None:
+            assert ours is None, what
+            continue
+        assert ours.dtype == eager.dtype, f"{what}: {ours.dtype}, eager {eager.dtype}"
+        ours_off = float((ours.double() - exact).abs().max())
+        eager_off = float((eager.double() - exact).abs().max())
+        assert ours_off <= 2 * eager_off + slack, f"{what}: ours {ours_off:.3g} from float64, eager {eager_off:.3g}"
+    assert_ran_on_device(prof)
+    return prof
+
+
 def assert_matches_eager(fn: Callable[..., Any], *inputs: Any, grad: bool = True, rtol: float = 1e-4,
                          atol: float = 1e-5, options: dict[str, Any] | None = None) -> LaunchProfile:
     """Compiled forward and gradients equal eager's; the backend really ran (kernels launched)."""

@@ -180,3 +180,37 @@ def test_saved_activations_get_per_call_storage():
             # user reads it too (tanh's output is both returned and saved here).
             expected = StorageKind.PER_CALL if out.buffer in device else StorageKind.ARENA
             assert plan.allocations[out.buffer].kind is expected
+
+
+def test_k_step_loop_unrolled_for_8_x_8_blocks_whose_operands_take_the_step():
+    """``gemm.k_step_unroll``: the K step's loop is unrolled in full (``-DK_UNROLL`` = the K step)
+    for 8 x 8 outputs per work-item whose operand helpers divide no per-element K index: a plain
+    matrix product and a convolution's forward (its im2col gather takes the step); not for a weight
+    gradient whose gather divides k per element, nor for the 4 x 8 blocks of 64-row tiles."""
+    h200 = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
+
+    def options(kernel):
+        return dict(o[2:].split("=") for o in kernel.build_options if o.startswith("-D"))
+
+    def gemms(fn, *inputs, index=0):
+        return [options(k) for k in compile_stages(fn, *inputs, index=index, profile=h200)[3].kernels
+                if "TILE_M" in options(k)]
+
+    (mm,) = gemms(torch.mm, torch.randn(2048, 512), torch.randn(512, 2048))
+    assert (mm["WPT_M"], mm["WPT_N"], mm["K_GRANULE"], mm["K_UNROLL"]) == ("8", "8", "1", mm["TILE_K"])
+
+    def conv(x, w):
+        return F.conv2d(x, w, padding=1)
+
+    x, w = torch.randn(16, 128, 28, 28, requires_grad=True), torch.randn(128, 128, 3, 3, requires_grad=True)
+    (forward,) = gemms(conv, x, w)
+    assert (forward["WPT_M"], forward["WPT_N"], forward["K_UNROLL"]) == ("8", "8", forward["K_GRANULE"])
+    # (ResNet-18's layer4 with more input channels: 216 tiles of 128 x 128 unsplit; k runs over 16 x
+    # 7 x 7 positions, which a K step of 8 does not divide)
+    x, w = torch.randn(16, 768, 7, 7, requires_grad=True), torch.randn(512, 768, 3, 3, requires_grad=True)
+    by_n = {g["SIZE_N"]: g for g in gemms(conv, x, w, index=1)}
+    weight_gradient = by_n["6912"]
+    assert (weight_gradient["WPT_M"], weight_gradient["WPT_N"], weight_gradient["K_GRANULE"]) == ("8", "8", "1")
+    assert weight_gradient["K_UNROLL"] == "0"
+    (narrow,) = gemms(conv, torch.randn(16, 64, 56, 56), torch.randn(64, 64, 3, 3))
+    assert (narrow["TILE_M"], narrow["WPT_M"], narrow["WPT_N"], narrow["K_UNROLL"]) == ("64", "4", "8", "0")

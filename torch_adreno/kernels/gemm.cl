@@ -128,11 +128,21 @@
 #else
 #define ADD_ROW_SUMS
 #endif
+// K_UNROLL (0: the compiler's choice) unrolls the K step's loop that many times: NVIDIA's
+// compiler keeps it rolled, so each kk waits for its own local reads before its multiply-adds.
+#define PRAGMA_TEXT(x) _Pragma(#x)
+#define UNROLL_PRAGMA(n) PRAGMA_TEXT(unroll n)
+#if K_UNROLL
+#define UNROLL_K_STEP UNROLL_PRAGMA(K_UNROLL)
+#else
+#define UNROLL_K_STEP
+#endif
 // One K step multiplied out of tile t of each operand into the accumulators.
 #define MULTIPLY_TILES(t) \
     { \
         __local const float *a_tile = a_tiles + (t) * A_TILE_FLOATS; \
         __local const float *b_tile = b_tiles + (t) * B_TILE_FLOATS; \
+        UNROLL_K_STEP \
         for (int kk = 0; kk < TILE_K; ++kk) { \
             float a_reg[WPT_M]; \
             float b_reg[WPT_N]; \
@@ -242,6 +252,9 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef STORE_TILES
 #undef ADD_ROW_SUMS
 #undef MULTIPLY_TILES
+#undef UNROLL_K_STEP
+#undef UNROLL_PRAGMA
+#undef PRAGMA_TEXT
 #undef LOADS_B
 #undef ROW_OF
 #undef COL_OF

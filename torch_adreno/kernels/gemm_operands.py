@@ -221,6 +221,14 @@ class KSteps:
             return False
         return not _divides(self.operand(expr), self.variables()[1])
 
+    def divides_per_element(self, expr: ir.Expr) -> bool:
+        """Whether the helper of operand ``expr`` divides an index that changes from element to
+        element: k itself where it takes k (granule 1, or an operand that does not split), the
+        offset where it takes the step and offset."""
+        if self.splits(expr):
+            return False
+        return _divides(expr, self.k)
+
     def arguments(self, split: int, slice_k: int, k_term: str = "(kt) + (kk)") -> tuple[str, str]:
         """(the helpers' K arguments, the GEMM's k) for the template's step ``kt`` and offset ``kk``
         (granule 1: its ``k_term``) in work-group batch ``b``: of slice ``b % split`` when the GEMM
