@@ -168,7 +168,7 @@ VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_loa
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
             "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8", "double_buffer", "rolled", "unroll_2", "unroll_4",
-            "unroll_8", "unroll_16")
+            "unroll_8", "unroll_16", "element_places")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -277,13 +277,17 @@ def heuristics(variant: str) -> Iterator[None]:
     ``unroll_N``: the loop over one K step unrolled N times in every tiled GEMM, ``rolled``: in none
     (``gemm.K_STEP_UNROLL``; ``heuristic`` unrolls as ``gemm.k_step_unroll`` chooses; in
     ``results/gemm_shapes_unroll_h200_session36.jsonl`` and ``..._regcap_...`` ``heuristic`` is
-    ``rolled``, and ``regcap_128`` added ``-cl-nv-maxrregcount=128``, which changed nothing)."""
+    ``rolled``, and ``regcap_128`` added ``-cl-nv-maxrregcount=128``, which changed nothing).
+    ``element_places``: tile loads placed from each one's element number, not from the local id
+    alone where they share it (``gemm.SHARED_LOAD_PLACES`` off)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
     k_step_index, double_buffered, unroll = gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES, gemm.K_STEP_UNROLL
     gemm.DOUBLE_BUFFERED_TILES = variant == "double_buffer"
+    shared_places = gemm.SHARED_LOAD_PLACES
+    gemm.SHARED_LOAD_PLACES = variant != "element_places"
     if variant.startswith("unroll_") or variant == "rolled":
         gemm.K_STEP_UNROLL = int(variant.split("_")[1]) if variant != "rolled" else 0
     gemm.K_STEP_INDEX = "k_as_index" not in variant
@@ -305,6 +309,7 @@ def heuristics(variant: str) -> Iterator[None]:
     finally:
         backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
         gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES, gemm.K_STEP_UNROLL = k_step_index, double_buffered, unroll
+        gemm.SHARED_LOAD_PLACES = shared_places
         split_k.choose_large_tile_split = large_tile_split
         conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 

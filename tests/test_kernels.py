@@ -182,11 +182,12 @@ def test_saved_activations_get_per_call_storage():
             assert plan.allocations[out.buffer].kind is expected
 
 
-def test_k_step_loop_unrolled_for_8_x_8_blocks_whose_operands_take_the_step():
+def test_k_step_loop_unrolled_for_8_x_8_blocks_of_adjacent_b_columns_whose_operands_take_the_step():
     """``gemm.k_step_unroll``: the K step's loop is unrolled in full (``-DK_UNROLL`` = the K step)
-    for 8 x 8 outputs per work-item whose operand helpers divide no per-element K index: a plain
-    matrix product and a convolution's forward (its im2col gather takes the step); not for a weight
-    gradient whose gather divides k per element, nor for the 4 x 8 blocks of 64-row tiles."""
+    for 8 x 8 outputs per work-item whose B has adjacent columns and whose operand helpers divide
+    no per-element K index: a plain matrix product and a convolution's forward (its im2col gather
+    takes the step); not for x W^T, a weight gradient whose gather divides k per element, nor the
+    4 x 8 blocks of 64-row tiles."""
     h200 = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
 
     def options(kernel):
@@ -197,7 +198,12 @@ def test_k_step_loop_unrolled_for_8_x_8_blocks_whose_operands_take_the_step():
                 if "TILE_M" in options(k)]
 
     (mm,) = gemms(torch.mm, torch.randn(2048, 512), torch.randn(512, 2048))
-    assert (mm["WPT_M"], mm["WPT_N"], mm["K_GRANULE"], mm["K_UNROLL"]) == ("8", "8", "1", mm["TILE_K"])
+    assert (mm["WPT_M"], mm["WPT_N"], mm["K_GRANULE"], mm["B_N_FASTEST"], mm["K_UNROLL"]) == ("8", "8", "1", "1",
+                                                                                             mm["TILE_K"])
+    assert mm["SHARED_PLACES"] == "1"  # (the loads' places along the fast direction from the local id)
+    # x W^T reads B along k: kept rolled.
+    (linear,) = gemms(F.linear, torch.randn(2048, 512), torch.randn(2048, 512))
+    assert (linear["WPT_M"], linear["WPT_N"], linear["B_N_FASTEST"], linear["K_UNROLL"]) == ("8", "8", "0", "0")
 
     def conv(x, w):
         return F.conv2d(x, w, padding=1)

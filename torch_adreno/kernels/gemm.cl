@@ -77,46 +77,74 @@
 #define READ_B(dst, kk, tn, j) { dst[j] = b_tile[(kk) * PITCH_N + (tn) + (j) * THREADS_N]; }
 #endif
 
-// Element e of the A (B) tile: its place (kk, mm) in the tile, walked along the direction that is
-// adjacent in global memory.
+// A work-item's i-th element of the A (B) tile, e = tid + i * THREADS: its place (kk, mm) in the
+// tile, walked along the direction that is adjacent in global memory (the fast one). Where the
+// work-group's items fill whole lines of the fast direction, the place along it is the same for
+// every i and is written from tid alone: the loads then visibly share the index arithmetic of that
+// direction (an im2col gather's division of k, a weight gradient's per element), which a
+// compiler cannot see through (tid + i * THREADS) % extent of a signed tid (SHARED_PLACES 0: not so).
 #if A_K_FASTEST
-#define A_KK(e) ((e) % TILE_K)
-#define A_MM(e) ((e) / TILE_K)
+#define A_FAST_EXTENT TILE_K
 #else
-#define A_KK(e) ((e) / TILE_M)
-#define A_MM(e) ((e) % TILE_M)
+#define A_FAST_EXTENT TILE_M
 #endif
 #if B_N_FASTEST
-#define B_KK(e) ((e) / TILE_N)
-#define B_NN(e) ((e) % TILE_N)
+#define B_FAST_EXTENT TILE_N
 #else
-#define B_KK(e) ((e) % TILE_K)
-#define B_NN(e) ((e) / TILE_K)
+#define B_FAST_EXTENT TILE_K
+#endif
+#if SHARED_PLACES && THREADS % A_FAST_EXTENT == 0
+#define A_FAST(i) (tid % A_FAST_EXTENT)
+#define A_SLOW(i) (tid / A_FAST_EXTENT + (i) * (THREADS / A_FAST_EXTENT))
+#else
+#define A_FAST(i) ((tid + (i) * THREADS) % A_FAST_EXTENT)
+#define A_SLOW(i) ((tid + (i) * THREADS) / A_FAST_EXTENT)
+#endif
+#if SHARED_PLACES && THREADS % B_FAST_EXTENT == 0
+#define B_FAST(i) (tid % B_FAST_EXTENT)
+#define B_SLOW(i) (tid / B_FAST_EXTENT + (i) * (THREADS / B_FAST_EXTENT))
+#else
+#define B_FAST(i) ((tid + (i) * THREADS) % B_FAST_EXTENT)
+#define B_SLOW(i) ((tid + (i) * THREADS) / B_FAST_EXTENT)
+#endif
+#if A_K_FASTEST
+#define A_KK(i) A_FAST(i)
+#define A_MM(i) A_SLOW(i)
+#else
+#define A_KK(i) A_SLOW(i)
+#define A_MM(i) A_FAST(i)
+#endif
+#if B_N_FASTEST
+#define B_KK(i) B_SLOW(i)
+#define B_NN(i) B_FAST(i)
+#else
+#define B_KK(i) B_FAST(i)
+#define B_NN(i) B_SLOW(i)
 #endif
 
 // The operands of the K step starting at k1 into the prefetch registers (none past SIZE_K).
 #define FETCH_STEP(k1) \
     for (int i = 0; i < LOADS_A; ++i) { \
         const int e = tid + i * THREADS; \
-        const INDEX_T m = m0 + A_MM(e), k = (k1) + A_KK(e); \
-        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, K_STEP(k1), A_KK(e)) : (A_RAW_T)0; \
+        const INDEX_T m = m0 + A_MM(i), k = (k1) + A_KK(i); \
+        a_next[i] = (e < TILE_M * TILE_K && m < SIZE_M && k < SIZE_K) ? FETCH_A(b, m, K_STEP(k1), A_KK(i)) : (A_RAW_T)0; \
     } \
     for (int i = 0; i < LOADS_B; ++i) { \
         const int e = tid + i * THREADS; \
-        const INDEX_T n = n0 + B_NN(e), k = (k1) + B_KK(e); \
-        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, K_STEP(k1), B_KK(e), n) : (B_RAW_T)0; \
+        const INDEX_T n = n0 + B_NN(i), k = (k1) + B_KK(i); \
+        b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, K_STEP(k1), B_KK(i), n) : (B_RAW_T)0; \
     }
 // The prefetch registers into tile t of each operand.
 #define STORE_TILES(t) \
     for (int i = 0; i < LOADS_A; ++i) { \
         const int e = tid + i * THREADS; \
         if (e < TILE_M * TILE_K) \
-            a_tiles[(t) * A_TILE_FLOATS + A_KK(e) * PITCH_M + A_MM(e)] = FINISH_A(a_next[i]); \
+            a_tiles[(t) * A_TILE_FLOATS + A_KK(i) * PITCH_M + A_MM(i)] = FINISH_A(a_next[i]); \
     } \
     for (int i = 0; i < LOADS_B; ++i) { \
         const int e = tid + i * THREADS; \
         if (e < TILE_N * TILE_K) \
-            b_tiles[(t) * B_TILE_FLOATS + B_KK(e) * PITCH_N + B_NN(e)] = FINISH_B(b_next[i]); \
+            b_tiles[(t) * B_TILE_FLOATS + B_KK(i) * PITCH_N + B_NN(i)] = FINISH_B(b_next[i]); \
     }
 #if ROW_SUM
 #define ADD_ROW_SUMS \
@@ -264,3 +292,9 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef A_MM
 #undef B_KK
 #undef B_NN
+#undef A_FAST
+#undef A_SLOW
+#undef B_FAST
+#undef B_SLOW
+#undef A_FAST_EXTENT
+#undef B_FAST_EXTENT

@@ -91,6 +91,10 @@ RAW_PREFETCH = True
 #: 64-channel ones too once their tiles took a K step of 8: layer1's forward 163 -> 148 us); GPT-2's
 #: plain matrices have no division and keep k.
 K_STEP_INDEX = True
+#: ``gemm.cl`` writes the place of a work-item's tile loads along the operand's fast direction from
+#: its local id alone where every load shares it (``-DSHARED_PLACES``), so that they share its index
+#: arithmetic; False: from each load's element number (kept to measure).
+SHARED_LOAD_PLACES = True
 #: ``gemm.cl``'s loop over one K step unrolled this many times (``-DK_UNROLL``; 0: as the compiler
 #: chooses) in place of :func:`k_step_unroll`'s choice; None: its choice.
 K_STEP_UNROLL: int | None = None
@@ -364,7 +368,7 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}",
                    f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}", f"-DK_GRANULE={granule}",
                    f"-DDOUBLE_BUFFER={int(DOUBLE_BUFFERED_TILES)}",
-                   f"-DK_UNROLL={k_step_unroll(tiling, divides)}")
+                   f"-DK_UNROLL={k_step_unroll(tiling, divides, b_n_fastest)}", f"-DSHARED_PLACES={int(SHARED_LOAD_PLACES)}")
         first = RenderedGemm("gemm", prelude + _template("gemm.cl"), options, launch.global_size,
                              launch.local_size, GEMM_MACROS, arguments, tuple(operand_images.values()))
     if split == 1:
@@ -383,20 +387,23 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     return [first, second]
 
 
-def k_step_unroll(tiling: GemmTiling, divides_per_element: bool) -> int:
+def k_step_unroll(tiling: GemmTiling, divides_per_element: bool, b_n_fastest: bool) -> int:
     """How many times ``gemm.cl`` unrolls its loop over one K step (0: the compiler's choice).
 
     NVIDIA's compiler keeps that loop rolled, so each offset's multiply-adds wait for its own
-    local-memory reads. Unrolled in full, 8 x 8 outputs per work-item were faster on the H200 unless
-    an operand's helper divides its per-element K index (benchmarks/results/
-    gemm_shapes_unroll_h200_session36.jsonl and gemm_shapes_regcap_h200_session36.jsonl, two runs):
-    4096^2 SGEMM forward 3560 -> 3232 us, GPT-2's head forward 2047 -> 1903 and backward 2400 ->
-    2312, ResNet-18's 3 x 3 forward and input gradients 5-7% (layer2 149 -> 139 us), while the
-    weight gradients, whose im2col operand divides k per element, were 11% slower (layer2 158 ->
-    175 us) and the 4 x 8 blocks of 64-row tiles 10% (layer1 forward 150 -> 165 us)."""
+    local-memory reads. Unrolled in full, 8 x 8 outputs per work-item were faster on the H200 where
+    B's columns are adjacent in memory and no operand's helper divides its per-element K index
+    (benchmarks/results/gemm_shapes_shared_places_h200_session36.jsonl, ``heuristic`` against
+    ``rolled``, both with the loads' shared places): 4096^2 SGEMM's input gradient 3238 -> 3071 us,
+    ResNet-18's 3 x 3 forward and input gradients 3-10% (layer4 159 -> 143 us). Where B is read
+    along k (a linear layer's forward, x W^T) it was slower so (the 4096^2 forward 3333 -> 3467 us,
+    GPT-2's head forward 1938 -> 2167); with an im2col operand dividing k per element (a weight
+    gradient) 11% slower (``gemm_shapes_unroll_h200_session36.jsonl``, layer2 158 -> 175 us), and
+    with the 4 x 8 blocks of 64-row tiles 10% (layer1's forward 150 -> 165 us)."""
     if K_STEP_UNROLL is not None:
         return K_STEP_UNROLL
-    return tiling.tile_k if (tiling.wpt_m, tiling.wpt_n) == (8, 8) and not divides_per_element else 0
+    eight_by_eight = (tiling.wpt_m, tiling.wpt_n) == (8, 8)
+    return tiling.tile_k if eight_by_eight and b_n_fastest and not divides_per_element else 0
 
 
 def direct_launch(m: int, n: int, batch: int, tiling: DirectTiling) -> Launch:
