@@ -641,3 +641,57 @@ def test_replay_through_the_c_loop_is_bit_identical_to_the_compiled_graphs() -> 
     assert replayed[2].replayed_steps == 4
     assert replayed[2].replay is not None and replayed[2].replay._operations.native
     _assert_bit_identical(full[:2], replayed[:2])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-seeds", "dropout-seeds"])
+def test_a_batch_sent_ahead_is_taken_by_its_step_and_stays_bit_identical(monkeypatch, dropout) -> None:
+    """``TrainingStep.prefetch``: each batch is sent ahead before the step before it (staged, forced
+    here on PoCL) and copied into place on the device by its own step, the seeds written apart;
+    a batch changed in place after it was sent is sent again by its step, not taken stale. The
+    losses and weights equal the compiled graphs' bit for bit."""
+    from torch_adreno.training.replay import step as replay_module
+
+    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    changed = 6
+    batches = _batches(10)
+    expected = [(x + 0.5, y) if i == changed else (x, y) for i, (x, y) in enumerate(batches)]
+    opt = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
+    full = _train(lambda: _mlp(dropout), opt, expected, replay=False, options=COPY, seed=3)
+    model = _mlp(dropout)
+    step = torch_adreno.TrainingStep(model, _loss, opt(model.parameters()), options=COPY)
+    torch.manual_seed(3)
+    sent, losses = [], []
+    with torch_adreno.profile() as prof:
+        for i, batch in enumerate(batches):
+            if i + 1 < len(batches):
+                sent.append(step.prefetch(*batches[i + 1]))
+            if i == changed:
+                batch[0].add_(0.5)  # after it was sent (before step 5)
+            losses.append(step(*batch))
+    step.synchronize()
+    # No replay before the capture of step 1: the first two are not sent; then every one is.
+    assert sent == [False, False] + [True] * 7
+    replay = step.replay
+    assert prof.replayed_steps == 8 and replay.batch_mode is replay_module.BatchMode.STAGED
+    assert replay.batch_input.sent_taken == 6  # steps 3-9 but the changed one
+    assert replay.staging_buffers <= 1 + batch_module_depth()  # the tail's, and at most one per batch waiting
+    _assert_bit_identical(full, (torch.stack(losses), {k: v.clone() for k, v in model.state_dict().items()}))
+    step.close()
+
+
+def batch_module_depth() -> int:
+    from torch_adreno.training.replay import batch as batch_module
+
+    return batch_module.PREFETCH_DEPTH
+
+
+def test_a_batch_read_in_place_is_not_sent_ahead() -> None:
+    """On unified memory with zero-copy the kernels read the batch where it is: nothing to send."""
+    batches = _batches(4)
+    model = _mlp()
+    step = torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    for x, y in batches[:3]:
+        step(x, y)
+    assert step.replay is not None and step.replay.batch_mode.name == "IN_PLACE"
+    assert step.prefetch(*batches[3]) is False
+    step.close()
