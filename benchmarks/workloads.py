@@ -17,10 +17,8 @@ a minute each (ResNet-18 at width 8, a shortened MobileNetV2 at width 0.25, both
 Peers (``--peers``): ``eager`` (CUDA with TF32 off in cuBLAS and cuDNN where CUDA is available,
 else the host's eager CPU step), ``inductor`` (``torch.compile``), ``inductor_cg``
 (``torch.compile(mode="reduce-overhead")``, CUDA graphs), each also as ``*_tf32`` with TF32 on in
-both (strict fp32 is what ours computes; cuDNN's default is TF32 on), ``ours``
-(``torch_adreno.TrainingStep`` replayed, options ``{"device": --device}``) and ``ours_prefetch``
-(the same, each step first sending the next one's batch ahead with ``TrainingStep.prefetch``, as a
-training loop with a loader would: its upload runs beside the step's kernels). The CUDA peers run
+both (strict fp32 is what ours computes; cuDNN's default is TF32 on), and ``ours``
+(``torch_adreno.TrainingStep`` replayed, options ``{"device": --device}``). The CUDA peers run
 only where ``torch.cuda.is_available()``. As ``../shared/peers`` times steps: every peer starts
 from the same weights and batch, runs ``--warmup`` steps, then ``--steps`` timed ones, each
 synchronised inside its window and its loss read there (ours: ``float(step(x, y))``, the batch on
@@ -74,13 +72,11 @@ from torch_adreno.profiler.roofline import device_peaks
 from torch_adreno.runtime import get_runtime
 
 WORKLOADS = ("mobilenet_v2", "resnet18", "gpt2_lora")
-PEERS = ("eager", "eager_tf32", "inductor", "inductor_tf32", "inductor_cg", "inductor_cg_tf32", "ours",
-         "ours_prefetch")
+PEERS = ("eager", "eager_tf32", "inductor", "inductor_tf32", "inductor_cg", "inductor_cg_tf32", "ours")
 CUDA_PEERS = ("eager_tf32", "inductor", "inductor_tf32", "inductor_cg", "inductor_cg_tf32")
 LABELS = {"eager": "eager CUDA, TF32 off", "eager_tf32": "eager CUDA, TF32 on", "inductor": "inductor, TF32 off",
           "inductor_tf32": "inductor, TF32 on", "inductor_cg": "inductor + CUDA graphs, TF32 off",
-          "inductor_cg_tf32": "inductor + CUDA graphs, TF32 on", "ours": "ours replayed",
-          "ours_prefetch": "ours replayed, batch sent ahead"}
+          "inductor_cg_tf32": "inductor + CUDA graphs, TF32 on", "ours": "ours replayed"}
 CPU_EAGER_LABEL = "eager CPU (no CUDA here: the host's step is the peer)"
 LR = 0.01
 MOMENTUM = 0.9
@@ -281,10 +277,8 @@ def breakdown(prof: torch_adreno.profile, rows: int) -> dict[str, Any]:
 
 
 def ours(work: Workload, base: nn.Module, device: str | int | None, steps: int, warmup: int, rows: int,
-         profile: bool = True, prefetch: bool = False) -> dict[str, Any]:
-    """``TrainingStep`` replayed; the batch on the host, the loss read inside each step's window.
-    ``prefetch``: each step first sends the next step's batch ahead (``TrainingStep.prefetch``; the
-    same tensors here), so that its upload runs beside this step's kernels."""
+         profile: bool = True) -> dict[str, Any]:
+    """``TrainingStep`` replayed; the batch on the host, the loss read inside each step's window."""
     torch._dynamo.reset()
     model = copy.deepcopy(base)
     x, y = work.batch()
@@ -295,8 +289,6 @@ def ours(work: Workload, base: nn.Module, device: str | int | None, steps: int, 
     phases: dict[str, list[float]] = {"guard": [], "batch": [], "enqueue": [], "after": []}
 
     def step() -> float:
-        if prefetch:
-            train.prefetch(x, y)
         loss = float(train(x, y))
         if train.replay is not None and train.replayed_steps:
             for phase, values in phases.items():
@@ -307,10 +299,9 @@ def ours(work: Workload, base: nn.Module, device: str | int | None, steps: int, 
     # The host's own work of each replayed step, by phase (the device idles through guard + batch).
     row["replay_host_phases_ms"] = {phase: statistics.median(values) * 1e3 for phase, values in phases.items() if values}
     row["compile_s"] = sum(row["warmup_call_s"][:2])  # the calls before the first replay
-    row.update(label=LABELS["ours_prefetch" if prefetch else "ours"], options={k: str(v) for k, v in options.items()},
+    row.update(label=LABELS["ours"], options={k: str(v) for k, v in options.items()},
                replayed_steps=train.replayed_steps, timed_steps_replayed=train.replayed_steps >= warmup - 2 + steps,
-               unreplayable=list(train.unreplayable_reasons),
-               batches_sent_ahead_taken=train.replay.batch_input.sent_taken if train.replay is not None else 0)
+               unreplayable=list(train.unreplayable_reasons))
     if profile:
         with torch_adreno.profile() as prof:
             row["profiled_loss"] = step()
@@ -342,9 +333,9 @@ def child(args: argparse.Namespace) -> None:
     for peer in peers:
         print(f"[{work.name}] {peer}{' (warm compile)' if args.phase == 'warm' else ''} ...", flush=True)
         try:
-            if peer in ("ours", "ours_prefetch"):
+            if peer == "ours":
                 row = ours(work, base, device, args.steps if args.phase != "warm" else 1, args.warmup, args.rows,
-                           profile=args.phase != "warm", prefetch=peer == "ours_prefetch")
+                           profile=args.phase != "warm")
             else:
                 row = torch_peer(work, base, peer, args.steps, args.warmup)
         except Exception as error:  # one peer failing does not lose the others' rows

@@ -80,12 +80,6 @@ class Replays:
                 self._replays.popitem(last=False)
         return None
 
-    def prefetch(self, batch: tuple[Any, ...]) -> bool:
-        """Send ``batch`` ahead to the replay of its geometry (:meth:`BatchInput.prefetch`); False
-        where there is none yet or it reads its batches in place."""
-        entry = self._replays.get(guards.batch_signature(batch))
-        return entry is not None and entry[0].batch_input.prefetch(batch)
-
     def valid_for(self, batch: tuple[Any, ...]) -> tuple[ReplayedStep | None, str | None]:
         """The replay of ``batch``'s geometry if its guard holds; else None and why (a replay whose
         guard failed is dropped; None, None: no replay of that geometry)."""

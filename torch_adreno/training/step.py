@@ -168,28 +168,28 @@ class TrainingStep:
     def device_footprint(self) -> DeviceFootprint | None:
         """The device memory of the replay captured last against :attr:`memory_limits` (None before a
         capture; one that does not fit is refused, a :class:`~torch_adreno.errors.DeviceMemoryError`)."""
-        return None if self._replays.latest is None else self._replays.latest.footprint
+        replay = self._replays.latest
+        return None if replay is None else replay.footprint
 
     @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
-        """Why the batch geometries that cannot be replayed cannot, one reason each, oldest first."""
+        """Why the batch geometries that cannot be replayed cannot (one reason each, in the order
+        they were met; empty while every captured step replays)."""
         return self._replays.reasons
 
-    def prefetch(self, *batch: Any) -> bool:
-        """Send a coming step's batch to the device beside the steps before it (``step.prefetch(*next);
-        loss = step(*batch)``): the step given these tensors, unchanged, takes it (False: not sent)."""
-        return not self._closed and self._replays.prefetch(batch)
-
     def _before_step(self, batch: tuple[Any, ...]) -> None:
-        """What a step needs (``__call__`` refused a closed step already), checked before it runs."""
         host_sync.suspend(self._residency)  # the step's compiled code must not trace it
         try:
-            check_can_step(self._params, batch)
-            self._memory.check_state(self.model, self.optimizer, self._name_of)
+            self._check_can_step(batch)
         except BaseException:
             if self._residency.deferred_tensors:  # no step ran: host copies still out of date
                 host_sync.arm(self._residency)
             raise
+
+    def _check_can_step(self, batch: tuple[Any, ...]) -> None:
+        """What a step needs (``__call__`` refused a closed step already), checked before it runs."""
+        check_can_step(self._params, batch)
+        self._memory.check_state(self.model, self.optimizer, self._name_of)
         signature = batch_signature(batch)
         if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
             self._batch_signatures[signature] = None

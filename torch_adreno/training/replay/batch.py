@@ -9,24 +9,14 @@ Three ways (:class:`BatchMode`), chosen per device and residency when the replay
   (a driver stages pageable memory itself, synchronously, and charges each write's enqueue);
 - ``UPLOADED`` (zero-copy off on unified memory): each argument is written from its own memory.
 
-Staged, a coming step's batch may also be sent ahead (:meth:`BatchInput.prefetch`): copied into
-pinned memory of its own on a worker thread and uploaded on a second queue into a device landing
-buffer while the step in flight runs; the step that gets those same tensors, unchanged, copies
-them from there into place on the device instead of sending them then.
-
 Invariant: the bytes a replay's kernels read for a batch argument are that replay's batch (the
 caller has checked the batch's geometry against the capture's), and the seeds are drawn from
-torch's default generator in the capture's order, as the compiled path draws them. A batch sent
-ahead is used only by a step given the very tensors sent, at the versions and addresses they had
-when sent (any change since: sent again as usual).
+torch's default generator in the capture's order, as the compiled path draws them.
 """
 
 from __future__ import annotations
 
-import collections
 import enum
-import logging
-import operator
 import os
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,8 +32,6 @@ from torch_adreno.runtime.enqueue import write_buffer
 from torch_adreno.runtime.events import BUS
 from torch_adreno.runtime.residency import host_array, shared_buffer
 
-_log = logging.getLogger("torch_adreno")
-
 #: The graph name a replay's own transfers and launches are reported under.
 REPLAY_GRAPH = "replayed_step"
 #: Staged batches of at least this many bytes are copied into the staging memory by worker threads
@@ -55,9 +43,6 @@ REPLAY_GRAPH = "replayed_step"
 #: ``batch_phase_threads_resnet18_h200.txt``): four, where the host has them.
 PRESTAGE_BYTES = 1 << 20
 COPY_THREADS = max(1, min(4, os.cpu_count() or 1))
-#: Batches sent ahead and not yet taken by a step, at most (each has a landing buffer and pinned
-#: memory of the batch's size): the next step's and the one after it.
-PREFETCH_DEPTH = 2
 _copier: ThreadPoolExecutor | None = None
 
 
@@ -104,27 +89,6 @@ class BatchBinding:
         return tensor if self.view is None else tensor.as_strided(*self.view)
 
 
-@dataclass
-class _Sent:
-    """A batch sent ahead of its step (:meth:`BatchInput.prefetch`): the tensors sent (kept alive),
-    their versions and addresses then, and where it went; ``written`` resolves to the upload's event
-    once the worker has enqueued it."""
-
-    tensors: tuple[torch.Tensor, ...]
-    marks: tuple[tuple[int, int], ...]
-    landing: cl.Buffer
-    staging: np.ndarray
-    written: Future[cl.Event]
-
-    def matches(self, tensors: tuple[torch.Tensor, ...]) -> bool:
-        return (len(tensors) == len(self.tensors) and all(map(operator.is_, tensors, self.tensors))
-                and _marks(tensors) == self.marks)
-
-
-def _marks(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((t._version, t.data_ptr()) for t in tensors)
-
-
 def _unmap_all(maps: list[Any], queue: cl.CommandQueue) -> None:
     for mapping in maps:
         mapping.release(queue)
@@ -157,13 +121,6 @@ class BatchInput:
         #: Copies of a prestaged batch in flight (their sources kept alive beside them).
         self._pending: list[Future[None]] = []
         self._pending_sources: list[np.ndarray] = []
-        #: Batches sent ahead, oldest first; landing buffers and pinned memory free for the next,
-        #: each with the event of the last device copy out of that landing buffer.
-        self._sent: collections.deque[_Sent] = collections.deque()
-        self._free_landings: list[tuple[cl.Buffer, np.ndarray, cl.Event | None]] = []
-        self._transfer_queue: cl.CommandQueue | None = None
-        #: Steps that took a batch sent ahead (copied into place on the device).
-        self.sent_taken = 0
         if mode is BatchMode.STAGED:
             spans = [(b.offset, b.nbytes) for b in bindings if b.nbytes] + [(at, 8) for at in seed_offsets]
             if spans:
@@ -201,68 +158,6 @@ class BatchInput:
         self._staging_maps.append(array.base)
         return array
 
-    def _staged_tensors(self, batch: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
-        return tuple(batch[b.position] for b in self.bindings if b.staging is not None)
-
-    def prefetch(self, batch: tuple[Any, ...]) -> bool:
-        """Send ``batch``, a coming step's, to the device now (staged batches only; else nothing is
-        done and False returned): a worker thread copies it into pinned memory and enqueues its
-        upload into a landing buffer on a queue of its own, which the device runs beside the step in
-        flight. The step given these same tensors, unchanged, takes it (:meth:`bind`). At most
-        :data:`PREFETCH_DEPTH` wait; sending one more first drops the oldest."""
-        if self.mode is not BatchMode.STAGED or self._tail is None:
-            return False
-        while len(self._sent) >= PREFETCH_DEPTH:
-            self._recycle(self._sent.popleft(), None)
-        tensors = self._staged_tensors(batch)
-        marks = _marks(tensors)
-        if self._free_landings:
-            landing, staging, last_read = self._free_landings.pop()
-        else:
-            landing = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, self._tail.nbytes)
-            staging, last_read = self._staging(self._tail.nbytes), None
-        if self._transfer_queue is None:
-            self._transfer_queue = cl.CommandQueue(self.runtime.context)
-        sources = [host_array(b.tensor_of(batch)).reshape(-1).view(np.uint8)
-                   for b in self.bindings if b.staging is not None]
-        starts = [b.offset - self._tail_start for b in self.bindings if b.staging is not None]
-        queue = self._transfer_queue
-
-        def send() -> cl.Event:
-            for source, start in zip(sources, starts, strict=True):
-                np.copyto(staging[start:start + source.size], source)
-            # (after the last step that took this landing buffer has copied out of it)
-            event = cl.enqueue_copy(queue, landing, staging, wait_for=[last_read] if last_read else None,
-                                    is_blocking=False)
-            queue.flush()
-            return event
-
-        self._sent.append(_Sent(tensors, marks, landing, staging, _copy_pool().submit(send)))
-        return True
-
-    def _recycle(self, sent: _Sent, last_read: cl.Event | None) -> None:
-        """``sent``'s landing buffer and pinned memory free for another batch, once its upload is
-        done with the pinned memory (``last_read``: a device copy still to read the landing buffer)."""
-        try:
-            sent.written.result().wait()
-        except Exception as error:  # (a batch no step took: its step, if it comes, sends it as usual)
-            _log.warning("TrainingStep: a batch sent ahead (prefetch) failed to upload: %s", error)
-            return
-        self._free_landings.append((sent.landing, sent.staging, last_read))
-
-    def _take_sent(self, batch: tuple[Any, ...]) -> _Sent | None:
-        """The batch sent ahead for this step's tensors, if one was (the ones sent before it are
-        dropped: their steps did not come)."""
-        if not self._sent:
-            return None
-        tensors = self._staged_tensors(batch)
-        for index, sent in enumerate(self._sent):
-            if sent.matches(tensors):
-                for _ in range(index):
-                    self._recycle(self._sent.popleft(), None)
-                return self._sent.popleft()
-        return None
-
     def prestage(self, batch: tuple[Any, ...]) -> None:
         """Start copying ``batch`` into the staging memory on worker threads (staged batches of at
         least :data:`PRESTAGE_BYTES`; otherwise nothing): the caller checks the step's guard
@@ -273,8 +168,6 @@ class BatchInput:
         staged = [b for b in self.bindings if b.staging is not None]
         if self._tail is None or sum(b.nbytes for b in staged) < PRESTAGE_BYTES:
             return
-        if self._sent and any(sent.matches(self._staged_tensors(batch)) for sent in self._sent):
-            return  # sent ahead: bind copies it on the device
         pool = _copy_pool()
         for binding in staged:
             assert binding.staging is not None
@@ -317,10 +210,6 @@ class BatchInput:
                     BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", copied=False)
             self._bound = bound  # the previous replay's buffers are released here, unused
             return
-        sent = self._take_sent(batch) if self._tail is not None else None
-        if sent is not None:
-            self._bind_sent(sent, queue, record)
-            return
         if self._tail is not None:
             # Staged. The previous replay's upload has finished (its loss read waited for the queue).
             if self._pending:
@@ -347,28 +236,6 @@ class BatchInput:
             event = write_buffer(queue, binding.buffer, array, binding.offset)
             if record:
                 BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
-
-    def _bind_sent(self, sent: _Sent, queue: cl.CommandQueue, record: bool) -> None:
-        """A batch sent ahead into place: device copies out of its landing buffer, after its upload
-        (the queues' order meets at the upload's event), then fresh seeds written on their own."""
-        assert self._tail is not None
-        written = sent.written.result()  # (raises what the worker raised)
-        copied: cl.Event | None = None
-        for binding in self.bindings:
-            if binding.staging is None:
-                continue
-            start = binding.offset - self._tail_start
-            copied = cl.enqueue_copy(queue, self._arena, sent.landing, byte_count=binding.nbytes,
-                                     src_offset=start, dst_offset=binding.offset, wait_for=[written])
-            if record:
-                BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input")
-        for slot, at in zip(self._seed_slots, self._seeds, strict=True):
-            torch.randint(0, 2**62, (), dtype=torch.int64, out=slot)
-            write_buffer(queue, self._arena, self._tail[at - self._tail_start:at - self._tail_start + 8], at)
-            if record:
-                BUS.transfer(REPLAY_GRAPH, "h2d", 8, "seed", "input")
-        self._recycle(sent, copied)
-        self.sent_taken += 1
 
     def upload_seeds(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
         """Fresh seeds into their arena slots (staged: already sent with the batch)."""
