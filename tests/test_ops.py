@@ -284,15 +284,20 @@ def test_tiled_gemm_prefetches_16_bit_operands_as_loaded(gemm_template, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_gemms_take_the_half_filled_tiles(gemm_template, dtype, monkeypatch):
     """16-bit operands are tiled as float32 ones: where 128 x 128 tiles would leave most compute
-    units a lone work-group, the 260 x 260 product takes 128 x 64 ones (8 x 4 outputs per
-    work-item), its operands fetched as raw 16-bit values; it and its gradients equal eager's."""
-    from torch_adreno.kernels import gemm
+    units a lone work-group, a ragged product of at least one such tile per compute unit (260 x 260
+    on a CPU's few units) takes 128 x 64 ones (8 x 4 outputs per work-item), its operands fetched as
+    raw 16-bit values; it and its gradients equal eager's."""
+    import math
 
-    monkeypatch.setattr(gemm, "HALF_FILLED_UNITS", 1e6)  # (this device's few units: every 128 x 128 grid is "few")
+    from torch_adreno.kernels import gemm
+    from torch_adreno.runtime import get_runtime
+
+    monkeypatch.setattr(gemm, "HALF_FILLED_UNITS", 1e6)  # (every grid of 128 x 128 tiles counts as "few")
+    side = 128 * max(2, math.isqrt(get_runtime().profile.compute_units - 1) + 1) + 4
     tol = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3}[dtype]
-    assert_matches_eager(lambda a, b: a @ b, r(260, 70).to(dtype), r(70, 260).to(dtype), rtol=tol, atol=tol)
+    assert_matches_eager(lambda a, b: a @ b, r(side, 70).to(dtype), r(70, side).to(dtype), rtol=tol, atol=tol)
     forward = [(src, set(options)) for src, options in gemm_template.gemms
-               if {"-DSIZE_M=260", "-DSIZE_N=260", "-DSIZE_K=70"} <= set(options)]
+               if {f"-DSIZE_M={side}", f"-DSIZE_N={side}", "-DSIZE_K=70"} <= set(options)]
     assert len(forward) == 1, [options for _, options in gemm_template.gemms]
     source, options = forward[0]
     assert {"-DTILE_M=128", "-DTILE_N=64", "-DWPT_N=4"} <= options and "#define A_RAW_T ushort" in source, options
