@@ -220,3 +220,23 @@ def test_k_step_loop_unrolled_for_8_x_8_blocks_of_adjacent_b_columns_whose_opera
     assert weight_gradient["K_UNROLL"] == "0"
     (narrow,) = gemms(conv, torch.randn(16, 64, 56, 56), torch.randn(64, 64, 3, 3))
     assert (narrow["TILE_M"], narrow["WPT_M"], narrow["WPT_N"], narrow["K_UNROLL"]) == ("64", "4", "8", "0")
+
+
+def test_kernel_bytes_count_what_a_gather_or_a_slice_can_reach():
+    """A generated kernel's read bytes: each buffer once, but no more of it than its loads reach, one
+    element per iteration each: an embedding lookup of 4 tokens reads 4 rows of its 1000-row table
+    (fused into a layer norm too), a slice its columns; a full read counts the whole buffer."""
+    table, tokens = torch.randn(1000, 16), torch.tensor([3, 7, 900, 3])
+    cases = [
+        (lambda t, i: F.embedding(i, t) * 2 + 1, (table, tokens), 4 * 16 * 4 + 4 * 8),
+        (lambda t, i: F.layer_norm(F.embedding(i, t), (16,)), (table, tokens), 4 * 16 * 4 + 4 * 8),
+        (lambda x: x[:, :8] * 2, (torch.randn(64, 64),), 64 * 8 * 4),
+        (lambda x: x * 2 + x.sum(), (torch.randn(64, 64),), None),
+    ]
+    for fn, inputs, expected in cases:
+        kernels = compile_stages(fn, *inputs)[3].kernels
+        reads = sum(k.bytes_read for k in kernels)
+        if expected is not None:
+            assert reads == expected, [(k.name, k.bytes_read) for k in kernels]
+        else:  # every kernel reads all of x (the sum's and the pointwise one)
+            assert all(k.bytes_read >= 64 * 64 * 4 for k in kernels), [(k.name, k.bytes_read) for k in kernels]

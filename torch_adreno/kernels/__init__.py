@@ -31,6 +31,7 @@ from torch_adreno.kernels.generated import (
     GROUP_SIZE,
     buffer_bytes,
     make_params,
+    read_bytes,
     render_pointwise,
     render_reduction,
     render_segmented,
@@ -174,7 +175,7 @@ def _render_group(graph: ir.Graph, group: FusionGroup, index: int, params: dict[
         assert isinstance(spec, ReductionKernel)
         text, options, global_size, local_size = render_reduction(spec, params, profile)
     return [kernel(group.kind, text, options, records(params), global_size, local_size,
-                   buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes), estimate_flops(group),
+                   read_bytes(graph, spec, group.reads), buffer_bytes(graph, group.writes), estimate_flops(group),
                    writes=tuple(group.writes), reads=tuple(group.reads), extensions=extensions)]
 
 

@@ -87,6 +87,38 @@ def buffer_bytes(graph: ir.Graph, names: Sequence[str]) -> int:
     return sum(graph.buffers[n].nbytes for n in dict.fromkeys(names))
 
 
+def _store_exprs(stores: Sequence[Store]) -> list[ir.Expr]:
+    return [e for s in stores for e in (s.value, *s.index, *([s.when] if s.when is not None else []))]
+
+
+def _scopes(spec: PointwiseKernel | SegmentedKernel | ReductionKernel) -> list[tuple[int, list[ir.Expr]]]:
+    """The kernel's expressions by the number of iterations each runs in."""
+    if isinstance(spec, PointwiseKernel):
+        return [(math.prod(spec.ranges), _store_exprs(spec.stores))]
+    if isinstance(spec, SegmentedKernel):
+        return [(math.prod(seg.ranges), _store_exprs(seg.stores)) for seg in spec.segments]
+    inner = [a.value for a in spec.accumulators()] + _store_exprs([s for p in spec.phases for s in p.stores])
+    return [(math.prod(spec.outer) * spec.inner_numel, inner), (math.prod(spec.outer), _store_exprs(spec.outer_stores))]
+
+
+def read_bytes(graph: ir.Graph, spec: PointwiseKernel | SegmentedKernel | ReductionKernel,
+               names: Sequence[str]) -> int:
+    """Global-memory bytes a generated kernel reads from ``names``: each buffer once, and no more of
+    it than its distinct loads can reach, one element per iteration each (a gather from an
+    embedding table reads the rows it is given, not the table; a slice its part). An upper bound:
+    never more than :func:`buffer_bytes`."""
+    reachable: dict[str, int] = {}
+    for iterations, exprs in _scopes(spec):
+        sites = {load for e in exprs for load in ir.loads(e)}
+        for load in sites:
+            reachable[load.buffer] = reachable.get(load.buffer, 0) + iterations
+    total = 0
+    for name in dict.fromkeys(names):
+        buffer = graph.buffers[name]
+        total += min(buffer.nbytes, reachable.get(name, buffer.numel) * buffer.dtype.itemsize)
+    return total
+
+
 def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None = None,
                  ranges: tuple[int, ...] | None = None, loop_vars: tuple[ir.Expr, ...] | None = None) -> None:
     """Emit ``stores``; a store over the kernel's own shape at its own index writes at ``linear``.
