@@ -18,6 +18,7 @@ device bytes the replay binds (parameters, copies, optimizer state; copy mode on
 they are host memory) and the losses.
 
     python benchmarks/frozen_weights.py --small                 # PoCL: 4 layers, d 256, 256 tokens
+    python benchmarks/frozen_weights.py --small --layers 2 --vocab 50257 --steps 1   # GPT-2's vocabulary
     source .gpu/env.sh && python benchmarks/frozen_weights.py --device NVIDIA    # GPT-2 124M, seq 256, batch 4
 
 Appends JSON lines to benchmarks/results/frozen_weights.jsonl (or --out).
@@ -117,9 +118,12 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="compile with tune=True (each kernel's tiling measured)")
     parser.add_argument("--kernel-rows", type=int, default=12,
                         help="the ops and kernels the breakdown lists, the most time-consuming first")
+    parser.add_argument("--layers", type=int, default=None, help="the chosen model's blocks, this many instead")
+    parser.add_argument("--vocab", type=int, default=None, help="the chosen model's vocabulary, this large instead")
     parser.add_argument("--out", type=Path, default=RESULTS / "frozen_weights.jsonl")
     args = parser.parse_args()
     cfg = SMALL if args.small else FULL
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in (("layers", args.layers), ("vocab", args.vocab)) if v is not None})
     options = {"device": device_arg(args.device), "zero_copy": args.zero_copy}
     if args.tune:
         options["tune"] = True
