@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import math
 import statistics
 import sys
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -108,18 +110,41 @@ CASES: dict[str, list[Layer]] = {
 }
 
 
-def _our_kernels(module: torch.nn.Module, x: torch.Tensor, reps: int, options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each kernel of the layer's forward and backward graphs: median device time over ``reps`` calls."""
+def _l2_flusher(flush_mb: int, device: Any) -> Callable[[], None]:
+    """A fill of a ``flush_mb`` MB buffer on the runtime's queue (nothing for 0): what a layer's
+    kernels read then comes from device memory, as inside a training step, not from the L2 cache
+    that the previous repetition left warm."""
+    if not flush_mb:
+        return lambda: None
+    import pyopencl as cl
+
+    from torch_adreno.runtime.device import get_runtime
+    runtime = get_runtime(device)
+    buffer = cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, flush_mb << 20)
+    pattern = np.zeros(1, np.float32)
+
+    def flush() -> None:
+        cl.enqueue_fill_buffer(runtime.queue, buffer, pattern, 0, flush_mb << 20)
+    return flush
+
+
+def _our_kernels(module: torch.nn.Module, x: torch.Tensor, reps: int, options: dict[str, Any],
+                 flush_mb: int = 0) -> list[dict[str, Any]]:
+    """Each kernel of the layer's forward and backward graphs: median device time over ``reps`` calls
+    (``flush_mb``: the L2 cache flushed before the forward and before the backward)."""
     torch._dynamo.reset()
     compiled = torch.compile(module, backend="adreno", options=options)
+    flush = _l2_flusher(flush_mb, options.get("device"))
     grad = None
     times: dict[tuple[str, str], list[float]] = {}
     records: dict[tuple[str, str], Any] = {}
     for rep in range(reps + 1):
         with torch_adreno.profile() as prof:
+            flush()
             y = compiled(x)
             if grad is None:
                 grad = torch.randn_like(y)
+            flush()
             y.backward(grad)
         if rep == 0:
             continue  # the first call compiles
@@ -135,6 +160,43 @@ def _our_kernels(module: torch.nn.Module, x: torch.Tensor, reps: int, options: d
             if k.local_size else None
         rows.append({"graph": "backward" if "backward" in k.graph else "forward", "kernel": k.name, "kind": k.kind,
                      "aten_ops": list(k.aten_ops), "us": us, "gflop": k.flops / 1e9,
+                     "gflops": k.flops / us / 1e3 if us else None, "mb": (k.bytes_read + k.bytes_written) / 1e6,
+                     "global_size": list(k.global_size), "local_size": list(k.local_size), "work_groups": groups})
+    return rows
+
+
+def _replayed_kernels(module: torch.nn.Module, x: torch.Tensor, reps: int, options: dict[str, Any],
+                      arena_kernels: bool) -> list[dict[str, Any]]:
+    """Each kernel of the layer inside a replayed ``TrainingStep`` (loss ``(y * g).sum()``, SGD at
+    learning rate 0 so that every repetition multiplies the same numbers), with its kernels rebuilt
+    for the step's arena or bound as compiled (``replay_arena_kernels``): the layer's GEMMs as a
+    training step runs them, to set beside :func:`_our_kernels`' compiled calls."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        grad = torch.randn_like(module(x))
+    optimizer = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=0.0)
+    step = torch_adreno.TrainingStep(module, lambda model, inputs, g: (model(inputs) * g).sum(), optimizer,
+                                     options={**options, "replay_arena_kernels": arena_kernels})
+    inputs = x.detach().requires_grad_(False)
+    times: dict[str, list[float]] = {}
+    records: dict[str, Any] = {}
+    for rep in range(reps + 2):
+        with torch_adreno.profile() as prof:
+            float(step(inputs, grad))
+        if rep < 2:
+            continue  # compiled, then captured
+        assert step.replayed_steps, "the layer's step was not replayed"
+        for k in prof.kernels:
+            times.setdefault(k.name, []).append(k.device_time_us or 0.0)
+            records[k.name] = k
+    rows = []
+    for name, samples in times.items():
+        k = records[name]
+        us = statistics.median(samples)
+        groups = math.prod(g // max(loc, 1) for g, loc in zip(k.global_size, k.local_size, strict=False)) \
+            if k.local_size else None
+        rows.append({"graph": "backward" if "backward" in k.graph or "backward" in name else "forward", "kernel": name,
+                     "kind": k.kind, "aten_ops": list(k.aten_ops), "us": us, "gflop": k.flops / 1e9,
                      "gflops": k.flops / us / 1e3 if us else None, "mb": (k.bytes_read + k.bytes_written) / 1e6,
                      "global_size": list(k.global_size), "local_size": list(k.local_size), "work_groups": groups})
     return rows
@@ -168,7 +230,7 @@ VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_loa
             "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
             "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
             "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8", "double_buffer", "rolled", "unroll_2", "unroll_4",
-            "unroll_8", "unroll_16", "element_places")
+            "unroll_8", "unroll_16", "element_places", "unsplit_64")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -242,6 +304,17 @@ TILING_REWRITES: dict[str, Rewrite] = {
 }
 
 
+def _unsplit_where_64_tiles_fill() -> Any:
+    """``split_k.choose_large_tile_split`` leaving whole every GEMM whose 64 x 64 tiles number the
+    compute units (multiplied in those tiles, no slice sums: fewer bytes, for 16-bit operands)."""
+    heuristic = split_k.choose_large_tile_split
+
+    def choose(g: Any, compute_units: int) -> int:
+        return 1 if split_k.output_tiles(g) >= compute_units else heuristic(g, compute_units)
+
+    return choose
+
+
 def _at_most_slices(most: int) -> Any:
     """``split_k.choose_large_tile_split`` cutting k into at most ``most`` slices."""
     heuristic = split_k.choose_large_tile_split
@@ -279,11 +352,14 @@ def heuristics(variant: str) -> Iterator[None]:
     ``results/gemm_shapes_unroll_h200_session36.jsonl`` and ``..._regcap_...`` ``heuristic`` is
     ``rolled``, and ``regcap_128`` added ``-cl-nv-maxrregcount=128``, which changed nothing).
     ``element_places``: tile loads placed from each one's element number, not from the local id
-    alone where they share it (``gemm.SHARED_LOAD_PLACES`` off)."""
+    alone where they share it (``gemm.SHARED_LOAD_PLACES`` off). ``unsplit_64``: no k split where
+    64 x 64 tiles number the compute units, those tiles instead (``_unsplit_where_64_tiles_fill``)."""
     original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
+    if variant == "unsplit_64":
+        split_k.choose_large_tile_split = _unsplit_where_64_tiles_fill()
     k_step_index, double_buffered, unroll = gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES, gemm.K_STEP_UNROLL
     gemm.DOUBLE_BUFFERED_TILES = variant == "double_buffer"
     shared_places = gemm.SHARED_LOAD_PLACES
@@ -331,6 +407,12 @@ def main() -> None:
     parser.add_argument("--sources", type=Path, default=None,
                         help="write each compiled kernel's OpenCL source, its build options in its first line, "
                              "under this folder (the debug_dir option), one subfolder per layer and variant")
+    parser.add_argument("--flush-l2", type=int, default=0, metavar="MB",
+                        help="fill a buffer of this many MB before each forward and backward, so that the "
+                             "kernels read from device memory as inside a step (0: off, L2 warm from the last rep)")
+    parser.add_argument("--replayed", nargs="+", default=["compiled"], choices=["compiled", "arena", "bound"],
+                        help="how the layer runs: compiled (forward and backward calls), arena (a replayed "
+                             "TrainingStep, kernels rebuilt for its arena), bound (replayed, kernels bound as compiled)")
     args = parser.parse_args()
     base = {"device": args.device} if args.device is not None else {}
     context = run_context(base.get("device"))
@@ -350,24 +432,31 @@ def main() -> None:
                     if args.sources is not None:
                         folder = "".join(c if c.isalnum() else "_" for c in f"{name}_{dtype_name}_{variant}")
                         options["debug_dir"] = str(args.sources / folder)
-                    with heuristics(variant):
-                        kernels = _our_kernels(module, x, args.reps, options)
-                    gemm = [k for k in kernels if k["kind"] == "gemm"]
-                    row = {**context, "benchmark": "gemm_shapes", "label": args.label, "layer": name, "variant": variant,
-                           "dtype": dtype_name,
-                           **reference, "ours_forward_us": sum(k["us"] for k in kernels if k["graph"] == "forward"),
-                           "ours_backward_us": sum(k["us"] for k in kernels if k["graph"] == "backward"),
-                           "gemm_us": sum(k["us"] for k in gemm), "gemm_gflop": sum(k["gflop"] for k in gemm),
-                           "kernels": kernels}
-                    row["gemm_gflops"] = row["gemm_gflop"] / row["gemm_us"] * 1e6 if row["gemm_us"] else None
-                    append_jsonl(args.out, [row])
-                    print(f"{name:<42} {dtype_name:<8} {variant:<9} ours fwd {row['ours_forward_us']:8.1f} bwd {row['ours_backward_us']:8.1f} us"
-                          f"  torch fwd {reference.get('torch_forward_us', float('nan')):8.1f} "
-                          f"bwd {reference.get('torch_backward_us', float('nan')):8.1f}  gemm {row['gemm_gflops'] or 0:8.0f} GFLOP/s",
-                          flush=True)
-                    for k in gemm:
-                        print(f"    {k['graph']:<8} {k['kernel'][:60]:<60} {k['us']:8.1f} us {k['gflops'] or 0:8.0f} GFLOP/s"
-                              f" groups {k['work_groups']} local {k['local_size']}", flush=True)
+                    for how in args.replayed:
+                        if how != "compiled" and not any(p.requires_grad for p in module.parameters()):
+                            print(f"{name}: not run as {how}: a training step needs a trainable parameter", flush=True)
+                            continue
+                        with heuristics(variant):
+                            if how == "compiled":
+                                kernels = _our_kernels(module, x, args.reps, options, args.flush_l2)
+                            else:
+                                kernels = _replayed_kernels(copy.deepcopy(module), x, args.reps, options, how == "arena")
+                        gemm = [k for k in kernels if k["kind"] == "gemm"]
+                        row = {**context, "benchmark": "gemm_shapes", "label": args.label, "flush_l2_mb": args.flush_l2, "layer": name,
+                               "variant": variant, "run_as": how, "dtype": dtype_name,
+                               **reference, "ours_forward_us": sum(k["us"] for k in kernels if k["graph"] == "forward"),
+                               "ours_backward_us": sum(k["us"] for k in kernels if k["graph"] == "backward"),
+                               "gemm_us": sum(k["us"] for k in gemm), "gemm_gflop": sum(k["gflop"] for k in gemm),
+                               "kernels": kernels}
+                        row["gemm_gflops"] = row["gemm_gflop"] / row["gemm_us"] * 1e6 if row["gemm_us"] else None
+                        append_jsonl(args.out, [row])
+                        print(f"{name:<42} {dtype_name:<8} {variant:<9} {how:<8} ours fwd {row['ours_forward_us']:8.1f} bwd {row['ours_backward_us']:8.1f} us"
+                              f"  torch fwd {reference.get('torch_forward_us', float('nan')):8.1f} "
+                              f"bwd {reference.get('torch_backward_us', float('nan')):8.1f}  gemm {row['gemm_gflops'] or 0:8.0f} GFLOP/s",
+                              flush=True)
+                        for k in gemm:
+                            print(f"    {k['graph']:<8} {k['kernel'][:60]:<60} {k['us']:8.1f} us {k['gflops'] or 0:8.0f} GFLOP/s"
+                                  f" groups {k['work_groups']} local {k['local_size']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,10 @@ the host); the median and min of those. Ours also gets one replayed step under
 ``torch_adreno.profile()`` (device time, launches, kernel bytes, FLOPs; breakdowns by kernel kind,
 ATen op and kernel with GFLOP/s and GB/s) and its compile time: the calls before its first replay
 (compiling the loss and optimizer graphs, then the capture), cold (fresh caches) and warm (a second
-process finding those caches; ``--no-warm`` skips it).
+process finding those caches; ``--no-warm`` skips it). Each CUDA peer also gets its device time:
+the CUDA kernels of one more step under ``torch.profiler`` (``device_ms``; ``device_over_eager``
+for every peer beside eager's): on the shared GPU host eager's wall time for ResNet-18 varied from
+8.8 to 12.4 ms between runs of one session (session 37), with its host's share of each step.
 
 Each workload runs in a fresh process (its memory returned after it) whose caches -- the program
 binaries (``TORCH_ADRENO_CACHE_DIR``), PyTorch's compile cache (``TORCHINDUCTOR_CACHE_DIR``) and the
@@ -231,8 +234,22 @@ def torch_peer(work: Workload, base: nn.Module, peer: str, steps: int, warmup: i
         row["cudagraph_skips"] = dict(counters["inductor"]).get("cudagraph_skips", 0)
     if cuda:
         row["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
+        row["device_ms"] = cuda_kernel_ms(step)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     return row
+
+
+def cuda_kernel_ms(step: Callable[[], float]) -> float:
+    """The CUDA kernels' time in one more ``step`` (``torch.profiler``), ms: the peer's device time,
+    to set beside ours', free of the host's share of the wall time (which varies from run to run
+    on a shared host far more than the kernels do)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
 
 
 def _rate(row: dict[str, Any]) -> dict[str, Any]:
@@ -554,6 +571,8 @@ def main() -> None:
                 r["eager_loss_first"], r["eager_loss_last"] = eager["loss_first"], eager["loss_last"]
                 r["eager_label"] = eager["label"]
                 r["over_eager"] = r["median_ms"] / eager["median_ms"]  # eager: TF32 off
+                if r.get("device_ms") and eager.get("device_ms"):
+                    r["device_over_eager"] = r["device_ms"] / eager["device_ms"]
         for peer in ("inductor_cg", "inductor_cg_tf32", "eager_tf32"):
             other = next((r for r in rows if r["peer"] == peer and "median_ms" in r), None)
             if ours_row is not None and other is not None:
@@ -569,7 +588,8 @@ def main() -> None:
                                for p in ("eager", "eager_tf32", "inductor_cg", "inductor_cg_tf32") if f"over_{p}" in r)
             print(f"{r['workload']}: ours' first loss {r['loss_first']:.6f}, eager's {r['eager_loss_first']:.6f} "
                   f"(|diff| {r['loss_first_diff_vs_eager']:.2e}); last {r['loss_last']:.6f} vs "
-                  f"{r['eager_loss_last']:.6f}; replayed steps {r['replayed_steps']}; ours is {ratios}")
+                  f"{r['eager_loss_last']:.6f}; replayed steps {r['replayed_steps']}; ours is {ratios}"
+                  + (f"; device time {r['device_over_eager']:.2f}x eager's" if "device_over_eager" in r else ""))
     if args.plot is not None:
         path = args.plot if args.plot != Path() else args.out.with_suffix(".png")
         plot(records, path)

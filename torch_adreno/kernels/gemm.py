@@ -164,8 +164,9 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
         # into the tiles (bf16: c_attn forward 174 -> 148 us, c_fc forward 172 -> 147, the MLP
         # projection's input gradient 180 -> 151; benchmarks/results/gemm_shapes_fill_slices_h200.jsonl
         # "sixteen_bit_half_filled"). Inside the replayed bf16 GPT-2 step that last one takes 203 us,
-        # for a reason not found: the same kernel, same PTX, bound without the arena takes 152
-        # (README, "Half precision").
+        # bound without the arena 152 (README, "Half precision"): likely the registers its rebuilt
+        # form keeps for operand pointers in the arena, which cost ResNet-18's layer1 weight
+        # gradient a resident work-group per SM (README, session 37; not checked for this one).
         tile_n = 64
     wpt_m, wpt_n = tile_m // threads, tile_n // threads
     if (tile_m, tile_n) == (128, 64) and m <= 128 and threads == 16:
