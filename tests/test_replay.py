@@ -487,9 +487,9 @@ def _counting_copies(monkeypatch) -> list[int]:
     pool = ThreadPoolExecutor(2)
 
     class Counting:
-        def submit(self, fn, target, source):
-            copies.append(source.size)
-            return pool.submit(fn, target, source)
+        def submit(self, fn, started, pieces):
+            copies.extend(source.size for _, source in pieces)
+            return pool.submit(fn, started, pieces)
 
     monkeypatch.setattr(batch_module, "PRESTAGE_BYTES", 0)
     monkeypatch.setattr(batch_module, "COPY_THREADS", 2)  # (the host's cores decide it otherwise)
@@ -512,6 +512,42 @@ def test_a_staged_batch_is_copied_while_the_guard_runs_and_stays_bit_identical(m
     x_bytes, y_bytes = batches[0][0].numel() * 4, batches[0][1].numel() * 8
     assert sorted(set(copies)) == sorted({x_bytes // 2, y_bytes // 2}) and len(copies) == 6 * 4
     _assert_bit_identical(full, staged)
+
+
+def test_a_prestaged_batch_is_being_copied_before_the_guard_starts(monkeypatch) -> None:
+    """The workers need Python's lock to start copying, and the guard holds it while it runs:
+    prestage returns only once every worker has started, so that the copies run beside the guard
+    (else they began only after it)."""
+    import time
+
+    from torch_adreno.training import guards
+    from torch_adreno.training.replay import batch as batch_module
+    from torch_adreno.training.replay import step as replay_module
+
+    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    _counting_copies(monkeypatch)
+    copy_started: list[float] = []
+    guard_started: list[float] = []
+    copy_pieces, build_guard = batch_module._copy_pieces, guards.build_guard
+
+    def recording_copy(started, pieces):
+        copy_started.append(time.perf_counter())
+        copy_pieces(started, pieces)
+
+    def recording_guard(*args, **kwargs):
+        guard = build_guard(*args, **kwargs)
+
+        def timed(batch):
+            guard_started.append(time.perf_counter())
+            return guard(batch)
+        return timed
+
+    monkeypatch.setattr(batch_module, "_copy_pieces", recording_copy)
+    monkeypatch.setattr(guards, "build_guard", recording_guard)
+    *_, step = _train(_mlp, lambda p: torch.optim.SGD(p, lr=0.1), _batches(5), replay=True, options=COPY)
+    assert step.replayed_steps == 3 and len(guard_started) == 3 and len(copy_started) == 3 * 2
+    for replay_index, guard_at in enumerate(guard_started):
+        assert all(at < guard_at for at in copy_started[2 * replay_index:2 * replay_index + 2])
 
 
 def test_a_prestaged_batch_whose_guard_fails_runs_the_full_step(monkeypatch) -> None:

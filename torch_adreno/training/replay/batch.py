@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import os
+import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,15 +41,22 @@ REPLAY_GRAPH = "replayed_step"
 #: thread, 0.49 by two; its guard takes ~0.6 ms (``benchmarks/results/batch_copy_h200.txt``).
 #: Inside ResNet-18's step, the batch phase is 1.06-1.17 ms with two threads, 0.66-0.68 with four
 #: and 0.97-0.98 with eight (``batch_phase.py --workload resnet18 --copy-threads N``,
-#: ``batch_phase_threads_resnet18_h200.txt``): four, where the host has them.
+#: ``batch_phase_threads_resnet18_h200.txt``): four, where the host has them, leaving the caller's
+#: thread a core of its own for the guard.
+#: A worker copies without Python's lock (``np.copyto`` releases it) but needs the lock to start,
+#: and the guard, pure Python, holds it until it ends: workers that had not started by then copied
+#: after the guard, not beside it (measured on this project's 2-core CI host: a 9.6 MB copy
+#: submitted before 0.5 ms of Python began 0.6 ms later). :meth:`BatchInput.prestage` returns only
+#: once every worker has started its copy.
 PRESTAGE_BYTES = 1 << 20
-COPY_THREADS = max(1, min(4, os.cpu_count() or 1))
+COPY_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
 _copier: ThreadPoolExecutor | None = None
 
 
 def _copy_pool() -> ThreadPoolExecutor:
+    """The workers, :data:`COPY_THREADS` of them (each share of a batch starts at once: see there)."""
     global _copier
-    if _copier is None:
+    if _copier is None or _copier._max_workers != COPY_THREADS:
         _copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="torch_adreno_batch")
     return _copier
 
@@ -87,6 +95,15 @@ class BatchBinding:
     def tensor_of(self, batch: tuple[Any, ...]) -> torch.Tensor:
         tensor = batch[self.position]
         return tensor if self.view is None else tensor.as_strided(*self.view)
+
+
+def _copy_pieces(started: threading.Semaphore, pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """A worker's share of a prestaged batch: each ``(target, source)`` piece copied, the largest
+    first (between two pieces the worker needs Python's lock, which the guard may hold), after
+    telling the caller it has started (:data:`COPY_THREADS`)."""
+    started.release()
+    for target, source in pieces:
+        np.copyto(target, source)
 
 
 def _unmap_all(maps: list[Any], queue: cl.CommandQueue) -> None:
@@ -168,15 +185,19 @@ class BatchInput:
         staged = [b for b in self.bindings if b.staging is not None]
         if self._tail is None or sum(b.nbytes for b in staged) < PRESTAGE_BYTES:
             return
-        pool = _copy_pool()
+        shares: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(COPY_THREADS)]
         for binding in staged:
             assert binding.staging is not None
             source = host_array(binding.tensor_of(batch)).reshape(-1).view(np.uint8)
             self._pending_sources.append(source)
             step = -(-source.size // COPY_THREADS)
-            for start in range(0, source.size, step):
-                self._pending.append(pool.submit(np.copyto, binding.staging[start:start + step],
-                                                 source[start:start + step]))
+            for share, start in zip(shares, range(0, source.size, step), strict=False):
+                share.append((binding.staging[start:start + step], source[start:start + step]))
+        pool, started = _copy_pool(), threading.Semaphore(0)
+        shares = [sorted(share, key=lambda piece: -piece[1].size) for share in shares if share]
+        self._pending = [pool.submit(_copy_pieces, started, share) for share in shares]
+        for _ in shares:
+            started.acquire()  # (without Python's lock, which the workers need to start)
 
     def settle(self) -> None:
         """Wait for a prestaged batch's copies (raising what one raised); nothing if none is in flight."""
