@@ -34,12 +34,21 @@ def main() -> None:
     parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workload", default=None, help="a benchmarks/workloads.py workload (full size)")
+    parser.add_argument("--staged", action="store_true",
+                        help="stage the batch (pinned copy, one write) even on a unified-memory device such as "
+                             "PoCL, whose replays bind it in place: the host side of a discrete GPU's batch phase")
     parser.add_argument("--copy-threads", type=int, default=batch_module.COPY_THREADS,
                         help=f"threads copying a prestaged batch (default {batch_module.COPY_THREADS})")
     args = parser.parse_args()
     batch_module.COPY_THREADS = args.copy_threads
+    if args.staged:
+        from torch_adreno.training.replay import step as replay_step
+
+        replay_step.batch_mode = lambda zero_copy, unified: replay_step.BatchMode.STAGED
     torch.manual_seed(0)
     options = {"device": args.device} if args.device else {}
+    if args.staged:
+        options["zero_copy"] = False  # parameters in device copies too, as on a discrete GPU
     if args.workload:
         from workloads import LR, MOMENTUM, get_workload
 
