@@ -152,13 +152,21 @@ def _our_kernels(module: torch.nn.Module, x: torch.Tensor, reps: int, options: d
             key = (k.graph, k.name)
             times.setdefault(key, []).append(k.device_time_us or 0.0)
             records[key] = k
+    return _kernel_rows(times, records)
+
+
+def _kernel_rows(times: dict[Any, list[float]], records: dict[Any, Any]) -> list[dict[str, Any]]:
+    """A row per profiled kernel: its median device time over ``times``' samples, launch geometry,
+    FLOPs and bytes (``records``: the kernel record under the same key). A kernel belongs to the
+    backward where its graph's or its own name says so (a replayed step's graph is the step)."""
     rows = []
     for key, samples in times.items():
         k = records[key]
         us = statistics.median(samples)
         groups = math.prod(g // max(loc, 1) for g, loc in zip(k.global_size, k.local_size, strict=False)) \
             if k.local_size else None
-        rows.append({"graph": "backward" if "backward" in k.graph else "forward", "kernel": k.name, "kind": k.kind,
+        backward = "backward" in k.graph or k.name.startswith("backward")
+        rows.append({"graph": "backward" if backward else "forward", "kernel": k.name, "kind": k.kind,
                      "aten_ops": list(k.aten_ops), "us": us, "gflop": k.flops / 1e9,
                      "gflops": k.flops / us / 1e3 if us else None, "mb": (k.bytes_read + k.bytes_written) / 1e6,
                      "global_size": list(k.global_size), "local_size": list(k.local_size), "work_groups": groups})
@@ -189,17 +197,7 @@ def _replayed_kernels(module: torch.nn.Module, x: torch.Tensor, reps: int, optio
         for k in prof.kernels:
             times.setdefault(k.name, []).append(k.device_time_us or 0.0)
             records[k.name] = k
-    rows = []
-    for name, samples in times.items():
-        k = records[name]
-        us = statistics.median(samples)
-        groups = math.prod(g // max(loc, 1) for g, loc in zip(k.global_size, k.local_size, strict=False)) \
-            if k.local_size else None
-        rows.append({"graph": "backward" if "backward" in k.graph or "backward" in name else "forward", "kernel": name,
-                     "kind": k.kind, "aten_ops": list(k.aten_ops), "us": us, "gflop": k.flops / 1e9,
-                     "gflops": k.flops / us / 1e3 if us else None, "mb": (k.bytes_read + k.bytes_written) / 1e6,
-                     "global_size": list(k.global_size), "local_size": list(k.local_size), "work_groups": groups})
-    return rows
+    return _kernel_rows(times, records)
 
 
 def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[str, float]:
