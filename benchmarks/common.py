@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import platform
@@ -14,6 +15,25 @@ from torch_adreno.config import OPTIONS
 from torch_adreno.runtime import get_runtime
 
 RESULTS = Path(__file__).parent / "results"
+
+#: The device facts the stages plan an NVIDIA H200 with (its OpenCL driver's report): GPU code
+#: paths, 132 compute units (GEMM splits), work-group and local-memory limits, 141 GB of memory
+#: (the fused head's "auto" threshold). For ``--plan-as h200``.
+PLANS = {"h200": {"is_gpu": True, "compute_units": 132, "max_work_group_size": 1024,
+                  "max_work_item_sizes": (1024, 1024, 64), "preferred_work_group_multiple": 32,
+                  "local_mem_bytes": 48 * 1024, "global_mem_bytes": 141 * 10**9}}
+
+
+def plan_as(device: str | int | None, name: str | None) -> None:
+    """Have the stages plan every graph compiled from now on in this process for the device ``name``
+    of :data:`PLANS` while the kernels run on ``device``: kernel bytes, launches and splits are then
+    that device's plan (times are not). The kernels must still fit the present device's limits,
+    which the planned ones do on a CPU OpenCL device (work-groups up to 4096, local memory as
+    cache). None: plan for the present device."""
+    if name is None:
+        return
+    runtime = get_runtime(device)
+    runtime.profile = dataclasses.replace(runtime.profile, **PLANS[name])  # type: ignore[arg-type]
 
 
 def device_arg(text: str | None) -> str | int | None:

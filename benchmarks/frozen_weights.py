@@ -20,6 +20,7 @@ they are host memory) and the losses.
     python benchmarks/frozen_weights.py --small                 # PoCL: 4 layers, d 256, 256 tokens
     python benchmarks/frozen_weights.py --small --layers 2 --vocab 50257 --steps 1   # GPT-2's vocabulary
     source .gpu/env.sh && python benchmarks/frozen_weights.py --device NVIDIA    # GPT-2 124M, seq 256, batch 4
+    python benchmarks/frozen_weights.py --plan-as h200 --layers 1 --steps 1     # the H200's plan, bytes only, on a CPU
 
 Appends JSON lines to benchmarks/results/frozen_weights.jsonl (or --out).
 """
@@ -39,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gemm_shapes
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import PLANS, RESULTS, append_jsonl, device_arg, plan_as, run_context
 from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainable_parameters
 from workloads import breakdown
 
@@ -120,17 +121,21 @@ def main() -> None:
                         help="the ops and kernels the breakdown lists, the most time-consuming first")
     parser.add_argument("--layers", type=int, default=None, help="the chosen model's blocks, this many instead")
     parser.add_argument("--vocab", type=int, default=None, help="the chosen model's vocabulary, this large instead")
+    parser.add_argument("--plan-as", choices=sorted(PLANS), default=None,
+                        help="plan the kernels for this device while running them on --device: its kernel bytes "
+                             "and launches (a CPU's run of the H200's plan; times mean nothing then)")
     parser.add_argument("--out", type=Path, default=RESULTS / "frozen_weights.jsonl")
     args = parser.parse_args()
     cfg = SMALL if args.small else FULL
     cfg = dataclasses.replace(cfg, **{k: v for k, v in (("layers", args.layers), ("vocab", args.vocab)) if v is not None})
     options = {"device": device_arg(args.device), "zero_copy": args.zero_copy}
+    plan_as(options["device"], args.plan_as)
     if args.tune:
         options["tune"] = True
     if args.heuristics != "heuristic" or args.unfilled:
         options["compile_cache"] = False  # (the disk cache's keys do not see the patched heuristics)
     context = {**run_context(options["device"]), "benchmark": "frozen_weights", "shape": dataclasses.asdict(cfg),
-               "small": args.small, "zero_copy": args.zero_copy}
+               "small": args.small, "zero_copy": args.zero_copy, "plan_as": args.plan_as}
     if args.unfilled:
         backend.large_tiles_apply = lambda profile: False
     context["unfilled"] = args.unfilled

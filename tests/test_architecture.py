@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "export": 8,
     "training.step": 9,
     "backend.donation": 10, "backend.decompositions": 10, "backend.debug": 10, "backend.compile_cache": 10,
+    "backend.saved_views": 10,
     "backend": 11,
     "_compiler": 12,
     "": 13, "__main__": 16,

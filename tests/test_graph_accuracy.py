@@ -35,6 +35,16 @@ def _host(value: Any) -> Any:
     return value.to_host() if isinstance(value, DeviceTensor) else value
 
 
+def _as_traced(host: Any, placeholder: torch.fx.Node) -> Any:
+    """``host`` laid out with the strides ``placeholder`` was traced with: a saved tensor comes back
+    from the device row-major, and the graph, run eagerly, may view it as traced (a permuted base
+    viewed again, ``backend.saved_views``)."""
+    traced = placeholder.meta.get("val")
+    if not isinstance(host, torch.Tensor) or not isinstance(traced, torch.Tensor) or host.stride() == traced.stride():
+        return host
+    return torch.empty_strided(host.shape, traced.stride(), dtype=host.dtype).copy_(host)
+
+
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return math.sqrt(((a.double() - b.double()) ** 2).mean().item())
 
@@ -189,8 +199,11 @@ class GraphAccuracy:
             output_nodes = list(output_node.args[0])
             in_float64 = _in_float64(gm)
 
+            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+
             def run(inputs: list[Any]) -> Any:
-                hosts = [_host(x).clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+                hosts = [_as_traced(_host(x).clone(), p) if isinstance(x, torch.Tensor) else x
+                         for x, p in zip(inputs, placeholders, strict=False)]
                 pristine = [h.clone() if isinstance(h, torch.Tensor) else h for h in hosts]
                 ours = compiled(list(inputs))
                 eager = gm(*hosts)

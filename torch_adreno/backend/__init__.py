@@ -37,6 +37,7 @@ from torch_adreno.backend.donation import NO_DONATION, Donation, donatable_saved
 from torch_adreno.backend.frozen_casts import CASTS, frozen_in_partition, split_inference, split_partitioned
 from torch_adreno.backend.fused_cross_entropy import DECOMPOSITIONS as FUSED_HEAD_DECOMPOSITIONS
 from torch_adreno.backend.fused_cross_entropy import fuse_head_and_loss
+from torch_adreno.backend.saved_views import recompute_saved_views
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.fusion import fuse, max_kernel_buffers
@@ -236,6 +237,7 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         _recompute_input_casts(joint)
+        recompute_saved_views(joint)
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         static = kwargs.get("static_lifetime_input_indices") or ()
         frozen = frozen_in_partition(fw, bw, static) if config.frozen_casts else frozenset()

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from torch_adreno.backend import saved_views
 from torch_adreno.config import Config
 from torch_adreno.ir import OutputRole
 from torch_adreno.kernels import HostStep, KernelProgram, gemm
@@ -89,7 +90,7 @@ def code_choices(profile: DeviceProfile) -> dict[str, Any]:
     return {"gemm_template": "tiled" if gemm.use_local_memory_tiles(profile) else "direct",
             "gemm_wide_tiles": profile.compute_units >= gemm.DESKTOP_COMPUTE_UNITS,
             "gemm_double_buffer": gemm.DOUBLE_BUFFERED_TILES, "gemm_shared_places": gemm.SHARED_LOAD_PLACES,
-            "gemm_k_step_unroll": gemm.K_STEP_UNROLL}
+            "gemm_k_step_unroll": gemm.K_STEP_UNROLL, "saved_view_base_ratio": saved_views.MAX_BASE_ELEMENTS_RATIO}
 
 
 def cache_salt(config: Config) -> str:

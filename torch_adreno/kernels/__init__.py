@@ -35,6 +35,7 @@ from torch_adreno.kernels.generated import (
     render_pointwise,
     render_reduction,
     render_segmented,
+    template_read_bytes,
     tree_reduction_candidates,
 )
 from torch_adreno.kernels.params import KernelParam
@@ -164,8 +165,9 @@ def _render_group(graph: ir.Graph, group: FusionGroup, index: int, params: dict[
     if isinstance(spec, TemplateKernel):
         rendered = render_attention(spec, params, profile)
         return [kernel("attention", rendered.text, rendered.build_options, rendered.arguments, rendered.global_size,
-                       rendered.local_size, buffer_bytes(graph, group.reads), buffer_bytes(graph, group.writes),
-                       estimate_flops(group), writes=tuple(group.writes), reads=tuple(group.reads),
+                       rendered.local_size, template_read_bytes(graph, spec.node, group.reads),
+                       buffer_bytes(graph, group.writes), estimate_flops(group), writes=tuple(group.writes),
+                       reads=tuple(group.reads),
                        name_kind=spec.node.target, macros=rendered.macros)]
     if isinstance(spec, PointwiseKernel):
         text, global_size, local_size, extensions = render_pointwise(spec, params, profile, native_half)

@@ -119,6 +119,20 @@ def read_bytes(graph: ir.Graph, spec: PointwiseKernel | SegmentedKernel | Reduct
     return total
 
 
+def template_read_bytes(graph: ir.Graph, node: ir.TemplateOp, names: Sequence[str]) -> int:
+    """Global-memory bytes a template kernel reads from ``names``: each buffer once, and no more of it
+    than the views it reads it through hold (the keys sliced out of a fused projection are a third
+    of it). An upper bound: never more than :func:`buffer_bytes`."""
+    reachable: dict[str, int] = {}
+    for view in node.inputs:
+        reachable[view.buffer] = reachable.get(view.buffer, 0) + math.prod(view.shape)
+    total = 0
+    for name in dict.fromkeys(names):
+        buffer = graph.buffers[name]
+        total += min(buffer.nbytes, reachable.get(name, buffer.numel) * buffer.dtype.itemsize)
+    return total
+
+
 def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None = None,
                  ranges: tuple[int, ...] | None = None, loop_vars: tuple[ir.Expr, ...] | None = None) -> None:
     """Emit ``stores``; a store over the kernel's own shape at its own index writes at ``linear``.
