@@ -10,6 +10,7 @@ from helpers import assert_matches_eager
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+import torch_adreno.backend as backend
 import torch_adreno.backend.saved_views as saved_views
 from torch_adreno.backend.saved_views import recompute_saved_views
 
@@ -34,10 +35,10 @@ def _inputs() -> tuple[torch.Tensor, ...]:
     return torch.randn(2, 8, 16), torch.randn(16, 48) * 0.2, torch.randn(16, 16) * 0.2
 
 
-def _forward_bytes_written(monkeypatch, ratio: int) -> int:
+def _forward_bytes_written(monkeypatch, ratio: int, options: dict | None = None) -> int:
     monkeypatch.setattr(saved_views, "MAX_BASE_ELEMENTS_RATIO", ratio)
     torch._dynamo.reset()
-    prof = assert_matches_eager(_attention, *_inputs())
+    prof = assert_matches_eager(_attention, *_inputs(), options=options)
     assert prof.kernels and all(k.graph.startswith(("forward", "backward")) for k in prof.kernels)
     return sum(k.bytes_written for k in prof.kernels if k.graph.startswith("forward"))
 
@@ -53,6 +54,17 @@ def test_saved_transposed_views_are_not_copied_unless_their_base_is_larger(monke
     projection_saved = _forward_bytes_written(monkeypatch, 3)
     assert none_remade - default == 3 * VIEW_BYTES
     assert default - projection_saved == VIEW_BYTES
+
+
+def test_saved_transposes_of_inputs_are_not_copied(monkeypatch):
+    """The weights' and the input's transposes the backward's products read: with no view remade at
+    all (the pass off), the forward copies x^T, w_qkv^T and w_out^T; with views of inputs remade
+    (ratio 0 remakes nothing else), it copies none of them."""
+    inputs_remade = _forward_bytes_written(monkeypatch, 0)
+    monkeypatch.setattr(backend, "recompute_saved_views", lambda joint: 0)
+    # (the compile cache's key does not see the pass replaced)
+    nothing_remade = _forward_bytes_written(monkeypatch, 0, options={"compile_cache": False})
+    assert nothing_remade - inputs_remade == sum(t.numel() * 4 for t in _inputs())
 
 
 def test_attention_reading_keys_and_values_out_of_the_projection_counts_their_bytes_only(monkeypatch):

@@ -10,8 +10,8 @@ plan of GPT-2 124M at 1,024 tokens).
 
 :func:`recompute_saved_views` marks each view of the joint graph that is not in row-major order
 (a contiguous view is returned as its buffer anyway) and whose base is at most
-:data:`MAX_BASE_ELEMENTS_RATIO` times its size ``MUST_RECOMPUTE``: the partitioner then saves the
-base, and the backward takes the view of it again, which costs no kernel (a view lowers to an index
+:data:`MAX_BASE_ELEMENTS_RATIO` times its size, and each such view of a graph input (a weight's
+transpose), ``MUST_RECOMPUTE``: the partitioner then saves the base, and the backward takes the view of it again, which costs no kernel (a view lowers to an index
 map of the kernels that read it). A view of a larger base (a slice of some rows of an activation)
 stays as it was: saving the base would keep more memory alive than the copy takes.
 """
@@ -28,7 +28,8 @@ from torch.fx import GraphModule, Node
 #: than saved. 1: only views of all of their base (a transpose, a permute of heads), so that the
 #: saved memory does not grow. The keys sliced out of GPT-2's fused projection (a third of it) stay
 #: copied: saving the projection would keep 2 x 3.1 MB more per block alive until the backward
-#: reads it (75 MB over 12 blocks, 8% of GPT-2 LoRA's step memory at 1,024 tokens) to save moving 6.3 MB per block a step.
+#: reads it (75 MB over 12 blocks, 8% of GPT-2 LoRA's step memory at 1,024 tokens) to save moving
+#: 6.3 MB per block a step.
 MAX_BASE_ELEMENTS_RATIO = 1
 
 
@@ -73,8 +74,9 @@ def _base(node: Node) -> Node:
 
 def recompute_saved_views(joint: GraphModule) -> int:
     """Mark the joint graph's views that are not in row-major order and whose base is at most
-    :data:`MAX_BASE_ELEMENTS_RATIO` times their size as recomputed in the backward (see the module docstring); return how many were marked.
-    Views of graph inputs are left alone: their base is an input, which the backward has anyway."""
+    :data:`MAX_BASE_ELEMENTS_RATIO` times their size as recomputed in the backward (see the module
+    docstring); return how many were marked. Views of graph inputs are marked whatever their size:
+    their base is an input, which stays where it is (a saved input is passed on, never copied)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     marked = 0

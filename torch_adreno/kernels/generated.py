@@ -112,6 +112,12 @@ def read_bytes(graph: ir.Graph, spec: PointwiseKernel | SegmentedKernel | Reduct
         sites = {load for e in exprs for load in ir.loads(e)}
         for load in sites:
             reachable[load.buffer] = reachable.get(load.buffer, 0) + iterations
+    return _capped_bytes(graph, names, reachable)
+
+
+def _capped_bytes(graph: ir.Graph, names: Sequence[str], reachable: Mapping[str, int]) -> int:
+    """Bytes of each buffer of ``names`` once, no more of it than ``reachable`` elements (all of a
+    buffer it does not name)."""
     total = 0
     for name in dict.fromkeys(names):
         buffer = graph.buffers[name]
@@ -126,11 +132,7 @@ def template_read_bytes(graph: ir.Graph, node: ir.TemplateOp, names: Sequence[st
     reachable: dict[str, int] = {}
     for view in node.inputs:
         reachable[view.buffer] = reachable.get(view.buffer, 0) + math.prod(view.shape)
-    total = 0
-    for name in dict.fromkeys(names):
-        buffer = graph.buffers[name]
-        total += min(buffer.nbytes, reachable.get(name, buffer.numel) * buffer.dtype.itemsize)
-    return total
+    return _capped_bytes(graph, names, reachable)
 
 
 def write_stores(writer: CodeWriter, stores: Sequence[Store], linear: str | None = None,
