@@ -513,28 +513,35 @@ def loads(expr: Expr) -> list[Load]:
     return [e for e in walk(expr) if isinstance(e, Load)]
 
 
+def _with_children(e: Expr, go: Callable[[Expr], Expr]) -> Expr:
+    """``e`` rebuilt over ``go`` of its operands (``e`` itself when none changed)."""
+    if isinstance(e, Load):
+        new_index = tuple(go(i) for i in e.index)
+        unchanged = all(a is b for a, b in zip(new_index, e.index, strict=True))
+        return e if unchanged else Load(e.buffer, new_index, e.load_dtype)
+    if isinstance(e, Call):
+        new_args = tuple(go(a) for a in e.args)
+        if e.op == "cast":
+            return cast(new_args[0], e.result_dtype)
+        if e.op == "where":
+            return where(*new_args)
+        unchanged = all(a is b for a, b in zip(new_args, e.args, strict=True))
+        return e if unchanged else call(e.op, *new_args)
+    return e
+
+
 def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Bottom-up rewrite: ``fn`` returns a replacement or None to keep the (rebuilt) node."""
+    """Bottom-up rewrite: ``fn`` returns a replacement or None to keep the (rebuilt) node.
+
+    ``fn`` sees each node after its operands were rewritten (and simplified), so it may match a
+    node that only the rewrite created; a replacement itself is not rewritten again.
+    """
     memo: dict[Expr, Expr] = {}
 
     def go(e: Expr) -> Expr:
         if e in memo:
             return memo[e]
-        if isinstance(e, Load):
-            new_index = tuple(go(i) for i in e.index)
-            unchanged = all(a is b for a, b in zip(new_index, e.index, strict=True))
-            rebuilt: Expr = e if unchanged else Load(e.buffer, new_index, e.load_dtype)
-        elif isinstance(e, Call):
-            new_args = tuple(go(a) for a in e.args)
-            if e.op == "cast":
-                rebuilt = cast(new_args[0], e.result_dtype)
-            elif e.op == "where":
-                rebuilt = where(*new_args)
-            else:
-                unchanged = all(a is b for a, b in zip(new_args, e.args, strict=True))
-                rebuilt = e if unchanged else call(e.op, *new_args)
-        else:
-            rebuilt = e
+        rebuilt = _with_children(e, go)
         out = fn(rebuilt)
         memo[e] = rebuilt if out is None else out
         return memo[e]
@@ -543,9 +550,24 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
 
 
 def substitute(expr: Expr, mapping: Mapping[Var, Expr]) -> Expr:
+    """``expr`` with each variable of ``mapping`` replaced, all at once.
+
+    Only the variables ``expr`` holds are replaced: a variable that appears in a replacement, or
+    that simplification produces while operands are rebuilt, is never replaced again. Views and
+    fused kernels name their placeholder variables by position (``v0``, ``v1``, ...), so the
+    variables of the new index space routinely equal those of the old one in name and size; a
+    substitution that looked at rebuilt nodes would send them through the mapping twice.
+    """
     if not mapping:
         return expr
-    return rewrite(expr, lambda e: mapping.get(e) if isinstance(e, Var) else None)
+    memo: dict[Expr, Expr] = {}
+
+    def go(e: Expr) -> Expr:
+        if e not in memo:
+            memo[e] = mapping.get(e, e) if isinstance(e, Var) else _with_children(e, go)
+        return memo[e]
+
+    return go(expr)
 
 
 def where(cond: Expr, a: Expr, b: Expr) -> Expr:

@@ -29,6 +29,7 @@ from torch_adreno.lowering import (  # noqa: F401  (registers)
     pool,
     random,
     reduction,
+    scatter,
     views,
 )
 from torch_adreno.lowering.checks import check_like_eager

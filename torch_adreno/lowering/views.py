@@ -23,7 +23,7 @@ from torch_adreno.lowering.index_checks import (
 aten = torch.ops.aten
 
 
-def _view(x: Value, what: str) -> ir.View:
+def tensor_arg(x: Value, what: str) -> ir.View:
     if not isinstance(x, ir.View):
         raise LoweringError(f"{what}: expected a tensor argument, got {type(x).__name__}")
     return x
@@ -31,23 +31,23 @@ def _view(x: Value, what: str) -> ir.View:
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _reshape(ctx: LoweringContext, node: Node, x: Value, shape: Sequence[int]) -> Value:
-    return _view(x, node.name).reshape(ctx.meta().shape)
+    return tensor_arg(x, node.name).reshape(ctx.meta().shape)
 
 
 @register(aten.permute.default)
 def _permute(ctx: LoweringContext, node: Node, x: Value, dims: Sequence[int]) -> Value:
-    return _view(x, node.name).permute(dims)
+    return tensor_arg(x, node.name).permute(dims)
 
 
 @register(aten.t.default)
 def _t(ctx: LoweringContext, node: Node, x: Value) -> Value:
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     return v if len(v.shape) < 2 else v.permute([1, 0])
 
 
 @register(aten.transpose.int)
 def _transpose(ctx: LoweringContext, node: Node, x: Value, d0: int, d1: int) -> Value:
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     rank = len(v.shape)
     if rank == 0:
         return v
@@ -58,17 +58,17 @@ def _transpose(ctx: LoweringContext, node: Node, x: Value, d0: int, d1: int) -> 
 
 @register(aten.expand.default)
 def _expand(ctx: LoweringContext, node: Node, x: Value, shape: Sequence[int], *, implicit: bool = False) -> Value:
-    return _view(x, node.name).expand(ctx.meta().shape)
+    return tensor_arg(x, node.name).expand(ctx.meta().shape)
 
 
 @register(aten.unsqueeze.default)
 def _unsqueeze(ctx: LoweringContext, node: Node, x: Value, dim: int) -> Value:
-    return _view(x, node.name).unsqueeze(dim)
+    return tensor_arg(x, node.name).unsqueeze(dim)
 
 
 @register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def _squeeze(ctx: LoweringContext, node: Node, x: Value, dims: Any = None) -> Value:
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     if not v.shape:
         return v
     if isinstance(dims, int):
@@ -79,19 +79,19 @@ def _squeeze(ctx: LoweringContext, node: Node, x: Value, dims: Any = None) -> Va
 @register(aten.slice.Tensor)
 def _slice(ctx: LoweringContext, node: Node, x: Value, dim: int = 0, start: int | None = None,
            end: int | None = None, step: int = 1) -> Value:
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     size = v.shape[dim]
     return v.slice(dim, 0 if start is None else start, size if end is None else min(end, size), step)
 
 
 @register(aten.select.int)
 def _select(ctx: LoweringContext, node: Node, x: Value, dim: int, i: int) -> Value:
-    return _view(x, node.name).select(dim, i)
+    return tensor_arg(x, node.name).select(dim, i)
 
 
 @register(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
 def _alias(ctx: LoweringContext, node: Node, x: Value) -> Value:
-    return _view(x, node.name)
+    return tensor_arg(x, node.name)
 
 
 @register(aten.as_strided.default)
@@ -99,7 +99,7 @@ def _as_strided(ctx: LoweringContext, node: Node, x: Value, size: Sequence[int],
                 offset: int | None = None) -> Value:
     # as_strided addresses the storage of its input; our buffers are contiguous, so it is only an
     # index map when the input is the whole, unviewed buffer.
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     if not v.is_identity():
         raise LoweringError(f"{node.name}: as_strided of a view is not supported; materialise the tensor first")
     flat_view = v.reshape([v.numel])
@@ -113,7 +113,7 @@ def _as_strided(ctx: LoweringContext, node: Node, x: Value, size: Sequence[int],
 
 @register(aten.gather.default)
 def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *, sparse_grad: bool = False) -> Value:
-    src, index_view = _view(x, node.name), _view(idx, node.name)
+    src, index_view = tensor_arg(x, node.name), tensor_arg(idx, node.name)
     out = ctx.meta()
     dim %= max(len(src.shape), 1)
 
@@ -129,7 +129,7 @@ def _gather(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, *,
 
 @register(aten.index_select.default)
 def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value) -> Value:
-    src, index_view = _view(x, node.name), _view(idx, node.name)
+    src, index_view = tensor_arg(x, node.name), tensor_arg(idx, node.name)
     out = ctx.meta()
     dim %= max(len(src.shape), 1)
 
@@ -149,154 +149,10 @@ def _index_select(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Val
     return ctx.pointwise(out.shape, out.dtype, body)
 
 
-# An empty index scatters nothing, whatever its rank (eager accepts an empty index of another rank
-# than the input's, e.g. the backward of gathering a 1-d input with a [2, 0] index): the result is
-# the input, and the index, having no element along some dimension, must not be read.
-
-
-def _index_dim_hits(ctx: LoweringContext, index_view: ir.View, out_shape: tuple[int, ...], dim: int,
-                    i: tuple[ir.Expr, ...], j: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
-    """Whether index element ``i`` with ``dim`` replaced by ``j`` targets output element ``i``."""
-    pos = list(i)
-    pos[dim] = j
-    target = as_index(ctx, index_view.load(pos), out_shape[dim], dim, wraps=False, error="RuntimeError")
-    cond: ir.Expr = ir.call("eq", target, i[dim])
-    for d, (e, size) in enumerate(zip(i, index_view.shape, strict=True)):
-        if d != dim and size < out_shape[d]:
-            cond = ir.call("logical_and", ir.call("lt", e, ir.index(size)), cond)
-    return cond, pos
-
-
-@register(aten.scatter_add.default)
-def _scatter_add(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, src: Value) -> Value:
-    """``out = x``, then ``out[..., idx[..., j, ...], ...] += src[..., j, ...]``: a sum over ``j``."""
-    base, index_view, values = _view(x, node.name), _view(idx, node.name), _view(src, node.name)
-    out = ctx.meta()
-    if not math.prod(index_view.shape):
-        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.cast(base.load(i), out.dtype))
-    if not out.shape:
-        # Into a 0-dim tensor: every index element is 0 (or -1); each adds its source element.
-        def scalar_contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-            pos = list(r) if index_view.shape else []
-            target = as_index(ctx, index_view.load(pos), 1, 0, wraps=False, error="RuntimeError")
-            hit = ir.call("eq", target, ir.index(0))
-            value = values.load(pos if values.shape else [])
-            return ir.where(hit, ir.cast(value, out.dtype), ir.const(0, out.dtype))
-
-        total = ctx.reduction((), index_view.shape or (1,), "sum", out.dtype, scalar_contributions)
-        return ctx.pointwise((), out.dtype, lambda i: ir.call("add", base.load([]), total.load([])))
-    dim %= len(out.shape)
-
-    def contributions(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-        hit, pos = _index_dim_hits(ctx, index_view, out.shape, dim, i, r[0])
-        return ir.where(hit, ir.cast(values.load(pos), out.dtype), ir.const(0, out.dtype))
-
-    added = ctx.reduction(out.shape, (index_view.shape[dim],), "sum", out.dtype, contributions)
-    return ctx.pointwise(out.shape, out.dtype, lambda i: ir.call("add", base.load(i), added.load(i)))
-
-
-@register(aten.scatter.value, aten.scatter.src)
-def _scatter(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, src: Value) -> Value:
-    """``out = x`` with ``out[..., idx[..., j, ...], ...] = src[..., j, ...]`` along ``dim``.
-
-    Lowered as a gather from the output's side: where the scatter dimension of ``idx`` has size 1
-    this is one pointwise node; otherwise a reduction first finds, per output element, the last
-    ``j`` that targets it (PyTorch leaves the winner of duplicates unspecified).
-    """
-    base, index_view = _view(x, node.name), _view(idx, node.name)
-    out = ctx.meta()
-    if not math.prod(index_view.shape):
-        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.cast(base.load(i), out.dtype))
-    if not out.shape:
-        # A 0-dim scatter writes the single element when its 0-dim index says 0 (or -1).
-        def scalar(i: tuple[ir.Expr, ...]) -> ir.Expr:
-            if isinstance(src, ir.View):
-                value = ir.cast(src.load([]), out.dtype)
-            else:
-                assert isinstance(src, (int, float, bool)), "scatter's value is a tensor or a number"
-                value = ir.const(src, out.dtype)
-            target = as_index(ctx, index_view.load([]), 1, 0, wraps=False, error="RuntimeError")
-            return ir.where(ir.call("eq", target, ir.index(0)), value, base.load([]))
-
-        return ctx.pointwise((), out.dtype, scalar)
-    dim %= len(out.shape)
-    n_targets = index_view.shape[dim]
-
-    def src_at(pos: Sequence[ir.Expr]) -> ir.Expr:
-        if isinstance(src, ir.View):
-            return ir.cast(src.load(pos), out.dtype)
-        return ctx.load(src, pos, (), out.dtype)
-
-    if n_targets == 1:
-        def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-            hit, pos = _index_dim_hits(ctx, index_view, out.shape, dim, i, ir.index(0))
-            return ir.where(hit, src_at(pos), base.load(i))
-
-        return ctx.pointwise(out.shape, out.dtype, body)
-
-    def last_hit(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
-        hit, _ = _index_dim_hits(ctx, index_view, out.shape, dim, i, r[0])
-        return ir.where(hit, ir.cast(r[0], ir.DType.I64), ir.const(-1, ir.DType.I64))
-
-    winner = ctx.reduction(out.shape, (n_targets,), "max", ir.DType.I64, last_hit)
-
-    def body2(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        j = winner.load(i)
-        pos = list(i)
-        pos[dim] = ir.cast(j, ir.DType.INDEX)
-        return ir.where(ir.call("ge", j, ir.const(0, ir.DType.I64)), src_at(pos), base.load(i))
-
-    return ctx.pointwise(out.shape, out.dtype, body2)
-
-
-@register(aten.slice_scatter.default)
-def _slice_scatter(ctx: LoweringContext, node: Node, x: Value, src: Value, dim: int = 0, start: int | None = None,
-                   end: int | None = None, step: int = 1) -> Value:
-    """``x`` with ``x[..., start:end:step, ...] = src`` (the backward of slicing)."""
-    base, values = _view(x, node.name), _view(src, node.name)
-    out = ctx.meta()
-    dim %= len(out.shape)
-    size = out.shape[dim]
-    lo = 0 if start is None else (start + size if start < 0 else start)
-    lo = max(0, min(size, lo))
-    count = values.shape[dim]
-
-    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        offset = ir.call("sub", i[dim], ir.index(lo))
-        conds = [ir.call("ge", offset, ir.index(0)), ir.call("lt", offset, ir.index(count * step))]
-        if step > 1:
-            conds.append(ir.call("eq", ir.call("mod", offset, ir.index(step)), ir.index(0)))
-        inside: ir.Expr = conds[0]
-        for c in conds[1:]:
-            inside = ir.call("logical_and", inside, c)
-        pos = list(i)
-        pos[dim] = ir.call("floordiv", offset, ir.index(step))
-        return ir.where(inside, ir.cast(values.load(pos), out.dtype), base.load(i))
-
-    return ctx.pointwise(out.shape, out.dtype, body)
-
-
-@register(aten.select_scatter.default)
-def _select_scatter(ctx: LoweringContext, node: Node, x: Value, src: Value, dim: int, index_: int) -> Value:
-    """``x`` with ``x.select(dim, index) = src`` (the backward of select)."""
-    base, values = _view(x, node.name), _view(src, node.name)
-    out = ctx.meta()
-    dim %= len(out.shape)
-    if index_ < 0:
-        index_ += out.shape[dim]
-
-    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
-        pos = list(i[:dim]) + list(i[dim + 1:])
-        hit = ir.call("eq", i[dim], ir.index(index_))
-        return ir.where(hit, ir.cast(values.load(pos), out.dtype), base.load(i))
-
-    return ctx.pointwise(out.shape, out.dtype, body)
-
-
 @register(aten.embedding.default)
 def _embedding(ctx: LoweringContext, node: Node, weight: Value, indices: Value, padding_idx: int = -1,
                scale_grad_by_freq: bool = False, sparse: bool = False) -> Value:
-    table, ids = _view(weight, node.name), _view(indices, node.name)
+    table, ids = tensor_arg(weight, node.name), tensor_arg(indices, node.name)
     out = ctx.meta()
     rows = table.shape[0]
 
@@ -312,7 +168,7 @@ def _embedding(ctx: LoweringContext, node: Node, weight: Value, indices: Value, 
 
 @register(aten.split_with_sizes.default)
 def _split_with_sizes(ctx: LoweringContext, node: Node, x: Value, sizes: Sequence[int], dim: int = 0) -> Value:
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     start, parts = 0, []
     for size in sizes:
         parts.append(v.slice(dim, start, start + size))
@@ -322,14 +178,14 @@ def _split_with_sizes(ctx: LoweringContext, node: Node, x: Value, sizes: Sequenc
 
 @register(aten.split.Tensor)
 def _split(ctx: LoweringContext, node: Node, x: Value, size: int, dim: int = 0) -> Value:
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     length = v.shape[dim % len(v.shape)]
     return tuple(v.slice(dim, start, min(start + size, length)) for start in range(0, length, size))
 
 
 @register(aten.unbind.int)
 def _unbind(ctx: LoweringContext, node: Node, x: Value, dim: int = 0) -> Value:
-    v = _view(x, node.name)
+    v = tensor_arg(x, node.name)
     return tuple(v.select(dim, i) for i in range(v.shape[dim % len(v.shape)]))
 
 
@@ -339,7 +195,7 @@ def _cat(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int = 
     out = ctx.meta()
     dim %= len(out.shape)
     # (An all-empty cat never gets here: empty results are made before any lowering runs.)
-    parts = [_view(t, node.name) for t in tensors if isinstance(t, ir.View) and t.numel > 0]
+    parts = [tensor_arg(t, node.name) for t in tensors if isinstance(t, ir.View) and t.numel > 0]
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         value: ir.Expr | None = None
@@ -361,7 +217,7 @@ def _cat(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int = 
 def _stack(ctx: LoweringContext, node: Node, tensors: Sequence[Value], dim: int = 0) -> Value:
     out = ctx.meta()
     dim %= len(out.shape)
-    parts = [_view(t, node.name) for t in tensors]
+    parts = [tensor_arg(t, node.name) for t in tensors]
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         rest = list(i[:dim]) + list(i[dim + 1:])
@@ -447,7 +303,7 @@ class _Advanced:
 @register(aten.index.Tensor)
 def _index(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Value]) -> Value:
     """Advanced indexing ``x[idx0, :, idx1]``: a gather through the index tensors."""
-    src = _view(x, node.name)
+    src = tensor_arg(x, node.name)
     adv = _Advanced(node, src, indices)
     out = ctx.meta()
     if list(out.shape) != adv.result_shape():
@@ -467,7 +323,7 @@ def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Val
     sum over the index positions (without accumulate the last one wins, like PyTorch's sequential
     CPU order). One index on the leading dimension with accumulate (embedding gradients) is a GEMM
     with a one-hot left operand instead, so the matching runs at GEMM speed."""
-    base = _view(x, node.name)
+    base = tensor_arg(x, node.name)
     out = ctx.meta()
     masks = [ix for ix in indices if isinstance(ix, ir.View) and ix.dtype is ir.DType.BOOL]
     if len(masks) == 1 and len(indices) == 1 and isinstance(values, ir.View) and values.numel == 1:
@@ -483,7 +339,7 @@ def _index_put(ctx: LoweringContext, node: Node, x: Value, indices: Sequence[Val
 
         return ctx.pointwise(out.shape, out.dtype, fill)
     adv = _Advanced(node, base, indices)
-    src = _view(values, node.name).expand(adv.result_shape())
+    src = tensor_arg(values, node.name).expand(adv.result_shape())
     batch = math.prod(adv.batch)
     if accumulate and out.dtype.is_float and adv.positions == [0] and len(adv.batch) >= 1:
         ids = adv.tensors[0]
@@ -544,13 +400,13 @@ def _unravel(linear: ir.Expr, shape: Sequence[int]) -> list[ir.Expr]:
 
 @register(aten.flip.default)
 def _flip(ctx: LoweringContext, node: Node, x: Value, dims: Sequence[int]) -> Value:
-    return _view(x, node.name).flip(dims)
+    return tensor_arg(x, node.name).flip(dims)
 
 
 @register(aten.constant_pad_nd.default)
 def _constant_pad(ctx: LoweringContext, node: Node, x: Value, pad: Sequence[int], value: float = 0) -> Value:
     """``pad`` holds (before, after) pairs from the last dimension backwards; negative amounts crop."""
-    src = _view(x, node.name)
+    src = tensor_arg(x, node.name)
     out = ctx.meta()
     rank = len(out.shape)
     before = [0] * rank
