@@ -19,12 +19,12 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_matches_eager
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from helpers import assert_matches_eager
-from torch_adreno import ir
 from view_chains import Chain, apply_to_view, chains, index_values
+
+from torch_adreno import ir
 
 INDEX_EXAMPLES = int(os.environ.get("TORCH_ADRENO_FUZZ_EXAMPLES", "600"))
 DEVICE_EXAMPLES = int(os.environ.get("TORCH_ADRENO_FUZZ_EXAMPLES", "40"))

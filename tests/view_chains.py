@@ -158,10 +158,10 @@ def _next_step(draw: st.DrawFn, x: torch.Tensor) -> tuple[Any, ...] | None:
     if kind == "split" and rank and rank < MAX_RANK:
         d = draw(st.integers(0, rank - 1))
         a, b = draw(st.sampled_from(_factorisations(shape[d])))
-        return _viewed(x, shape[:d] + [a, b] + shape[d + 1:])
+        return _viewed(x, [*shape[:d], a, b, *shape[d + 1:]])
     if kind == "merge" and rank >= 2:
         d = draw(st.integers(0, rank - 2))
-        return _viewed(x, shape[:d] + [shape[d] * shape[d + 1]] + shape[d + 2:])
+        return _viewed(x, [*shape[:d], shape[d] * shape[d + 1], *shape[d + 2:]])
     if kind == "flatten" and rank >= 2:
         start = draw(st.integers(0, rank - 2))
         end = draw(st.integers(start + 1, rank - 1))
