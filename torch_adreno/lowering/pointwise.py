@@ -261,7 +261,8 @@ def _zeros(ctx: LoweringContext, node: Node, *args: Any, **kwargs: Any) -> Value
     return _fill(ctx, 0)
 
 
-@register(aten.new_empty_strided.default, aten.empty_strided.default)
+@register(aten.new_empty_strided.default, aten.empty_strided.default, aten.empty_permuted.default,
+          aten.empty.memory_format, aten.new_empty.default, aten.empty_like.default)
 def _empty_strided(ctx: LoweringContext, node: Node, *args: Any, **kwargs: Any) -> Value:
     # The contents are unspecified (the backward of an in-place assignment to a slice copies into
     # it), so zeros are one right answer; only the layout must be what was asked for.
