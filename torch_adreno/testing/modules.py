@@ -18,6 +18,7 @@ share; a refusal must be one of our clear errors.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -119,7 +120,7 @@ def _run(module: torch.nn.Module, call: Callable[..., Any], forward: tuple[Any, 
     args, kwargs = _tensors_like(forward)
     inputs = [t for t in tree_flatten((args, kwargs))[0]
               if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
-    params = [p for p in module.parameters() if p.requires_grad]
+    params: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
     out = call(*args, **kwargs)
     leaves = [o for o in tree_flatten(out)[0]]
     total = None
@@ -146,16 +147,17 @@ def _run(module: torch.nn.Module, call: Callable[..., Any], forward: tuple[Any, 
 def _compare_runs(ours: _Run, eager: _Run, exact: _Run | None) -> None:
     """Raises AssertionError naming the first value that differs."""
     tolerance = TOLERANCES[torch.float32]
-    for what, a_list, b_list, x_list in (("output", ours.outputs, eager.outputs, exact and exact.outputs),
-                                         ("gradient", ours.grads, eager.grads, exact and exact.grads),
-                                         ("state after the step", ours.state, eager.state, exact and exact.state),
-                                         ("second output", ours.second, eager.second, exact and exact.second)):
+    parts = ("outputs", "grads", "state", "second")
+    labels = ("output", "gradient", "state after the step", "second output")
+    for what, part in zip(labels, parts, strict=True):
+        a_list, b_list = getattr(ours, part), getattr(eager, part)
+        x_list: list[Any] | None = getattr(exact, part) if exact is not None else None
         assert len(a_list) == len(b_list), f"{len(a_list)} {what}s, eager {len(b_list)}"
         for i, (a, b) in enumerate(zip(a_list, b_list, strict=True)):
             if isinstance(b, torch.Tensor):
                 assert isinstance(a, torch.Tensor), f"{what} {i}: eager has a tensor, ours {type(a).__name__}"
                 reference = x_list[i] if x_list is not None else None
-                _compare(a, b, lambda r=reference: _as_float64_reference(r), f"{what} {i}", tolerance)
+                _compare(a, b, functools.partial(_as_float64_reference, reference), f"{what} {i}", tolerance)
             elif b is None:
                 assert a is None, f"{what} {i}: eager has none, ours has one"
             elif isinstance(b, float) and math.isnan(b):
@@ -210,8 +212,9 @@ def _compiled_outcome(info: Any, index: int, sample: Any, eager: _Run, backend: 
     name, desc = info.name, sample.desc or ""
     torch._dynamo.reset()
     module = _build(info, sample)
-    compiled = torch.compile(module, backend=backend, fullgraph=True, dynamic=False,
-                             **({"options": options} if backend == "adreno" else {}))
+    compiled: Callable[..., Any] = (
+        torch.compile(module, backend=backend, fullgraph=True, dynamic=False, options=options) if backend == "adreno"
+        else torch.compile(module, backend=backend, fullgraph=True, dynamic=False))
     captured = _dynamo_graphs()
     try:
         with _count_compiles() as compiles:
