@@ -23,7 +23,7 @@ import numpy as np
 import pyopencl as cl
 import torch
 
-from torch_adreno.runtime import amp_versions
+from torch_adreno.runtime import host_writes
 from torch_adreno.runtime.copies import TRANSIENT_SLOTS, CopyTable
 from torch_adreno.runtime.deferral import Deferral
 from torch_adreno.runtime.device import DeviceRuntime
@@ -41,7 +41,7 @@ from torch_adreno.runtime.host_memory import (
 __all__ = ["TRANSIENT_SLOTS", "Residency", "host_array", "poison", "shared_buffer", "sync_shared", "version_of"]
 
 # Copies are trusted by version: GradScaler's unscale must bump the versions it changes.
-amp_versions.install()
+host_writes.install()
 
 # Every residency, so that one reading a host tensor another deferred can make it current first.
 _ALL_RESIDENCIES: list[weakref.ref[Residency]] = []
@@ -132,6 +132,23 @@ class Residency:
         return self._copies.bind(tensor, entry, version, nbytes, shared=self.zero_copy and tensor.is_contiguous(),
                                  pinned=pinned, graph=graph, buffer=buffer, version_bumped=version_bumped,
                                  heap_copies=self.heap_copies, heap_group=self.heap_group)
+
+    def refresh(self, tensor: torch.Tensor, device_buffer: Any, queue: cl.CommandQueue, graph: str) -> Any:
+        """The host changed ``tensor``, a step input bound to ``device_buffer`` (its buffer in this
+        table): make the device see the new value, on ``queue`` and ordered before what is enqueued
+        there next. Returns the host memory the copy reads (keep it alive until the queue is
+        drained), or None where nothing was copied (host memory shared in place: made coherent)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        entry = self._copies.lookup(id(tensor))
+        if entry is not None and entry.ref() is tensor and entry.buffer is device_buffer:
+            entry.version = version_of(tensor)
+        if entry is not None and entry.shared and entry.buffer is device_buffer:
+            sync_shared(self.runtime, device_buffer, nbytes, write=True)
+            return None
+        source = host_array(tensor)
+        cl.enqueue_copy(queue, device_buffer, source, is_blocking=False)
+        BUS.transfer(graph, "h2d", nbytes, self.name_of(tensor, "a step input"), "input")
+        return source
 
     def _synchronize_elsewhere_deferred(self, tensor: torch.Tensor, key: int) -> None:
         """A graph of this residency reads ``tensor``, whose current value another residency holds

@@ -18,9 +18,11 @@ holds, dictionaries' keys and values read by iteration rather than looked up -- 
   (lr, momentum, betas, weight decay, ...: anything but the parameter list), and its state the
   same tensors under the same keys (non-tensor state by value);
 - every host tensor the step's kernels read in place or from a device copy (parameters, buffers,
-  optimizer state, tensor hyperparameters, tensors the loss function captured) has the version
-  and memory address it had at capture: a host edit, ``load_state_dict`` or ``.data`` swap fails
-  the guard, and the step then runs the full path (which uploads the change) and captures again.
+  optimizer state, tensors the loss function captured) has the version and memory address it had
+  at capture: a host edit, ``load_state_dict`` or ``.data`` swap fails the guard, and the step
+  then runs the full path (which uploads the change) and captures again. Tensor hyperparameters
+  (learning rates, betas) are the replay's scalar inputs: only their memory address is checked,
+  and a new value is uploaded by the replay.
 
 :func:`describe_persistent` names every such tensor for messages and refuses a capture that bound
 a host tensor the guards could not watch.
@@ -159,9 +161,11 @@ _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_ba
 
 
 def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                persistent: Iterable[torch.Tensor], names: dict[int, str]) -> Guard:
+                persistent: Iterable[torch.Tensor], names: dict[int, str],
+                inputs: Iterable[torch.Tensor] = ()) -> Guard:
     """The checks that a step's replay is valid for the next call (see the module docstring),
-    taken from the state right after the captured step."""
+    taken from the state right after the captured step. ``inputs``: persistent tensors the replay
+    uploads when their version moved (its scalar inputs): only their memory is watched."""
     w = _Writer()
     w.check(f"len(batch) != {len(batch)}", "the step got another number of batch arguments")
     for position, value in enumerate(batch):
@@ -246,8 +250,13 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
         for key, value in entries.items():
             verb = "was replaced" if isinstance(value, torch.Tensor) else "changed"
             w.check_value(f"{s}[{key!r}]", value, f"optimizer state {key!r} of {owner} {verb}")
+    uploaded = {id(t) for t in inputs}
     for tensor in persistent:
         t = w.bind(tensor)
+        if id(tensor) in uploaded:
+            w.check(f"{t}.data_ptr() != {tensor.data_ptr()}",
+                    f"{names.get(id(tensor), 'a tensor the step reads')} was given new memory on the host")
+            continue
         w.check(f"{t}.data_ptr() != {tensor.data_ptr()} or {t}._version != {tensor._version}",
                 f"{names.get(id(tensor), 'a tensor the step reads')} was changed on the host")
     return w.build()

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from torch_adreno.runtime import host_writes
 from torch_adreno.runtime.residency import Residency
 from torch_adreno.training import guards
 from torch_adreno.training.gradients import GradientOnDevice
@@ -112,12 +113,17 @@ def build_replay(recorder: StepRecorder, loss: torch.Tensor, batch: tuple[Any, .
     hooks = [*optimizer_module._global_optimizer_pre_hooks.values(),
              *optimizer_module._global_optimizer_post_hooks.values(),
              *optimizer._optimizer_step_pre_hooks.values(), *optimizer._optimizer_step_post_hooks.values()]
+    hooks = [hook for hook in hooks if not host_writes.is_own_hook(hook)]
     if hooks:
         raise CaptureError("the optimizer has step hooks, which run Python code in every step")
-    replay = ReplayedStep(recorder, loss, residency, heap_group=heap_group, options=options)
+    # Tensor hyperparameters (learning rates, betas) are the step's scalar inputs: a new value is
+    # uploaded by the replay, not a reason to capture again.
+    inputs = [t for t, place in guards.state_tensors(model, optimizer) if place[0] == "group"]
+    replay = ReplayedStep(recorder, loss, residency, heap_group=heap_group, options=options, inputs=inputs)
     names = guards.tensor_names(model, optimizer)
     # The tensors its kernels read, and the frozen parameters they read 16-bit copies of.
-    return replay, guards.build_guard(batch, model, optimizer, recorder.watched_tensors(), names)
+    return replay, guards.build_guard(batch, model, optimizer, recorder.watched_tensors(), names,
+                                      inputs=replay.scalar_inputs)
 
 
 def check_can_step(params: Sequence[torch.nn.Parameter], batch: tuple[Any, ...]) -> None:
@@ -137,9 +143,6 @@ def check_can_step(params: Sequence[torch.nn.Parameter], batch: tuple[Any, ...])
 
 def check_can_train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """What a step needs of its model and optimizer, checked when it is made."""
-    if any(group.get("fused") for group in optimizer.param_groups):
-        raise ValueError("TrainingStep needs an optimizer step it can compile; fused=True optimizers run "
-                         "their own kernels on the host: use fused=False")
     in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
     outside = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in in_optimizer]
     if outside:

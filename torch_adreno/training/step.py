@@ -27,7 +27,7 @@ copy is an error at the next step or sync point, naming the tensor (``2.bias``,
 
 What it requires, checked with a clear error: the loss compiles into one graph (``fullgraph``: an
 eager op between graphs would read gradients that never reach the host); every parameter that
-requires grad is in the optimizer, without gradient hooks; no fused optimizer; the optimizer step
+requires grad is in the optimizer, without gradient hooks; the optimizer step
 runs on the device (if Dynamo would fall back to eager code -- a recompile limit hit, say -- the
 step raises instead, naming the cause it sees: batches of changing shapes, or the optimizer's).
 Graphs compiled with zero-copy sharing (the default on unified-memory devices) read host memory
@@ -59,8 +59,8 @@ from torch_adreno.training.gradients import (
     gradient_clipper,
     mark_gradients_on_device,
 )
+from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
-from torch_adreno.training.optimizers import MultiTensorPreference
 from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
@@ -133,8 +133,9 @@ class TrainingStep:
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
         self._loss = torch.compile(lambda *batch: loss_fn(model, *batch), backend="adreno",
                                    options=dict(options or {}), dynamic=False, fullgraph=True)
-        # Static: a hyperparameter given as a float and changed (lr, momentum) is a recompile
-        # specialised to the new value, not a float64 graph input.
+        # Static: a hyperparameter left a float and changed (momentum, weight decay) is a recompile
+        # specialised to the new value, not a float64 graph input; learning rates are tensors
+        # (StepHyperparameters below), read as inputs.
         self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}), dynamic=False)
         self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options or {})
         self._scaling = (DeviceGradScaling(grad_scaler, loss_fn, model, options or {})
@@ -149,8 +150,10 @@ class TrainingStep:
         self._replay_options = ReplayOptions(config.replay_arena_kernels, config.replay_merge_copies,
                                              config.verify_memory, self.memory_limits)
         self._heap_copies = config.heap_copies
-        # (removed on close: the sync hooks, and foreach set where the user left it unset)
-        self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), MultiTensorPreference(optimizer)]
+        # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
+        self._hyperparameters = StepHyperparameters(optimizer)
+        # (removed on close: the sync hooks and the settings)
+        self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), self._hyperparameters]
         self._closed = False
         self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
@@ -201,6 +204,7 @@ class TrainingStep:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
+        self._hyperparameters.sync()
         reason = None
         if self._replays:
             # With host_sync's mode armed on the stack, every tensor access of the checks would go
@@ -291,7 +295,7 @@ class TrainingStep:
                 raise RuntimeError(
                     "the optimizer step did not run on the device (Dynamo ran some of it as host code), so it "
                     "read gradients that exist only on the device; the parameters' host copies are not valid. "
-                    "Use an optimizer whose step compiles (fused=False; foreach=True and False both compile): a "
+                    "Use an optimizer whose step compiles (torch.optim's do, fused or not): a "
                     "graph break inside the step is what put it on the host"
                 )
         except BaseException:

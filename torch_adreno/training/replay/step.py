@@ -41,7 +41,7 @@ geometry, the same tensors, hyperparameters, modes) is checked by its owner befo
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -109,9 +109,12 @@ class ReplayedStep:
     """One recorded step as a static list of device operations (see the module docstring)."""
 
     def __init__(self, recorder: StepRecorder, loss: torch.Tensor, residency: Residency,
-                 heap_group: Hashable = None, options: ReplayOptions | None = None) -> None:
+                 heap_group: Hashable = None, options: ReplayOptions | None = None,
+                 inputs: Sequence[torch.Tensor] = ()) -> None:
         """``heap_group``: the device heap group of the step's persistent tensors (the arena joins
-        their slab, so that most kernels take one slab argument)."""
+        their slab, so that most kernels take one slab argument). ``inputs``: host tensors that are
+        the step's scalar inputs (tensor hyperparameters): those the step reads and does not update
+        are uploaded by a replay whenever their version moved (:attr:`scalar_inputs`)."""
         options = options or ReplayOptions()
         if recorder.unsupported is not None:
             raise CaptureError(recorder.unsupported)
@@ -155,6 +158,12 @@ class ReplayedStep:
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
         # host memory under it (zero-copy).
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
+        updated = {index for _, index in recorder.updated}
+        wanted = {id(t) for t in inputs}
+        #: (tensor, its device buffer, the version the device holds) of each scalar input.
+        self._scalar_inputs = [[i.tensor, i.buffer, int(i.tensor._version)] for i in recorder.identities
+                               if i.kind is PERSISTENT and i.tensor is not None and id(i.tensor) in wanted
+                               and i.index not in updated]
         #: The images the kernels read (a kernel argument holds no reference).
         self._images: list[Any] = []
         kernels = arena_kernels(self.runtime, recorder, self._buffers.located, self._buffers.slabs,
@@ -324,6 +333,7 @@ class ReplayedStep:
             self._graph_calls_seen = self.runtime.graph_calls
         self.batch_input.bind(batch, queue, keep)
         self.batch_input.upload_seeds(queue, keep)
+        self._upload_scalar_inputs(queue, keep)
         enqueue_start = time.perf_counter()
         self._enqueue_all(profiled)
         index_errors = self.runtime.index_errors
@@ -346,6 +356,20 @@ class ReplayedStep:
             index_errors.raise_if_set(queue)
         del keep  # the batch's memory and the seeds were in use until the blocking read above
         return torch.from_numpy(loss).view(self._loss_torch_dtype)  # (bfloat16 is read as its bits)
+
+    @property
+    def scalar_inputs(self) -> list[torch.Tensor]:
+        """The host tensors each replay uploads when their version moved (a schedule's learning rate)."""
+        return [tensor for tensor, _, _ in self._scalar_inputs]
+
+    def _upload_scalar_inputs(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
+        for entry in self._scalar_inputs:
+            tensor, buffer, version = entry
+            if tensor._version != version:
+                entry[2] = tensor._version
+                kept = self.residency.refresh(tensor, buffer, queue, REPLAY_GRAPH)
+                if kept is not None:
+                    keep.append(kept)
 
     def _defer_updates(self) -> None:
         """The updated tensors' current values are on the device: keep the residency's deferral
