@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,14 @@ FLUSH_AFTER = frozenset({4, 16, 48, 112, 240, 496, 1008})
 
 class CaptureError(RuntimeError):
     """A recorded step cannot be replayed; the message says why (the step runs the full path)."""
+
+
+@dataclass
+class _ScalarInput:
+    tensor: torch.Tensor
+    buffer: Any
+    #: The version of ``tensor`` whose value the device holds.
+    version: int
 
 
 class ReplayOptions:
@@ -160,8 +169,8 @@ class ReplayedStep:
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
         updated = {index for _, index in recorder.updated}
         wanted = {id(t) for t in inputs}
-        #: (tensor, its device buffer, the version the device holds) of each scalar input.
-        self._scalar_inputs = [[i.tensor, i.buffer, int(i.tensor._version)] for i in recorder.identities
+        #: Each scalar input: the tensor, its device buffer, and the version the device holds.
+        self._scalar_inputs = [_ScalarInput(i.tensor, i.buffer, int(i.tensor._version)) for i in recorder.identities
                                if i.kind is PERSISTENT and i.tensor is not None and id(i.tensor) in wanted
                                and i.index not in updated]
         #: The images the kernels read (a kernel argument holds no reference).
@@ -360,14 +369,13 @@ class ReplayedStep:
     @property
     def scalar_inputs(self) -> list[torch.Tensor]:
         """The host tensors each replay uploads when their version moved (a schedule's learning rate)."""
-        return [tensor for tensor, _, _ in self._scalar_inputs]
+        return [entry.tensor for entry in self._scalar_inputs]
 
     def _upload_scalar_inputs(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
         for entry in self._scalar_inputs:
-            tensor, buffer, version = entry
-            if tensor._version != version:
-                entry[2] = tensor._version
-                kept = self.residency.refresh(tensor, buffer, queue, REPLAY_GRAPH)
+            if entry.tensor._version != entry.version:
+                entry.version = entry.tensor._version
+                kept = self.residency.refresh(entry.tensor, entry.buffer, queue, REPLAY_GRAPH)
                 if kept is not None:
                     keep.append(kept)
 
