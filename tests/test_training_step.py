@@ -214,8 +214,6 @@ def test_what_a_step_cannot_keep_on_the_device_is_refused() -> None:
     with pytest.raises(ValueError, match=r"not in it: 2\.bias"):
         torch_adreno.TrainingStep(model, _loss, torch.optim.SGD([model[0].weight, model[0].bias, model[2].weight],
                                                                 lr=0.1), options=COPY)
-    with pytest.raises(ValueError, match="fused"):
-        torch_adreno.TrainingStep(model, _loss, torch.optim.Adam(model.parameters(), fused=True), options=COPY)
     step = torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1), options=COPY)
     handle = model[0].weight.register_hook(lambda grad: grad)
     with pytest.raises(ValueError, match="hooks"):

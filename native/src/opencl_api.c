@@ -79,7 +79,8 @@ tas_status opencl_load(opencl_api *api, const char *path, error_record *error) {
 }
 
 void opencl_unload(opencl_api *api) {
-    if (api->library) dlclose(api->library);
+    /* Not dlclose: OpenCL drivers keep worker threads (and atexit handlers) that crash once their
+     * code is unmapped; the library stays loaded, as every OpenCL program leaves it. */
     api->library = NULL;
 }
 

@@ -50,31 +50,3 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float | 
 def describe_optimizers() -> str:
     """``name: description`` of every optimizer, for help texts."""
     return "; ".join(f"{s.name}: {s.description}" for s in OPTIMIZERS.values())
-
-
-class MultiTensorPreference:
-    """``foreach=True`` set in the parameter groups of an optimizer that leave it unset (``None``),
-    are not ``fused`` or ``differentiable`` and hold no tensor hyperparameter (a tensor ``lr``
-    needs the per-tensor step unless ``capturable``); :meth:`remove` sets them back.
-
-    Unset, PyTorch picks the per-tensor implementation for the host tensors a step's parameters
-    are, and Dynamo traces its loop once per parameter: a 12-block GPT-2's 48 LoRA tensors take
-    about 1 s more to trace than through the multi-tensor one, which PyTorch itself takes for
-    tensors on a GPU. Both compile to the same kernels (the foreach ops are decomposed per tensor,
-    then grouped into one launch), and for SGD, Adam, AdamW, RMSprop and Adagrad they are bitwise
-    the same update (the same ops in the same order).
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.groups = [group for group in optimizer.param_groups
-                       if "foreach" in group and group["foreach"] is None and not group.get("fused")
-                       and not group.get("differentiable")
-                       and not any(isinstance(v, torch.Tensor) for k, v in group.items() if k != "params")]
-        for group in self.groups:
-            group["foreach"] = True
-
-    def remove(self) -> None:
-        """The optimizer as it was given (the groups' ``foreach`` unset again)."""
-        for group in self.groups:
-            group["foreach"] = None
-        self.groups = []

@@ -1,0 +1,109 @@
+/* torch-adreno-step devices | train | bench: see usage(). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: torch-adreno-step <command> ...\n"
+            "  devices                         list the OpenCL devices (index, platform: name, limits)\n"
+            "  train STEP.onnx --data FILE.safetensors --steps N --out STATE.safetensors [--device I|NAME]\n"
+            "        [--state IN.safetensors] [--lr X] [--cache-dir DIR | --no-cache] [--print-every K]\n"
+            "                                  train the exported step; one line per step, then a summary\n"
+            "  bench STEP.onnx [--data FILE.safetensors] [--steps N] [--warmup W] [--device I|NAME]\n"
+            "        [--cache-dir DIR | --no-cache]\n"
+            "                                  per-kernel device times from OpenCL profiling events\n"
+            "Environment: TORCH_ADRENO_DEVICE (the default device), TORCH_ADRENO_OPENCL_LIBRARY (the libOpenCL\n"
+            "to load), TORCH_ADRENO_STEP_CACHE (the program cache folder).\n");
+}
+
+int exit_status(tas_status status) {
+    switch (status) {
+    case TAS_OK: return 0;
+    case TAS_ERROR_OPENCL:
+    case TAS_ERROR_MEMORY:
+    case TAS_ERROR_INDEX: return EXIT_FAILED;
+    default: return EXIT_BAD_INPUT;
+    }
+}
+
+int report(tas_step *step, tas_status status) {
+    fprintf(stderr, "error: %s\n", tas_step_error(step));
+    return exit_status(status);
+}
+
+double now_seconds(void) {
+    struct timespec time;
+    clock_gettime(CLOCK_MONOTONIC, &time);
+    return (double)time.tv_sec + (double)time.tv_nsec * 1e-9;
+}
+
+const char *default_cache_dir(char *buffer, size_t size) {
+    const char *chosen = getenv("TORCH_ADRENO_STEP_CACHE");
+    if (chosen && *chosen) {
+        snprintf(buffer, size, "%s", chosen);
+        return buffer;
+    }
+    const char *cache = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (cache && *cache) snprintf(buffer, size, "%s/torch_adreno/native-programs", cache);
+    else if (home && *home) snprintf(buffer, size, "%s/.cache/torch_adreno/native-programs", home);
+    else return NULL;
+    return buffer;
+}
+
+int parse_count(const char *text, const char *option, long *value) {
+    char *end = NULL;
+    errno = 0;
+    long parsed = strtol(text, &end, 10);
+    if (errno || end == text || *end || parsed < 1) {
+        fprintf(stderr, "error: %s takes an integer >= 1, got '%s'\n", option, text);
+        return 0;
+    }
+    *value = parsed;
+    return 1;
+}
+
+static int command_devices(int argc, char **argv) {
+    const char *library = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--opencl-library") == 0 && i + 1 < argc) library = argv[++i];
+        else {
+            fprintf(stderr, "error: devices takes only --opencl-library PATH, got '%s'\n", argv[i]);
+            return EXIT_BAD_INPUT;
+        }
+    }
+    tas_device_info devices[64];
+    size_t count = 0;
+    char message[2048];
+    tas_status status = tas_list_devices(library, devices, 64, &count, message, sizeof message);
+    if (status != TAS_OK) {
+        fprintf(stderr, "error: %s\n", message);
+        return exit_status(status);
+    }
+    for (size_t i = 0; i < count && i < 64; i++) {
+        const tas_device_info *d = &devices[i];
+        printf("[%zu] %s: %s\n     %s, driver %s, %s\n     work-group <= %zu, global memory %.1f GiB, largest "
+               "allocation %llu MiB\n", i, d->platform, d->name, d->version, d->driver, d->is_gpu ? "GPU" : "not a GPU",
+               d->max_work_group, (double)d->global_memory / (1u << 30),
+               (unsigned long long)(d->max_allocation >> 20));
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_BAD_INPUT : 0;
+    }
+    if (strcmp(argv[1], "devices") == 0) return command_devices(argc - 1, argv + 1);
+    if (strcmp(argv[1], "train") == 0) return command_train(argc - 1, argv + 1);
+    if (strcmp(argv[1], "bench") == 0) return command_bench(argc - 1, argv + 1);
+    fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return EXIT_BAD_INPUT;
+}

@@ -1,0 +1,67 @@
+/* The tas_step handle: a step file bound to one OpenCL device (step_open.c builds it, step_run.c
+ * runs it, step_state.c reads and writes its state). */
+#ifndef TORCH_ADRENO_STEP_RUNTIME_H
+#define TORCH_ADRENO_STEP_RUNTIME_H
+
+#include "device.h"
+#include "onnx_reader.h"
+#include "program_cache.h"
+#include "step_plan.h"
+
+/* A state tensor: a graph input with an initial value, updated in place by the kernels. */
+typedef struct state_tensor {
+    const char *name; /* into the plan */
+    int64_t identity;
+    tas_dtype dtype;
+    int rank;
+    int64_t shape[TAS_MAX_RANK];
+    size_t bytes;
+} state_tensor;
+
+/* One memory identity's buffer: a slot of the plan (shared) or a buffer of its own. */
+typedef struct identity_buffer {
+    cl_mem buffer;
+    size_t bytes;
+} identity_buffer;
+
+typedef struct operation_time {
+    double milliseconds;
+    size_t runs;
+} operation_time;
+
+struct tas_step {
+    error_record error;
+    char *origin;
+    opencl_api api;
+    onnx_model model;
+    step_plan plan;
+    opencl_device device;
+    cl_context context;
+    cl_command_queue queue;
+    cl_mem *slot_buffers;
+    size_t slot_buffer_count;
+    identity_buffer *buffers;      /* by memory identity (plan.identity_range of them) */
+    cl_mem *owned_buffers;         /* state and batch buffers, released at close */
+    size_t owned_count;
+    cl_mem index_record;           /* 4 x int32: the first out-of-range index a kernel met */
+    state_tensor *state;
+    size_t state_count;
+    cl_program *programs;
+    size_t program_count;
+    cl_kernel *kernels;            /* by operation; NULL for copies */
+    const char **checking_launches; /* the kernels with index checks, by token - 1 */
+    size_t checking_count;
+    size_t training_operations;    /* the first operations; the prediction's follow */
+    int profile;
+    operation_time *times;         /* by operation, with profile */
+    size_t programs_built, programs_cached;
+    uint64_t device_bytes;
+};
+
+/* step_open.c */
+tas_status step_prepare(tas_step *step, const char *path, const tas_open_options *options);
+
+/* step_run.c: a failed OpenCL call as a TAS_ERROR_OPENCL naming what was being done. */
+tas_status opencl_failure(tas_step *step, cl_int code, const char *doing, const char *what);
+
+#endif

@@ -1,0 +1,246 @@
+"""Training loops as people write them, against eager.
+
+* Every optimizer x implementation x memory mode x loop kind trains like eager, and its
+  parameters change (a fused step once wrote parameters without bumping their versions, and a
+  copy-mode loop kept uploading the first values: the loss stayed flat).
+* Every way the host writes a parameter between compiled calls is seen.
+* A learning-rate schedule stepped every step keeps a TrainingStep replaying (float and tensor
+  learning rates): a new value is a scalar upload, not a new capture.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_adreno
+
+pytestmark = pytest.mark.device
+
+OPTIMIZERS = {"SGD": (torch.optim.SGD, {"momentum": 0.9}), "Adam": (torch.optim.Adam, {}),
+              "AdamW": (torch.optim.AdamW, {"weight_decay": 0.1})}
+IMPLEMENTATIONS = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+STEPS = 5
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+def _eager_run(optimizer: str, implementation: str, steps: int = STEPS) -> tuple[list[float], nn.Module]:
+    cls, kwargs = OPTIMIZERS[optimizer]
+    model = _model()
+    opt = cls(model.parameters(), lr=1e-2, **kwargs, **IMPLEMENTATIONS[implementation])
+    x, y = _batch()
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = _loss(model, x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("loop", ["compile", "TrainingStep"])
+@pytest.mark.parametrize("zero_copy", [None, False], ids=["zero_copy=auto", "zero_copy=False"])
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_optimizers_train_like_eager(optimizer: str, implementation: str, zero_copy: bool | None, loop: str) -> None:
+    cls, kwargs = OPTIMIZERS[optimizer]
+    model = _model()
+    initial = [p.detach().clone() for p in model.parameters()]
+    opt = cls(model.parameters(), lr=1e-2, **kwargs, **IMPLEMENTATIONS[implementation])
+    options = {} if zero_copy is None else {"zero_copy": zero_copy}
+    x, y = _batch()
+    losses = []
+    if loop == "compile":
+        compiled = torch.compile(model, backend="adreno", options=options)
+        with torch_adreno.profile() as prof:
+            for _ in range(STEPS):
+                opt.zero_grad()
+                loss = _loss(compiled, x, y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        assert prof.kernel_launches > 0
+    else:
+        with torch_adreno.TrainingStep(model, _loss, opt, options=options) as step:
+            losses = [float(step(x, y)) for _ in range(STEPS)]
+            assert step.replayed_steps == STEPS - 2
+    expected_losses, reference = _eager_run(optimizer, implementation)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), rtol=1e-4, atol=1e-5)
+    assert losses[-1] < losses[0] - 1e-3, f"the loss did not fall: {losses}"
+    for ours, theirs, before in zip(model.parameters(), reference.parameters(), initial, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+        assert not torch.equal(ours, before), "a parameter did not change"
+
+
+def _user_sgd(params: list[torch.Tensor], lr: float) -> None:
+    """A user's own optimizer, as older tutorials write it (through ``.data``)."""
+    for p in params:
+        p.data.add_(p.grad, alpha=-lr)
+
+
+class _DataOptimizer(torch.optim.Optimizer):
+    """A user's own torch.optim.Optimizer whose step writes through ``.data``."""
+
+    def __init__(self, params, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+
+HOST_WRITES = {
+    "no_grad in-place": lambda m, ref: [p.mul_(0.5) for p in m.parameters()],
+    "copy_": lambda m, ref: [p.copy_(q) for p, q in zip(m.parameters(), ref.parameters(), strict=True)],
+    "load_state_dict": lambda m, ref: m.load_state_dict(ref.state_dict()),
+    ".data assignment": lambda m, ref: [setattr(p, "data", q.detach().clone())
+                                        for p, q in zip(m.parameters(), ref.parameters(), strict=True)],
+    "foreach op": lambda m, ref: torch._foreach_mul_(list(m.parameters()), 0.25),
+    ".data in-place, then mark_changed": lambda m, ref: (
+        [p.data.mul_(0.5) for p in m.parameters()], torch_adreno.mark_changed(*m.parameters())),
+}
+
+
+@pytest.mark.parametrize("zero_copy", [None, False], ids=["zero_copy=auto", "zero_copy=False"])
+@pytest.mark.parametrize("write", sorted(HOST_WRITES))
+def test_host_writes_between_compiled_calls_are_seen(write: str, zero_copy: bool | None) -> None:
+    model = _model()
+    other = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    options = {} if zero_copy is None else {"zero_copy": zero_copy}
+    compiled = torch.compile(model, backend="adreno", options=options)
+    x, _ = _batch()
+    with torch.no_grad():
+        compiled(x)  # parameters on the device
+        HOST_WRITES[write](model, other)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("zero_copy", [None, False], ids=["zero_copy=auto", "zero_copy=False"])
+@pytest.mark.parametrize("step_kind", ["own optimizer class", "own loop"])
+def test_a_users_own_optimizer_trains(step_kind: str, zero_copy: bool | None) -> None:
+    """Through ``.data`` (no version bump): a torch.optim.Optimizer subclass is seen by the step
+    hook; a plain loop says so with mark_changed."""
+    model, reference = _model(), _model()
+    options = {} if zero_copy is None else {"zero_copy": zero_copy}
+    compiled = torch.compile(model, backend="adreno", options=options)
+    opt = _DataOptimizer(model.parameters(), 0.1) if step_kind == "own optimizer class" else None
+    x, y = _batch()
+    losses, expected = [], []
+    for _ in range(4):
+        for net, out in ((compiled, losses), (reference, expected)):
+            params = list((model if net is compiled else reference).parameters())
+            for p in params:
+                p.grad = None
+            loss = _loss(net, x, y)
+            loss.backward()
+            if net is compiled and opt is not None:
+                opt.step()
+            else:
+                _user_sgd(params, 0.1)
+                if net is compiled:
+                    torch_adreno.mark_changed(*params)
+            out.append(loss.item())
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-4, atol=1e-5)
+    assert losses[-1] < losses[0]
+
+
+def _scheduled_run(step_fn, opt, sched, steps: int) -> list[float]:
+    x, y = _batch()
+    losses = []
+    for _ in range(steps):
+        losses.append(float(step_fn(x, y)))
+        sched.step()
+    return losses
+
+
+@pytest.mark.parametrize("lr_kind", ["float", "tensor"])
+def test_a_cosine_schedule_every_step_keeps_the_step_replaying(lr_kind: str) -> None:
+    steps = 20
+
+    def make(model: nn.Module, dtype: torch.dtype = torch.float32):
+        lr = torch.tensor(1e-2, dtype=dtype) if lr_kind == "tensor" else 1e-2
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+
+    model = _model()
+    opt, sched = make(model)
+    with torch_adreno.profile() as prof, torch_adreno.TrainingStep(model, _loss, opt) as step:
+        ours = _scheduled_run(step, opt, sched, steps)
+    assert prof.replayed_steps >= 16, (prof.replayed_steps, step.unreplayable_reasons)
+    assert isinstance(opt.param_groups[0]["lr"], float if lr_kind == "float" else torch.Tensor)
+
+    def eager(dtype: torch.dtype) -> list[float]:
+        net = _model().to(dtype)
+        e_opt, e_sched = make(net, dtype)
+        x, y = _batch()
+        out = []
+        for _ in range(steps):
+            e_opt.zero_grad()
+            loss = _loss(net, x.to(dtype), y)
+            loss.backward()
+            e_opt.step()
+            e_sched.step()
+            out.append(loss.item())
+        return out
+
+    eager32, exact = torch.tensor(eager(torch.float32), dtype=torch.float64), torch.tensor(eager(torch.float64))
+    ours_off = float((torch.tensor(ours, dtype=torch.float64) - exact).abs().max())
+    eager_off = float((eager32 - exact).abs().max())
+    assert ours_off <= 2 * eager_off + 1e-6, (ours_off, eager_off)
+    assert ours[-1] < ours[0]
+
+
+def test_a_learning_rate_a_loop_assigns_is_read_as_an_input() -> None:
+    """Warmup by hand (``group["lr"] = value`` each step) replays, and the values take effect."""
+    model, reference = _model(), _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.0)
+    x, y = _batch()
+    with torch_adreno.TrainingStep(model, _loss, opt) as step:
+        for i in range(8):
+            lr = 0.05 * (i + 1) / 8
+            opt.param_groups[0]["lr"] = lr
+            ref_opt.param_groups[0]["lr"] = lr
+            ours = float(step(x, y))
+            ref_opt.zero_grad()
+            loss = _loss(reference, x, y)
+            loss.backward()
+            ref_opt.step()
+            assert abs(ours - loss.item()) <= 1e-4 * abs(loss.item()) + 1e-5, (i, ours, loss.item())
+        assert step.replayed_steps == 6
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoints_and_close_give_the_optimizer_back_as_it_was_made() -> None:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    given = copy.deepcopy({k: v for k, v in opt.param_groups[0].items() if k != "params"})
+    x, y = _batch()
+    with torch_adreno.TrainingStep(model, _loss, opt) as step:
+        step(x, y)
+        assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # read as an input while open
+        saved = opt.state_dict()["param_groups"][0]
+        assert {k: saved[k] for k in given} == given
+    assert {k: v for k, v in opt.param_groups[0].items() if k != "params"} == given
