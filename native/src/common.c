@@ -20,7 +20,7 @@ tas_status fail_context(error_record *error, const char *format, ...) {
     vsnprintf(context, sizeof context, format, arguments);
     va_end(arguments);
     char message[sizeof error->message];
-    snprintf(message, sizeof message, "%s: %s", context, error->message);
+    snprintf(message, sizeof message, "%.500s: %.1500s", context, error->message);
     memcpy(error->message, message, sizeof message);
     return error->status;
 }

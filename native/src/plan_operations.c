@@ -73,7 +73,7 @@ static tas_status typed_attribute(const onnx_node *node, const char *where, cons
 }
 
 static tas_status read_copy(const onnx_node *node, const char *where, step_operation *operation, error_record *error) {
-    const onnx_attribute *destination, *source, *nbytes;
+    const onnx_attribute *destination = NULL, *source = NULL, *nbytes = NULL;
     tas_status status = typed_attribute(node, where, "destination", ONNX_ATTRIBUTE_INT, &destination, error);
     if (status == TAS_OK) status = typed_attribute(node, where, "source", ONNX_ATTRIBUTE_INT, &source, error);
     if (status == TAS_OK) status = typed_attribute(node, where, "nbytes", ONNX_ATTRIBUTE_INT, &nbytes, error);
@@ -107,7 +107,8 @@ static tas_status read_geometry(const onnx_attribute *global, const onnx_attribu
 }
 
 static tas_status read_launch(const onnx_node *node, const char *where, step_operation *operation, error_record *error) {
-    const onnx_attribute *kernel_name, *source, *options, *global, *local, *buffers, *checks, *extensions;
+    const onnx_attribute *kernel_name = NULL, *source = NULL, *options = NULL, *global = NULL, *local = NULL,
+                         *buffers = NULL, *checks = NULL, *extensions = NULL;
     tas_status status = typed_attribute(node, where, "kernel_name", ONNX_ATTRIBUTE_STRING, &kernel_name, error);
     if (status == TAS_OK) status = typed_attribute(node, where, "opencl_source", ONNX_ATTRIBUTE_STRING, &source, error);
     if (status == TAS_OK) status = typed_attribute(node, where, "build_options", ONNX_ATTRIBUTE_STRINGS, &options, error);

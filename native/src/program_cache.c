@@ -163,8 +163,9 @@ tas_status program_build(const opencl_api *api, cl_context context, const opencl
         }
     }
     cl_int code = CL_SUCCESS;
-    size_t source_length = strlen(request->source);
-    *program = api->CreateProgramWithSource(context, 1, &request->source, &source_length, &code);
+    const char *source = request->source;
+    size_t source_length = strlen(source);
+    *program = api->CreateProgramWithSource(context, 1, &source, &source_length, &code);
     tas_status status = TAS_OK;
     if (*program == NULL || code != CL_SUCCESS) {
         char name[96];

@@ -103,7 +103,7 @@ static tas_status own_buffer(tas_step *step, int64_t identity, size_t bytes, con
 
 static tas_status upload_state(tas_step *step, const state_tensor *state) {
     const onnx_initializer *tensor = onnx_find_initializer(&step->model, state->name);
-    const void *values;
+    const void *values = NULL;
     int owned;
     tas_status status = initial_values(step, tensor, state, &values, &owned);
     if (status == TAS_OK) status = own_buffer(step, state->identity, state->bytes, state->name);
@@ -202,7 +202,7 @@ static tas_status bind_launch(tas_step *step, size_t index, cl_program program) 
     step->kernels[index] = kernel;
     cl_uint position = 0;
     for (; position < launch->buffer_count; position++) {
-        identity_buffer *buffer;
+        identity_buffer *buffer = NULL;
         tas_status status = buffer_of(step, launch->buffers[position], launch->node_name, &buffer);
         if (status != TAS_OK) return status;
         code = step->api.SetKernelArg(kernel, position, sizeof(cl_mem), &buffer->buffer);
@@ -219,7 +219,7 @@ static tas_status bind_launch(tas_step *step, size_t index, cl_program program) 
 }
 
 static tas_status check_copy(tas_step *step, const copy_operation *copy) {
-    identity_buffer *destination, *source;
+    identity_buffer *destination = NULL, *source = NULL;
     tas_status status = buffer_of(step, copy->destination, copy->node_name, &destination);
     if (status == TAS_OK) status = buffer_of(step, copy->source, copy->node_name, &source);
     if (status != TAS_OK) return status;
@@ -232,7 +232,7 @@ static tas_status check_copy(tas_step *step, const copy_operation *copy) {
 }
 
 static tas_status check_output(tas_step *step, const tensor_spec *output, const char *what) {
-    identity_buffer *buffer;
+    identity_buffer *buffer = NULL;
     tas_status status = buffer_of(step, output->identity, what, &buffer);
     if (status == TAS_OK && buffer->bytes < output->bytes)
         status = fail(&step->error, TAS_ERROR_FORMAT, "%s: the %s (%zu bytes) is larger than its buffer (%zu bytes)",
