@@ -244,3 +244,53 @@ def test_checkpoints_and_close_give_the_optimizer_back_as_it_was_made() -> None:
         saved = opt.state_dict()["param_groups"][0]
         assert {k: saved[k] for k in given} == given
     assert {k: v for k, v in opt.param_groups[0].items() if k != "params"} == given
+
+
+IN_PLACE_ON_OUTPUTS = {
+    "slice assignment": lambda out: out.__setitem__((slice(None), 0), 0.0),
+    "mul_": lambda out: out.mul_(2.0),
+    "add_": lambda out: out.add_(1.0),
+    "index assignment": lambda out: out.__setitem__(torch.tensor([0, 2]), 5.0),
+    "mul_ of a view": lambda out: out.view(-1).mul_(3.0),
+}
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("zero_copy", [None, False], ids=["zero_copy=auto", "zero_copy=False"])
+@pytest.mark.parametrize("edit", sorted(IN_PLACE_ON_OUTPUTS))
+def test_in_place_writes_to_outputs_behave_as_in_eager(edit: str, zero_copy: bool | None, grad: bool) -> None:
+    model = nn.Linear(4, 3)
+    compiled = torch.compile(model, backend="adreno", options={} if zero_copy is None else {"zero_copy": zero_copy})
+    x = torch.randn(5, 4)
+    results = []
+    for net in (compiled, model):
+        model.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(grad):
+            out = net(x)
+            IN_PLACE_ON_OUTPUTS[edit](out)
+        if grad:
+            (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+        results.append((out.detach().clone(), None if not grad else model.weight.grad.clone()))
+    (ours, ours_grad), (eager, eager_grad) = results
+    torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
+    if grad:
+        torch.testing.assert_close(ours_grad, eager_grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("zero_copy", [None, False], ids=["zero_copy=auto", "zero_copy=False"])
+def test_a_compiled_loss_scaled_in_place(zero_copy: bool | None) -> None:
+    """As the Hugging Face Trainer does with gradient accumulation (``loss /= steps``)."""
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(lambda x, y: _loss(model, x, y), backend="adreno",
+                             options={} if zero_copy is None else {"zero_copy": zero_copy})
+    x, y = _batch()
+    loss = compiled(x, y)
+    loss /= 4
+    loss.backward()
+    expected = _loss(reference, x, y)
+    expected /= 4
+    expected.backward()
+    torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)

@@ -27,6 +27,24 @@ _NUMPY_STORAGE = {
 }
 
 
+def own_tensor(memory: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` (and ``dtype``) over ``memory``'s bytes that is not an
+    autograd view of ``memory``: a graph's output must not be one, or autograd refuses in-place
+    writes to it ("Output 0 of CompiledFunction is a view and is being modified inplace", where
+    eager allows them: ``out[:, 0] = 0``, a loss scaled in place)."""
+    dtype = memory.dtype if dtype is None else dtype
+    offset_bytes = memory.storage_offset() * memory.element_size()
+    item = torch.empty((), dtype=dtype).element_size()
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    out = torch.empty((0,), dtype=dtype)
+    with torch.no_grad():
+        out.set_(memory.untyped_storage(), offset_bytes // item, shape, tuple(reversed(strides)))
+    return out
+
+
 def download(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], dtype: torch.dtype,
              wait: bool = True) -> tuple[torch.Tensor, cl.Event | None]:
     """Copy a device buffer into a new host tensor (the copy completes once the event does)."""
@@ -44,7 +62,7 @@ def download_owned(runtime: DeviceRuntime, buffer: Any, shape: tuple[int, ...], 
         event = cl.enqueue_copy(runtime.queue, array, buffer, is_blocking=wait)
     tensor = torch.from_numpy(array)
     if dtype in (torch.bool, torch.bfloat16):
-        tensor = tensor.view(dtype)
+        tensor = own_tensor(tensor, tuple(shape), dtype)
     return tensor, event, array
 
 

@@ -22,7 +22,7 @@ from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
 from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
-from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned
+from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned, own_tensor
 from torch_adreno.runtime.donated_inputs import DonatedInputs
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
 from torch_adreno.runtime.graph_calls import GraphCall, active_observer
@@ -248,7 +248,7 @@ class Executable:
                 sync_shared(self.runtime, storage[out.buffer], buf.nbytes, write=False)
                 BUS.transfer(self.graph.name, "d2h", buf.nbytes, out.buffer, "output",
                              copied=not self.runtime.profile.unified_memory)
-                outputs.append(host_outputs[out.buffer].reshape(shape))
+                outputs.append(own_tensor(host_outputs[out.buffer], tuple(shape)))
                 continue
             if self.residency.deferring and not self.residency.zero_copy and out.buffer in blocks:
                 # A gradient inside a TrainingStep: the optimizer graph reads the device copy and the
