@@ -27,8 +27,10 @@ from torch_adreno.cli.arguments import (
 )
 from torch_adreno.data import digits_split
 from torch_adreno.export import ExportError, export_step, reset_state
+from torch_adreno.export.data_file import save_batches
 from torch_adreno.models import MODELS, LeNet
 from torch_adreno.profiler import profile
+from torch_adreno.runner.__main__ import batches as runner_batches
 from torch_adreno.training.optimizers import OPTIMIZERS, describe_optimizers, make_optimizer
 from torch_adreno.training.step import TrainingStep
 
@@ -61,6 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--seed", type=seed_int, default=0, help="seeds the initial weights and the batch (default: %(default)s)")
     export.add_argument("--data", type=Path, default=None,
                         help="also write the digits as .npz (x, y, x_test, y_test) for the runner's --data")
+    export.add_argument("--data-out", type=Path, default=None,
+                        help="also write --data-steps batches as .safetensors for `torch-adreno-step train --data` "
+                        "(one tensor per batch input, stacked over steps: torch_adreno/export/data_file.py)")
+    export.add_argument("--data-steps", type=positive_int, default=30,
+                        help="batches --data-out writes; a longer run takes them again (default: %(default)s)")
     export.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
     export.set_defaults(fn=cmd_export)
 
@@ -150,6 +157,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.data is not None:
             print("error: --data writes the digits data set; it goes with --model digits", file=sys.stderr)
             return 2
+    if args.data_out is not None and args.data_out.suffix != ".safetensors":
+        print(f"error: --data-out writes safetensors: name the file .safetensors, not {args.data_out.name}", file=sys.stderr)
+        return 2
     options = {"device": args.device} if args.device is not None else {}
     try:
         model = export_reference_model(args.model, args.output, batch, make, args.lr, args.optimizer, options)
@@ -163,7 +173,20 @@ def cmd_export(args: argparse.Namespace) -> int:
           f"of the eval-mode forward, output logits), {len(model.graph.input)} inputs, {len(model.graph.output)} outputs")
     if args.data is not None:
         print(f"{args.data}: the digits (x, y for training; x_test, y_test held out)")
+    if args.data_out is not None:
+        save_batches(args.data_out, run_batches(args.model, args.seed, args.data_steps, len(batch[0])))
+        print(f"{args.data_out}: {args.data_steps} batches, one tensor per batch input stacked over steps")
     return 0
+
+
+def run_batches(name: str, seed: int, steps: int, batch_size: int) -> list[tuple[np.ndarray, ...]]:
+    """``steps`` training batches of reference model ``name`` (or the digits demo's, shuffled epoch
+    after epoch as `python -m torch_adreno.runner` draws them), seeded by ``seed``."""
+    if name == "digits":
+        x_train, y_train, _, _ = digits_split(seed)
+        return list(runner_batches([x_train.numpy(), y_train.numpy()], batch_size, steps, seed))
+    generator = torch.Generator().manual_seed(seed)
+    return [tuple(t.numpy() for t in MODELS[name].batch(generator)) for _ in range(steps)]
 
 
 def export_reference_model(name: str, path: str | Path, batch: tuple[torch.Tensor, ...], make: Any,

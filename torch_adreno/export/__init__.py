@@ -462,7 +462,8 @@ def kernel_nodes(graph: ir.Graph, writes: Sequence[str], reads: set[str], kernel
 
 
 def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim.Optimizer | None = None) -> list[str]:
-    """Load the state a run of :mod:`torch_adreno.runner` wrote (``.npz`` or ``.onnx``) into
+    """Load the state a run of :mod:`torch_adreno.runner` (``.npz`` or ``.onnx``) or of the native
+    runtime, ``torch-adreno-step`` (``.safetensors``), wrote into
     ``module``, and into ``optimizer`` its state (``optimizer.*``, ``lr``: by the names the export
     gave them; without ``optimizer`` those are not loaded). Returns the names loaded; a name of the
     file that neither has is an error, as is a parameter of the module the file lacks."""
@@ -470,6 +471,10 @@ def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim
     if path.suffix == ".npz":
         with np.load(path) as archive:
             arrays = {k: archive[k] for k in archive.files}
+    elif path.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+
+        arrays = load_file(str(path))
     else:
         model = onnx.load(str(path))
         arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
