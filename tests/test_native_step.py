@@ -1,0 +1,351 @@
+"""The native step runtime (native/, ``torch-adreno-step``): an exported step trained without Python
+gives the torch-free Python runner's losses bit for bit and its state, on the same device; its
+program cache is hit on a second run; bad files end in one clear error, never a crash (also under
+AddressSanitizer and UBSan, and for fuzzed files); it cross-builds for 64-bit ARM."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+from safetensors.numpy import load_file, save_file
+
+import torch_adreno
+from conftest import in_ci
+from torch_adreno.cli import main as cli_main
+from torch_adreno.cli.native import NativeBuild, NativeBuildError, build_native, opencl_environment
+from torch_adreno.export.data_file import FORMAT, load_batches
+from torch_adreno.models import MODELS, LeNet
+from torch_adreno.runner import StepRunner, choose_device
+from torch_adreno.runner import format as fmt
+
+pytestmark = pytest.mark.device
+
+#: Batches in each data file; runs take them in turn.
+STEPS = 6
+#: The CPU runtimes of CI, by the platform names both runners match.
+PLATFORMS = ("Intel(R) OpenCL", "Portable Computing Language")
+SANITIZER_OPTIONS = {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=0",
+                     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+
+
+def _build(tmp_path_factory: pytest.TempPathFactory, name: str, **options) -> NativeBuild:
+    try:
+        return build_native(build_dir=tmp_path_factory.mktemp(name), **options)
+    except NativeBuildError as err:
+        if in_ci():
+            pytest.fail(f"CI=true: the native runtime does not build: {err}", pytrace=False)
+        pytest.skip(f"the native runtime does not build here: {err}")
+
+
+@pytest.fixture(scope="session")
+def native(tmp_path_factory) -> NativeBuild:
+    return _build(tmp_path_factory, "native")
+
+
+@pytest.fixture(scope="session")
+def sanitized(tmp_path_factory) -> NativeBuild:
+    return _build(tmp_path_factory, "native-sanitized", sanitize=True, build_type="Debug")
+
+
+@pytest.fixture(scope="session")
+def environment(tmp_path_factory) -> dict[str, str]:
+    """The process environment of a native run: pip's OpenCL loader and drivers."""
+    return dict(os.environ, **opencl_environment(tmp_path_factory.mktemp("opencl")))
+
+
+@pytest.fixture(scope="session")
+def platforms() -> list[str]:
+    import pyopencl as cl
+
+    present = {p.name.strip() for p in cl.get_platforms()}
+    found = [name for name in PLATFORMS if name in present]
+    if not found:
+        pytest.skip(f"no OpenCL device found of {', '.join(PLATFORMS)}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """``exported(model)``: (step.onnx, data.safetensors) written by `python -m torch_adreno export --data-out`."""
+    files: dict[str, tuple[Path, Path]] = {}
+
+    def export(model: str) -> tuple[Path, Path]:
+        if model not in files:
+            folder = tmp_path_factory.mktemp(model)
+            step, data = folder / "step.onnx", folder / "data.safetensors"
+            assert cli_main(["export", str(step), "--model", model, "--lr", "0.05", "--data-out", str(data),
+                             "--data-steps", str(STEPS)]) == 0
+            files[model] = step, data
+        return files[model]
+
+    return export
+
+
+def python_runner(step: Path, data: Path, device: str, rows: list[int]) -> tuple[list[float], dict[str, np.ndarray]]:
+    """The torch-free Python runner's losses on the given rows of the data file, and its state after."""
+    runner = StepRunner.load(step, choose_device(device))
+    batches = load_batches(data)
+    names = [spec["input"] for spec in runner.batch_inputs]
+    losses = [runner.step(*(batches[name][row] for name in names)) for row in rows]
+    return losses, runner.state()
+
+
+def run_native(build: NativeBuild, environment: dict[str, str], *args: str, sanitized: bool = False,
+               timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(environment, **SANITIZER_OPTIONS) if sanitized else environment
+    return subprocess.run([str(build.executable), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def native_losses(done: subprocess.CompletedProcess[str]) -> list[float]:
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+) time", done.stdout, re.MULTILINE)]
+
+
+def bits(losses: list[float]) -> list[int]:
+    """The float32 bit patterns (the native runtime prints %.9g: exact for a float32)."""
+    return [int(np.float32(loss).view(np.uint32)) for loss in losses]
+
+
+def train(build: NativeBuild, environment: dict[str, str], step: Path, data: Path, device: str, out: Path,
+          steps: int = STEPS, *extra: str, sanitized: bool = False) -> subprocess.CompletedProcess[str]:
+    return run_native(build, environment, "train", str(step), "--data", str(data), "--steps", str(steps), "--out",
+                      str(out), "--device", device, *extra, sanitized=sanitized)
+
+
+# -- the same losses and state as the Python runner ---------------------------------------------------
+
+@pytest.mark.parametrize("model", ["mlp", "digits"])
+def test_native_losses_and_state_are_the_python_runners_bit_for_bit(native, environment, platforms, exported,
+                                                                     tmp_path, model) -> None:
+    step, data = exported(model)
+    devices = platforms if model == "mlp" else platforms[:1]  # (the conv model on one runtime: CI time)
+    for device in devices:
+        out = tmp_path / f"{device}.safetensors"
+        done = train(native, environment, step, data, device, out, STEPS, "--no-cache")
+        ours, state = python_runner(step, data, device, list(range(STEPS)))
+        assert bits(native_losses(done)) == bits(ours), device
+        assert f"on {device}" in done.stdout
+        written = load_file(str(out))
+        assert written.keys() == state.keys()
+        for name, value in state.items():
+            assert written[name].dtype == value.dtype and np.array_equal(written[name], value), name
+    # The state loads into PyTorch, parameters and optimizer state alike.
+    module = MODELS["mlp"].make() if model == "mlp" else LeNet()
+    optimizer = torch.optim.SGD(module.parameters(), lr=torch.tensor(0.0), momentum=0.9)
+    loaded = torch_adreno.export.load_state(module, out, optimizer)
+    assert "lr" in loaded and any(name.endswith("momentum_buffer") for name in loaded)
+    for name, parameter in module.named_parameters():
+        assert torch.equal(parameter.detach(), torch.from_numpy(state[name])), name
+    first = next(iter(module.named_parameters()))[0]
+    assert torch.equal(optimizer.state[module.get_parameter(first)]["momentum_buffer"],
+                       torch.from_numpy(state[f"optimizer.{first}.momentum_buffer"]))
+
+
+def test_state_in_and_lr_are_inputs_the_run_sets(native, environment, platforms, exported, tmp_path) -> None:
+    step, data = exported("mlp")
+    device = platforms[0]
+    first, second = tmp_path / "first.safetensors", tmp_path / "second.safetensors"
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    native_first = native_losses(train(native, environment, step, data, device, first, 3, *cache))
+    resumed = train(native, environment, step, data, device, second, 3, "--state", str(first), *cache)
+    ours, state = python_runner(step, data, device, [0, 1, 2, 0, 1, 2])
+    assert bits(native_first + native_losses(resumed)) == bits(ours)
+    assert all(np.array_equal(load_file(str(second))[name], value) for name, value in state.items())
+    # --lr 0: the step's tensor learning rate is an input; with it 0, no parameter moves.
+    frozen = tmp_path / "frozen.safetensors"
+    native_losses(train(native, environment, step, data, device, frozen, 2, "--lr", "0", *cache))
+    initial = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(step)).graph.initializer}
+    trained = load_file(str(frozen))
+    assert float(trained["lr"]) == 0.0
+    assert np.array_equal(trained["fc1.weight"], initial["fc1.weight"])
+
+
+def test_the_program_cache_is_hit_on_the_second_run(native, environment, platforms, exported, tmp_path) -> None:
+    step, data = exported("mlp")
+    cache = tmp_path / "programs"
+    runs = [train(native, environment, step, data, platforms[0], tmp_path / f"{i}.safetensors", 2, "--cache-dir",
+                  str(cache)) for i in range(2)]
+    counts = [tuple(map(int, re.search(r"programs: (\d+) built, (\d+) from the cache", run.stdout).groups()))  # type: ignore[union-attr]
+              for run in runs]
+    programs = len(list(cache.glob("*.clbin")))
+    assert programs > 0 and counts == [(programs, 0), (0, programs)]
+    assert native_losses(runs[0]) == native_losses(runs[1])
+
+
+def test_bench_times_every_operation(native, environment, platforms, exported) -> None:
+    step, data = exported("mlp")
+    done = run_native(native, environment, "bench", str(step), "--data", str(data), "--steps", "3", "--warmup", "1",
+                      "--device", platforms[0], "--no-cache")
+    assert done.returncode == 0, done.stderr
+    kernels = [n.name for n in onnx.load(str(step), load_external_data=False).graph.node
+               if n.domain == fmt.DOMAIN][:int(re.search(r"(\d+) operations", done.stdout).group(1))]  # type: ignore[union-attr]
+    rows = {m.group(1): (int(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^(\S+)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+%$", done.stdout, re.MULTILINE)}
+    assert set(rows) == set(kernels) and all(runs == 3 for runs, _ in rows.values())
+    total = float(re.search(r"^total\s+([\d.]+)", done.stdout, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    assert total > 0 and total == pytest.approx(sum(t for _, t in rows.values()), abs=0.01)
+
+
+def test_an_index_out_of_range_is_reported_as_the_python_runner_reports_it(native, environment, platforms,
+                                                                          exported, tmp_path) -> None:
+    step, data = exported("mlp")
+    batches = load_batches(data)
+    batches["batch_1"][0, 5] = 99  # a class label past the 10 classes
+    bad = tmp_path / "bad.safetensors"
+    save_file(batches, str(bad))
+    done = train(native, environment, step, bad, platforms[0], tmp_path / "out.safetensors", 1, "--no-cache")
+    assert done.returncode == 1
+    assert re.search(r"error: kernel \S+ read index 99 out of range", done.stderr), done.stderr
+
+
+def test_export_writes_the_data_file_layout(exported) -> None:
+    step, data = exported("mlp")
+    batches = load_batches(data)
+    inputs = {i.name: i for i in onnx.load(str(step), load_external_data=False).graph.input}
+    assert sorted(batches) == ["batch_0", "batch_1"]
+    for name, array in batches.items():
+        shape = [d.dim_value for d in inputs[name].type.tensor_type.shape.dim]
+        assert list(array.shape) == [STEPS, *shape]
+    from safetensors import safe_open
+
+    with safe_open(str(data), framework="numpy") as file:
+        assert file.metadata() == {"format": FORMAT, "steps": str(STEPS)}
+
+
+# -- bad input: one clear error, never a crash (under the sanitizers) -------------------------------
+
+def _edited(step: Path, folder: Path, edit) -> Path:
+    model = onnx.load(str(step))
+    edit(model)
+    path = folder / f"edited_{len(list(folder.glob('edited_*.onnx')))}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _with_props(model: onnx.ModelProto, **props: str) -> None:
+    current = {p.key: p.value for p in model.metadata_props}
+    helper.set_model_props(model, {**current, **props})
+
+
+def _kernel(model: onnx.ModelProto) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.domain == fmt.DOMAIN and n.op_type != fmt.COPY_OP)
+
+
+def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
+    truncated = folder / "truncated.onnx"
+    truncated.write_bytes(step.read_bytes()[: step.stat().st_size * 3 // 5])
+    text = folder / "text.onnx"
+    text.write_text("this is not a model\n")
+
+    def other_producer(m):
+        m.producer_name = "pytorch"
+
+    def unknown_attribute(m):
+        _kernel(m).attribute.append(helper.make_attribute("tiling", [8, 8]))
+
+    def too_wide(m):
+        local = next(a for a in _kernel(m).attribute if a.name == "local_size")
+        local.ints[:] = [1 << 20] + list(local.ints[1:])
+
+    return {
+        "truncated": (truncated, r"is not a valid ONNX model \(.*\): truncated or corrupted\? export it again"),
+        "not onnx": (text, r"is not a valid ONNX model"),
+        "format": (_edited(step, folder, lambda m: _with_props(m, **{fmt.FORMAT_KEY: "99"})),
+                   r"has step format 99; this runner reads format 3"),
+        "producer": (_edited(step, folder, other_producer), r"was made by pytorch, not by torch_adreno's export"),
+        "plan": (_edited(step, folder, lambda m: _with_props(m, **{fmt.PLAN_KEY: "{\"slots\": 3}"})),
+                 r"step plan of .* is malformed: slots is not a list"),
+        "standard op": (_edited(step, folder, lambda m: m.graph.node.append(helper.make_node("Relu", ["loss"], ["r"]))),
+                        r"is a standard Relu between kernels"),
+        "attribute": (_edited(step, folder, unknown_attribute), r"attributes this runner does not know: tiling"),
+        "work-group": (_edited(step, folder, too_wide), r"cannot run this step: kernel \S+ needs work-groups of"),
+    }
+
+
+def _bad_data(data: Path, folder: Path) -> dict[str, tuple[Path, str]]:
+    good = data.read_bytes()
+    (header_length,) = struct.unpack("<Q", good[:8])
+    header, body = good[8:8 + header_length], good[8 + header_length:]
+    files = {
+        "huge header": (struct.pack("<Q", 1 << 40) + good[8:], r"not a valid safetensors file: a header length over"),
+        "header not json": (struct.pack("<Q", 8) + b"{not json" + body, r"not a valid safetensors file: a header that"),
+        "offsets": (good[:8] + header.replace(b'"data_offsets":[0,', b'"data_offsets":[4,') + body,
+                    r"not a valid safetensors file: data_offsets that do not match|overlap or leave gaps"),
+        "truncated": (good[: len(good) - 100], r"not a valid safetensors file"),
+    }
+    arrays = load_batches(data)
+    paths = {}
+    for name, (content, message) in files.items():
+        path = folder / f"{name.replace(' ', '_')}.safetensors"
+        path.write_bytes(content)
+        paths[name] = (path, message)
+    missing, wrong = folder / "missing.safetensors", folder / "wrong.safetensors"
+    save_file({"batch_0": arrays["batch_0"]}, str(missing))
+    save_file({"batch_0": arrays["batch_0"][:, :, :100].copy(), "batch_1": arrays["batch_1"]}, str(wrong))
+    paths["missing tensor"] = (missing, r"has no tensor batch_1; the step takes batch_0 float32\[\d+, 784\]")
+    paths["wrong shape"] = (wrong, r"tensor batch_0 must stack the step's batches")
+    return paths
+
+
+def test_bad_files_end_in_one_clear_error_under_the_sanitizers(sanitized, environment, platforms, exported,
+                                                               tmp_path) -> None:
+    step, data = exported("mlp")
+    device = platforms[0]
+    cases = [("step " + name, path, data, message) for name, (path, message) in _bad_steps(step, tmp_path).items()]
+    cases += [("data " + name, step, path, message) for name, (path, message) in _bad_data(data, tmp_path).items()]
+    for case, step_file, data_file, message in cases:
+        done = train(sanitized, environment, step_file, data_file, device, tmp_path / "out.safetensors", 1,
+                     "--cache-dir", str(tmp_path / "cache"), sanitized=True)
+        assert done.returncode == 2, f"{case}: exit {done.returncode}\n{done.stderr[-3000:]}"
+        assert done.stderr.startswith("error: ") and re.search(message, done.stderr), f"{case}: {done.stderr}"
+        assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, case
+
+
+def test_the_sanitized_build_trains_the_mlp_bit_for_bit(sanitized, environment, platforms, exported,
+                                                       tmp_path) -> None:
+    step, data = exported("mlp")
+    done = train(sanitized, environment, step, data, platforms[0], tmp_path / "out.safetensors", 3, "--cache-dir",
+                 str(tmp_path / "cache"), sanitized=True)
+    assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr[-3000:]
+    ours, _ = python_runner(step, data, platforms[0], [0, 1, 2])
+    assert bits(native_losses(done)) == bits(ours)
+
+
+def test_fuzzed_step_and_safetensors_files_never_crash_the_readers(sanitized, exported, tmp_path) -> None:
+    """The readers' fuzz driver under AddressSanitizer (leaks included) and UBSan: thousands of
+    mutants of a real step file (its tensors cut short: the reader keeps no tensor data) and of a
+    safetensors file; each is read or refused."""
+    assert sanitized.fuzz_driver is not None
+    step, data = exported("mlp")
+    model = onnx.load(str(step))
+    for tensor in model.graph.initializer:
+        tensor.raw_data = tensor.raw_data[:8]
+    seeds = {"onnx": (tmp_path / "seed.onnx", 5000), "safetensors": (tmp_path / "seed.safetensors", 20000)}
+    onnx.save(model, str(seeds["onnx"][0]))
+    save_file({"x": np.arange(6, dtype=np.float32).reshape(2, 3), "y": np.arange(2, dtype=np.int64),
+               "flag": np.array([True, False]), "lr": np.array(0.5, np.float32)}, str(seeds["safetensors"][0]))
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:halt_on_error=1", UBSAN_OPTIONS="halt_on_error=1")
+    for reader, (seed, count) in seeds.items():
+        done = subprocess.run([str(sanitized.fuzz_driver), reader, str(seed), str(count), "48"], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert done.returncode == 0, f"{reader}: {done.stderr[-4000:]}"
+        accepted, refused = map(int, re.search(r"(\d+) accepted, (\d+) refused, no crash", done.stdout).groups())  # type: ignore[union-attr]
+        assert accepted + refused == count and refused > count // 10, done.stdout
+
+
+# -- the aarch64 cross build ----------------------------------------------------------------------------
+
+def test_the_runtime_cross_builds_for_64_bit_arm(tmp_path_factory) -> None:
+    built = _build(tmp_path_factory, "native-aarch64", target="linux-aarch64")
+    for path in (built.executable, built.library):
+        header = path.read_bytes()[:20]
+        assert header[:4] == b"\x7fELF" and struct.unpack("<H", header[18:20])[0] == 183, path  # EM_AARCH64
