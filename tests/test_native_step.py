@@ -5,6 +5,7 @@ AddressSanitizer and UBSan, and for fuzzed files); it cross-builds for 64-bit AR
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -15,14 +16,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import in_ci
 from onnx import helper
 from safetensors.numpy import load_file, save_file
 
 import torch_adreno
-from conftest import in_ci
 from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import NativeBuild, NativeBuildError, build_native, opencl_environment
-from torch_adreno.export.data_file import FORMAT, load_batches
+from torch_adreno.export.data_file import FORMAT, load_batches, save_batches
 from torch_adreno.models import MODELS, LeNet
 from torch_adreno.runner import StepRunner, choose_device
 from torch_adreno.runner import format as fmt
@@ -221,6 +222,66 @@ def test_export_writes_the_data_file_layout(exported) -> None:
         assert file.metadata() == {"format": FORMAT, "steps": str(STEPS)}
 
 
+VIEW_KERNELS = {
+    "k0": "__kernel void k0(__global const float* restrict in0, __global float* restrict out0) {\n"
+          "  int i = get_global_id(0); out0[i] = in0[i] * 2.0f; }",
+    "k1": "__kernel void k1(__global const float* restrict in1, __global float* restrict w, __global float* restrict loss) {\n"
+          "  float s = 0.0f; for (int i = 0; i < 6; i++) s += in1[i]; loss[0] = s + w[0]; w[0] = w[0] + 1.0f; }",
+}
+
+
+def _view_and_copy_step() -> onnx.ModelProto:
+    """A step file made by hand: batch rows 1-2 of a [4, 3] input (a view: shape [2, 3], strides
+    [3, 1], offset 3) doubled, copied to another slot, summed with the state ``w``, which each step
+    increments: loss = 2 * sum(x[1:3]) + w."""
+    def kernel(name: str, buffers: list[int], size: int) -> onnx.NodeProto:
+        return helper.make_node(name, [], [f"{name}_out"], domain=fmt.DOMAIN, name=name, kernel_name=name,
+                                opencl_source=VIEW_KERNELS[name], build_options=[""], global_size=[size],
+                                local_size=[size], buffers=buffers, parameters=[""], fx_nodes=[""], graph="g",
+                                index_checks=0, extensions=[""])
+
+    copy = helper.make_node(fmt.COPY_OP, [], ["copied"], domain=fmt.DOMAIN, name="copy", destination=2, source=1,
+                            nbytes=24)
+    functions = [helper.make_function(fmt.DOMAIN, name, [], ["out"], [helper.make_node(
+        "Constant", [], ["out"], value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))],
+        [helper.make_opsetid("", fmt.OPSET)], attributes=list(attributes))
+        for name, attributes in (("k0", fmt.KERNEL_ATTRIBUTES), ("k1", fmt.KERNEL_ATTRIBUTES),
+                                 (fmt.COPY_OP, fmt.COPY_ATTRIBUTES))]
+    graph = helper.make_graph(
+        [kernel("k0", [0, 1], 6), copy, kernel("k1", [2, 3, 4], 1)], "step",
+        [helper.make_tensor_value_info("batch_0", onnx.TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+        initializer=[onnx.numpy_helper.from_array(np.array([0.5], np.float32), "w")])
+    model = helper.make_model(graph, functions=functions, producer_name=fmt.PRODUCER,
+                              opset_imports=[helper.make_opsetid("", fmt.OPSET), helper.make_opsetid(fmt.DOMAIN, 1)])
+    plan = {"identities": [
+        {"index": 0, "kind": "batch", "nbytes": 24, "position": 0, "view": [[2, 3], [3, 1], 3]},
+        {"index": 1, "kind": "internal", "nbytes": 24, "slot": 0},
+        {"index": 2, "kind": "internal", "nbytes": 24, "slot": 1},
+        {"index": 3, "kind": "persistent", "nbytes": 4, "input": "w", "shape": [1], "output": "w.new"},
+        {"index": 4, "kind": "internal", "nbytes": 4, "slot": 2}],
+        "slots": [24, 24, 4], "batch": [{"input": "batch_0", "position": 0, "shape": [4, 3], "dtype": "float32"}],
+        "loss": {"identity": 4, "dtype": "float32", "shape": []}}
+    helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
+    return model
+
+
+def test_batch_views_copies_and_state_updates_run_as_in_the_python_runner(native, environment, platforms,
+                                                                         tmp_path) -> None:
+    step, data = tmp_path / "view.onnx", tmp_path / "view.safetensors"
+    onnx.save(_view_and_copy_step(), str(step))
+    batches = np.arange(36, dtype=np.float32).reshape(3, 4, 3) - 7  # (whole numbers: every sum is exact)
+    save_batches(data, [(batch,) for batch in batches])
+    expected = [2 * batches[i, 1:3].sum() + 0.5 + i for i in range(3)]
+    for device in platforms:
+        out = tmp_path / "state.safetensors"
+        done = train(native, environment, step, data, device, out, 3, "--no-cache")
+        ours, state = python_runner(step, data, device, [0, 1, 2])
+        assert native_losses(done) == ours == expected, device
+        assert float(load_file(str(out))["w"][0]) == float(state["w"][0]) == 3.5
+
+
 # -- bad input: one clear error, never a crash (under the sanitizers) -------------------------------
 
 def _edited(step: Path, folder: Path, edit) -> Path:
@@ -254,7 +315,7 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
 
     def too_wide(m):
         local = next(a for a in _kernel(m).attribute if a.name == "local_size")
-        local.ints[:] = [1 << 20] + list(local.ints[1:])
+        local.ints[:] = [1 << 20, *list(local.ints[1:])]
 
     return {
         "truncated": (truncated, r"is not a valid ONNX model \(.*\): truncated or corrupted\? export it again"),
@@ -325,7 +386,7 @@ def test_fuzzed_step_and_safetensors_files_never_crash_the_readers(sanitized, ex
     mutants of a real step file (its tensors cut short: the reader keeps no tensor data) and of a
     safetensors file; each is read or refused."""
     assert sanitized.fuzz_driver is not None
-    step, data = exported("mlp")
+    step, _data = exported("mlp")
     model = onnx.load(str(step))
     for tensor in model.graph.initializer:
         tensor.raw_data = tensor.raw_data[:8]
