@@ -317,6 +317,15 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
         local = next(a for a in _kernel(m).attribute if a.name == "local_size")
         local.ints[:] = [1 << 20, *list(local.ints[1:])]
 
+    def imaginary_extension(m):
+        extensions = next(a for a in _kernel(m).attribute if a.name == "extensions")
+        extensions.strings[:] = [b"cl_vendor_imaginary"]
+
+    def huge_slot(m):
+        plan = json.loads({p.key: p.value for p in m.metadata_props}[fmt.PLAN_KEY])
+        plan["slots"][0] = 1 << 50
+        _with_props(m, **{fmt.PLAN_KEY: json.dumps(plan)})
+
     return {
         "truncated": (truncated, r"is not a valid ONNX model \(.*\): truncated or corrupted\? export it again"),
         "not onnx": (text, r"is not a valid ONNX model"),
@@ -329,6 +338,9 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
                         r"is a standard Relu between kernels"),
         "attribute": (_edited(step, folder, unknown_attribute), r"attributes this runner does not know: tiling"),
         "work-group": (_edited(step, folder, too_wide), r"cannot run this step: kernel \S+ needs work-groups of"),
+        "extension": (_edited(step, folder, imaginary_extension), r"needs the OpenCL extension cl_vendor_imaginary"),
+        "allocation": (_edited(step, folder, huge_slot),
+                       r"cannot run this step: a buffer of 1125899906842624 bytes \(device allocations: at most"),
     }
 
 

@@ -32,9 +32,12 @@ static int check_tensor(batch_source *source, const char *path, const tas_tensor
     int same = tensor->dtype == info->dtype && tensor->rank == info->rank + 1 && tensor->shape[0] >= 1;
     for (int d = 0; same && d < info->rank; d++) same = tensor->shape[d + 1] == info->shape[d];
     if (!same) {
-        fprintf(stderr, "error: %s: tensor %s must stack the step's batches, [steps, ...] of %s; it is %s of rank %d "
-                "(the step takes %s)\n", path, info->name, info->name, tensor->dtype == info->dtype ? "the dtype" :
-                "another dtype", tensor->rank, expected);
+        tas_tensor_info found = {info->name, tensor->dtype, tensor->rank, {0}, tensor->bytes};
+        memcpy(found.shape, tensor->shape, sizeof found.shape);
+        char text[256];
+        describe(&found, text, sizeof text);
+        fprintf(stderr, "error: %s: tensor %s must stack the step's batches over steps, [steps, ...] of the step's "
+                "%s; it is %s (the step takes %s)\n", path, info->name, info->name, text, expected);
         return 0;
     }
     size_t rows = (size_t)tensor->shape[0];
