@@ -151,6 +151,47 @@ def test_native_losses_and_state_are_the_python_runners_bit_for_bit(native, envi
                        torch.from_numpy(state[f"optimizer.{first}.momentum_buffer"]))
 
 
+def _gpt2_lora_step(folder: Path) -> tuple[Path, Path]:
+    """A one-layer GPT-2 with LoRA adapters on its attention (the base frozen), its step exported
+    with TrainingStep.export, and its batches (random token ids)."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    vocab, batch, sequence = 48, 2, 8
+    config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=vocab, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = peft.get_peft_model(transformers.GPT2LMHeadModel(config), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0, init_lora_weights=False))
+
+    def loss_fn(m, x, y):
+        logits = m(input_ids=x).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
+
+    generator = torch.Generator().manual_seed(7)
+    batches = [tuple(torch.randint(0, vocab, (batch, sequence), generator=generator) for _ in range(2))
+               for _ in range(STEPS + 2)]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=torch.tensor(0.5))
+    step = torch_adreno.TrainingStep(model, loss_fn, optimizer)
+    step(*batches[0])
+    step(*batches[1])
+    path, data = folder / "gpt2_lora.onnx", folder / "gpt2_lora.safetensors"
+    step.export(path)
+    save_batches(data, [tuple(t.numpy() for t in b) for b in batches[2:]])
+    return path, data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["lenet", "resnet_mini", "transformer", "lstm", "mobilenet_mini", "gpt2_lora"])
+def test_every_reference_model_trains_bit_for_bit(native, environment, platforms, exported, tmp_path, model) -> None:
+    step, data = _gpt2_lora_step(tmp_path) if model == "gpt2_lora" else exported(model)
+    for device in platforms:
+        out = tmp_path / f"{device}.safetensors"
+        done = train(native, environment, step, data, device, out, 4, "--cache-dir", str(tmp_path / "cache"))
+        ours, state = python_runner(step, data, device, [0, 1, 2, 3])
+        assert bits(native_losses(done)) == bits(ours), device
+        written = load_file(str(out))
+        assert all(np.array_equal(written[name], value) for name, value in state.items()), device
+
+
 def test_state_in_and_lr_are_inputs_the_run_sets(native, environment, platforms, exported, tmp_path) -> None:
     step, data = exported("mlp")
     device = platforms[0]
