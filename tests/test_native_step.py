@@ -254,6 +254,22 @@ def test_an_index_out_of_range_is_reported_as_the_python_runner_reports_it(nativ
     assert re.search(r"error: kernel \S+ read index 99 out of range", done.stderr), done.stderr
 
 
+def test_the_c_api_trains_and_predicts_as_the_python_runner(native, environment, platforms, exported) -> None:
+    """examples/api_tour.c, linked with the shared library: two steps and a prediction on zeros."""
+    step, _ = exported("mlp")
+    done = subprocess.run([str(native.api_tour), str(step), platforms[0], "2"], capture_output=True, text=True,
+                          env=environment, timeout=300)
+    assert done.returncode == 0, done.stderr
+    runner = StepRunner.load(step, choose_device(platforms[0]))
+    zeros = [np.zeros(spec["shape"], spec["dtype"]) for spec in runner.batch_inputs]
+    losses = [runner.step(*zeros) for _ in range(2)]
+    logits = runner.predict(zeros[0]).reshape(-1)
+    printed = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert bits([float(x) for x in re.findall(r"^loss (\S+)", done.stdout, re.MULTILINE)]) == bits(losses)
+    assert bits([float(x) for x in printed["logits"].split()]) == bits(list(logits))
+    assert printed["state:"].split() == list(runner.state())
+
+
 def test_export_writes_the_data_file_layout(exported) -> None:
     step, data = exported("mlp")
     batches = load_batches(data)

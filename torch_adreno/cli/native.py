@@ -37,6 +37,8 @@ class NativeBuild:
     executable: Path
     library: Path
     fuzz_driver: Path | None
+    #: examples/api_tour.c: the C API through the shared library and its header only
+    api_tour: Path
 
 
 def _zig_wrappers(build_dir: Path, target: str | None) -> dict[str, str]:
@@ -94,7 +96,7 @@ def build_native(target: str = "host", build_dir: Path | None = None, ndk: Path 
             raise NativeBuildError(f"{' '.join(command[:2])} ... failed:\n{(done.stdout + done.stderr)[-4000:]}")
     fuzz = build_dir / "fuzz-readers"
     return NativeBuild(build_dir, build_dir / "torch-adreno-step", build_dir / "libtorch_adreno_step.so",
-                       fuzz if fuzz.is_file() else None)
+                       fuzz if fuzz.is_file() else None, build_dir / "api-tour")
 
 
 def opencl_environment(root: Path | None = None) -> dict[str, str]:
