@@ -144,7 +144,10 @@ def test_native_losses_and_state_are_the_python_runners_bit_for_bit(native, envi
         assert written.keys() == state.keys()
         for name, value in state.items():
             assert written[name].dtype == value.dtype and np.array_equal(written[name], value), name
-    # The state loads into PyTorch, parameters and optimizer state alike.
+    # The state loads into PyTorch, as tensors and into the module and optimizer.
+    from safetensors.torch import load_file as load_torch
+
+    assert all(torch.equal(t, torch.from_numpy(state[name])) for name, t in load_torch(str(out)).items())
     module = MODELS["mlp"].make() if model == "mlp" else LeNet()
     optimizer = torch.optim.SGD(module.parameters(), lr=torch.tensor(0.0), momentum=0.9)
     loaded = torch_adreno.export.load_state(module, out, optimizer)
