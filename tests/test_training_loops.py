@@ -294,3 +294,85 @@ def test_a_compiled_loss_scaled_in_place(zero_copy: bool | None) -> None:
     torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+class _TinyLM(nn.Module):
+    """A causal LM: embeddings, one pre-norm transformer block, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(64, 32)
+        self.block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        length = ids.shape[1]
+        hidden = self.tokens(ids) + self.positions(torch.arange(length))
+        mask = nn.Transformer.generate_square_subsequent_mask(length)
+        return self.head(self.block(hidden, src_mask=mask, is_causal=True))
+
+
+def _lm_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(ids).flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def test_varying_lengths_in_buckets_replay_and_follow_eager() -> None:
+    """Six sequence lengths cycling over 36 steps, padded to three buckets: each bucket compiles and
+    captures once, then replays; the losses are those of the unpadded batches in eager."""
+    lengths = [12, 16, 20, 24, 28, 32]
+    buckets = torch_adreno.Buckets((16, 24, 32), pad={0: 0, 1: -100})
+    model, reference = _TinyLM(), _TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    ours, eager = [], []
+    with torch_adreno.profile() as prof, torch_adreno.TrainingStep(model, _lm_loss, opt) as step:
+        for index in range(36):
+            ids = torch.randint(0, 64, (4, lengths[index % len(lengths)]), generator=generator)
+            ours.append(float(step(*buckets((ids, ids)))))
+            ref_opt.zero_grad()
+            loss = _lm_loss(reference, ids, ids)
+            loss.backward()
+            ref_opt.step()
+            eager.append(loss.item())
+    assert prof.replayed_steps >= 27, (prof.replayed_steps, step.unreplayable_reasons, prof.replay_fallbacks)
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(eager), rtol=2e-4, atol=2e-5)
+
+
+def test_buckets_pad_to_the_smallest_length_that_holds_the_batch() -> None:
+    buckets = torch_adreno.Buckets((8, 4), pad={"ids": 0, "labels": -100})
+    batch = {"ids": torch.ones(2, 3, dtype=torch.long), "labels": torch.ones(2, 3, dtype=torch.long),
+             "weight": torch.ones(2)}
+    padded = buckets(batch)
+    assert padded["ids"].shape == (2, 4) and padded["ids"][:, 3].eq(0).all()
+    assert padded["labels"][:, 3].eq(-100).all() and padded["weight"] is batch["weight"]
+    assert buckets(batch)["ids"][:, :3].eq(1).all()
+    with pytest.raises(ValueError, match="longer than the largest bucket, 8"):
+        buckets({"ids": torch.ones(1, 9), "labels": torch.ones(1, 9)})
+    with pytest.raises(ValueError, match="differ in length"):
+        buckets({"ids": torch.ones(1, 3), "labels": torch.ones(1, 5)})
+    with pytest.raises(KeyError, match="no 'labels'"):
+        buckets({"ids": torch.ones(1, 3)})
+    assert buckets.length_for(4) == 4 and buckets.length_for(5) == 8
+
+
+def test_a_step_captured_with_one_tensor_passed_twice_is_not_replayed_for_two() -> None:
+    """Dynamo compiles ``step(ids, ids)`` with one input; a replay of it must not serve
+    ``step(ids, labels)`` (it would read the ids as labels)."""
+    model, reference = _TinyLM(), _TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (2, 8), generator=generator)
+    labels = ids.clone()
+    labels[:, 4:] = -100
+    with torch_adreno.profile() as prof, torch_adreno.TrainingStep(model, _lm_loss, opt) as step:
+        for batch in ((ids, ids), (ids, ids), (ids, ids), (ids, labels), (ids, labels), (ids, labels)):
+            ours = float(step(*batch))
+            ref_opt.zero_grad()
+            loss = _lm_loss(reference, *batch)
+            loss.backward()
+            ref_opt.step()
+            assert abs(ours - loss.item()) <= 1e-4 * abs(loss.item()) + 1e-5, (ours, loss.item())
+    assert any("share memory" in reason for reason in prof.replay_fallbacks), prof.replay_fallbacks

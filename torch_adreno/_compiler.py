@@ -17,11 +17,12 @@ from torch_adreno.errors import (
 from torch_adreno.profiler import profile
 from torch_adreno.runtime import DeviceTensor, list_devices
 from torch_adreno.runtime.host_writes import mark_changed
+from torch_adreno.training.buckets import Buckets
 from torch_adreno.training.frozen import FrozenWeights, freeze
 from torch_adreno.training.step import TrainingStep
 
 __all__ = [
-    "OPTIONS", "AdrenoError", "Config", "DeviceNotFoundError", "DeviceTensor", "FrozenWeights", "LoweringError",
+    "OPTIONS", "AdrenoError", "Buckets", "Config", "DeviceNotFoundError", "DeviceTensor", "FrozenWeights", "LoweringError",
     "OptionError", "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "freeze", "list_devices",
     "mark_changed", "profile",
 ]

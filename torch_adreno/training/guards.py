@@ -9,7 +9,7 @@ holds, dictionaries' keys and values read by iteration rather than looked up -- 
 ``None`` when a replay is valid, otherwise the first fact that changed, in words:
 
 - the batch: number of arguments, each tensor's type, shape, strides, storage offset, dtype and
-  ``requires_grad``; each other argument's value;
+  ``requires_grad``; each other argument's value; which arguments share memory;
 - grad mode, the global module hooks, and the train/eval mode and hook counts (forward,
   forward-pre, backward, backward-pre) of every submodule; the optimizer's step hooks (global
   and its own: a capture with any is refused, one added later would be skipped by a replay);
@@ -41,6 +41,7 @@ from torch_adreno.training.replay.capture import MemoryIdentity
 Guard = Callable[[tuple[Any, ...]], "str | None"]
 
 
+
 def batch_signature(batch: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """A hashable key for the geometry of a batch, or None if an argument cannot be keyed."""
     parts: list[Any] = []
@@ -54,6 +55,19 @@ def batch_signature(batch: tuple[Any, ...]) -> tuple[Any, ...] | None:
                 return None
             parts.append((type(value), value))
     return tuple(parts)
+
+
+def shared_memory(batch: tuple[Any, ...]) -> tuple[int, ...]:
+    """For each batch argument, the first position holding a tensor over the same memory (its own
+    position where none does; -1 for a non-tensor)."""
+    seen: dict[int, int] = {}
+    pattern = []
+    for position, value in enumerate(batch):
+        if isinstance(value, torch.Tensor) and value.numel():
+            pattern.append(seen.setdefault(value.untyped_storage().data_ptr(), position))
+        else:
+            pattern.append(-1)
+    return tuple(pattern)
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, tuple[Any, ...]]]:
@@ -162,7 +176,7 @@ _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_ba
 
 def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 persistent: Iterable[torch.Tensor], names: dict[int, str],
-                inputs: Iterable[torch.Tensor] = ()) -> Guard:
+                inputs: Iterable[torch.Tensor] = ()) -> StepGuard:
     """The checks that a step's replay is valid for the next call (see the module docstring),
     taken from the state right after the captured step. ``inputs``: persistent tensors the replay
     uploads when their version moved (its scalar inputs): only their memory is watched."""
@@ -178,6 +192,9 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
         else:
             w.check(f"type({item}) is not {w.bind(type(value))} or {item} != {w.bind(value)}",
                     f"batch argument {position} changed its value")
+    # The compiled graphs take arguments that are one tensor (or views of one memory) as one input.
+    w.check(f"{w.bind(shared_memory)}(batch) != {shared_memory(batch)!r}",
+            "the batch arguments share memory otherwise than in the captured step (one tensor passed twice?)")
     w.check(f"{w.bind(torch.is_grad_enabled)}() is not {torch.is_grad_enabled()}", "grad mode changed")
     module_globals = torch.nn.modules.module
     for table in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -251,12 +268,53 @@ def build_guard(batch: tuple[Any, ...], model: torch.nn.Module, optimizer: torch
             verb = "was replaced" if isinstance(value, torch.Tensor) else "changed"
             w.check_value(f"{s}[{key!r}]", value, f"optimizer state {key!r} of {owner} {verb}")
     uploaded = {id(t) for t in inputs}
+    # Versions are read from a list the guard owns: a step of this TrainingStep that wrote a tensor
+    # (another batch geometry's, through the compiled graphs) moves the expected version with it.
+    book = VersionBook()
     for tensor in persistent:
         t = w.bind(tensor)
+        name = names.get(id(tensor), "a tensor the step reads")
         if id(tensor) in uploaded:
-            w.check(f"{t}.data_ptr() != {tensor.data_ptr()}",
-                    f"{names.get(id(tensor), 'a tensor the step reads')} was given new memory on the host")
+            w.check(f"{t}.data_ptr() != {tensor.data_ptr()}", f"{name} was given new memory on the host")
             continue
-        w.check(f"{t}.data_ptr() != {tensor.data_ptr()} or {t}._version != {tensor._version}",
-                f"{names.get(id(tensor), 'a tensor the step reads')} was changed on the host")
-    return w.build()
+        slot = book.watch(tensor)
+        w.check(f"{t}.data_ptr() != {tensor.data_ptr()} or {t}._version != {w.bind(book.expected)}[{slot}]",
+                f"{name} was changed on the host")
+    return StepGuard(w.build(), book)
+
+
+class VersionBook:
+    """The versions a guard expects of the host tensors it watches. Invariant: an expected version
+    moves only with a write the step itself made (:meth:`accept_own_writes`), never with a host
+    edit, which therefore keeps failing the guard until a step uploads it."""
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.expected: list[int] = []
+
+    def watch(self, tensor: torch.Tensor) -> int:
+        self.tensors.append(tensor)
+        self.expected.append(int(tensor._version))
+        return len(self.tensors) - 1
+
+    def accept_own_writes(self, before: dict[int, int]) -> None:
+        """A step of the owner ran (through its compiled graphs): ``before`` holds the versions
+        taken just before it. A tensor the guard expected at that version and that the step moved
+        holds what the device holds: its new version is expected."""
+        for slot, tensor in enumerate(self.tensors):
+            was = before.get(id(tensor))
+            if was is not None and self.expected[slot] == was and tensor._version != was:
+                self.expected[slot] = int(tensor._version)
+
+
+class StepGuard:
+    """A replay's guard (callable: ``guard(batch)`` is None while the replay is valid, else the
+    first reason it is not) and the versions it expects."""
+
+    def __init__(self, check: Callable[[tuple[Any, ...]], str | None], book: VersionBook) -> None:
+        self._check = check
+        self.book = book
+
+    def __call__(self, batch: tuple[Any, ...]) -> str | None:
+        return self._check(batch)
+

@@ -27,7 +27,7 @@ from torch_adreno.training.replay.step import CaptureError, ReplayedStep, Replay
 
 _log = logging.getLogger("torch_adreno")
 
-Replay = tuple[ReplayedStep, guards.Guard]
+Replay = tuple[ReplayedStep, guards.StepGuard]
 
 
 class Replays:
@@ -80,6 +80,17 @@ class Replays:
             while len(self._replays) > self._limit:
                 self._replays.popitem(last=False)
         return None
+
+    def watched_versions(self) -> dict[int, int]:
+        """The current version of every host tensor a kept replay's guard watches, by ``id``."""
+        return {id(t): int(t._version) for _, guard in self._replays.values() for t in guard.book.tensors}
+
+    def accept_own_writes(self, before: dict[int, int]) -> None:
+        """A step ran through the compiled graphs (``before``: :meth:`watched_versions` just before
+        it): the kept replays expect the versions its writes gave (their tensors' device copies
+        hold those values); host edits made before it still fail their guards."""
+        for _, guard in self._replays.values():
+            guard.book.accept_own_writes(before)
 
     def valid_for(self, batch: tuple[Any, ...]) -> tuple[ReplayedStep | None, str | None]:
         """The replay of ``batch``'s geometry if its guard holds; else None and why (a replay whose

@@ -75,8 +75,9 @@ from torch_adreno.training.state import (
 _GRAD = operator.attrgetter("grad")
 _log = logging.getLogger("torch_adreno")
 
-#: Replays kept per TrainingStep, one per batch geometry (a partial last batch is a second one).
-MAX_REPLAYS = 4
+#: Replays kept per TrainingStep, one per batch geometry (a partial last batch is a second one;
+#: :class:`~torch_adreno.Buckets` makes a few lengths of many). Each holds its own step memory.
+MAX_REPLAYS = 8
 
 
 class _SyncHook:
@@ -225,7 +226,9 @@ class TrainingStep:
         self._before_step(batch)
         capture = signature is not None and self._replays.should_capture(signature)
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
+        versions = self._replays.watched_versions()
         loss = self._compiled_step(batch, recorder)
+        self._replays.accept_own_writes(versions)
         kind = "full"
         if recorder is not None and signature is not None:
             refused = self._replays.add(signature, lambda: build_replay(
