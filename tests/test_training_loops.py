@@ -376,3 +376,47 @@ def test_a_step_captured_with_one_tensor_passed_twice_is_not_replayed_for_two() 
             ref_opt.step()
             assert abs(ours - loss.item()) <= 1e-4 * abs(loss.item()) + 1e-5, (ours, loss.item())
     assert any("share memory" in reason for reason in prof.replay_fallbacks), prof.replay_fallbacks
+
+
+@pytest.mark.parametrize("zero_copy", [None, False], ids=["zero_copy=auto", "zero_copy=False"])
+@pytest.mark.parametrize("accumulate", [2, 3])
+def test_gradient_accumulation_replays_and_follows_eager(accumulate: int, zero_copy: bool | None) -> None:
+    model, reference = _model(), _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=8)
+    ref_sched = torch.optim.lr_scheduler.CosineAnnealingLR(ref_opt, T_max=8)
+    generator = torch.Generator().manual_seed(2)
+    calls = accumulate * 8
+    batches = [(torch.randn(16, 16, generator=generator), torch.randint(0, 4, (16,), generator=generator))
+               for _ in range(calls)]
+    ours, eager, stepped = [], [], []
+    options = {} if zero_copy is None else {"zero_copy": zero_copy}
+    with torch_adreno.profile() as prof, torch_adreno.TrainingStep(model, _loss, opt, options=options,
+                                                                   accumulate=accumulate, max_grad_norm=1.0) as step:
+        for index, (x, y) in enumerate(batches):
+            ours.append(float(step(x, y)))
+            stepped.append(step.stepped_optimizer)
+            if step.stepped_optimizer:
+                sched.step()
+            loss = _loss(reference, x, y)
+            (loss / accumulate).backward()
+            eager.append(loss.item())
+            if (index + 1) % accumulate == 0:
+                torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+                ref_opt.step()
+                ref_opt.zero_grad()
+                ref_sched.step()
+    assert stepped == [(i + 1) % accumulate == 0 for i in range(calls)]
+    # Each phase (first, middle, last) compiles, then captures, then replays.
+    phases = 2 if accumulate == 2 else 3
+    assert prof.replayed_steps >= calls - 2 * phases - 2, (prof.replayed_steps, prof.replay_fallbacks)
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(eager), rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_accumulate_is_checked() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="accumulate must be a positive integer"):
+        torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1), accumulate=0)

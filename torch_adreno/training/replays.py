@@ -92,10 +92,10 @@ class Replays:
         for _, guard in self._replays.values():
             guard.book.accept_own_writes(before)
 
-    def valid_for(self, batch: tuple[Any, ...]) -> tuple[ReplayedStep | None, str | None]:
-        """The replay of ``batch``'s geometry if its guard holds; else None and why (a replay whose
-        guard failed is dropped; None, None: no replay of that geometry)."""
-        signature = guards.batch_signature(batch)
+    def valid_for(self, batch: tuple[Any, ...], signature: Hashable) -> tuple[ReplayedStep | None, str | None]:
+        """The replay of ``signature`` (``batch``'s geometry, and what else keys a call) if its
+        guard holds; else None and why (a replay whose guard failed is dropped; None, None: no
+        replay of that signature)."""
         entry = self._replays.get(signature)
         if entry is None:
             return None, None

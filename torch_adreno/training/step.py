@@ -52,6 +52,7 @@ from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.events import BUS, StepRecord
 from torch_adreno.target.profiles import profile_for
 from torch_adreno.training import guards, host_sync
+from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.gradients import (
     GradientOnDevice,
     check_norm_type,
@@ -73,6 +74,10 @@ from torch_adreno.training.state import (
 )
 
 _GRAD = operator.attrgetter("grad")
+
+
+def _with_scaled(loss: torch.Tensor, accumulation: GradientAccumulation) -> tuple[torch.Tensor, torch.Tensor]:
+    return loss, accumulation.scale(loss)
 _log = logging.getLogger("torch_adreno")
 
 #: Replays kept per TrainingStep, one per batch geometry (a partial last batch is a second one;
@@ -117,7 +122,7 @@ class TrainingStep:
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
                  optimizer: torch.optim.Optimizer, options: Mapping[str, Any] | None = None, *,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, replay: bool = True,
-                 grad_scaler: torch.amp.GradScaler | None = None) -> None:
+                 grad_scaler: torch.amp.GradScaler | None = None, accumulate: int = 1) -> None:
         """``max_grad_norm``/``norm_type``: clip the gradients' norm on the device, between backward
         and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
         geometry on, run the step as the launch list recorded from the step before (see
@@ -125,15 +130,28 @@ class TrainingStep:
         guards of :mod:`torch_adreno.training.guards` hold. ``grad_scaler``: a
         ``torch.amp.GradScaler("cpu")`` for float16 autocast; the step scales, unscales, skips
         overflowing steps and updates the scale itself (:mod:`torch_adreno.training.scaler`); such
-        steps are not replayed yet (the skip is decided on the host after the backward)."""
+        steps are not replayed yet (the skip is decided on the host after the backward).
+        ``accumulate``: calls per optimizer step; the gradients of ``accumulate`` micro-batches,
+        each loss scaled by ``1/accumulate``, are summed on the device and the optimizer steps on
+        every ``accumulate``-th call (:mod:`torch_adreno.training.accumulation`);
+        :attr:`stepped_optimizer` says whether the last call did."""
         config = Config.from_options(options)
         check_norm_type(norm_type)
         check_can_train(model, optimizer)
         self.model = model
         self.optimizer = optimizer
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
-        self._loss = torch.compile(lambda *batch: loss_fn(model, *batch), backend="adreno",
-                                   options=dict(options or {}), dynamic=False, fullgraph=True)
+        if accumulate != 1 and grad_scaler is not None and grad_scaler.is_enabled():
+            raise ValueError("TrainingStep: accumulate > 1 with a GradScaler is not supported yet; accumulate "
+                             "in float32 or bfloat16 autocast (no scaler), or step every call")
+        self._accumulation = GradientAccumulation(accumulate, self._params, dict(options or {}))
+        accumulation = self._accumulation
+        # Accumulating, the compiled loss also returns the loss scaled for the backward.
+        self._loss: Callable[..., Any] = torch.compile((lambda *batch: loss_fn(model, *batch)) if accumulate == 1 else
+                                   (lambda *batch: _with_scaled(loss_fn(model, *batch), accumulation)),
+                                   backend="adreno", options=dict(options or {}), dynamic=False, fullgraph=True)
+        #: Whether the last call ran the optimizer step (every call, unless accumulating).
+        self.stepped_optimizer = False
         # Static: a hyperparameter left a float and changed (momentum, weight decay) is a recompile
         # specialised to the new value, not a float64 graph input; learning rates are tensors
         # (StepHyperparameters below), read as inputs.
@@ -206,6 +224,17 @@ class TrainingStep:
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
         self._hyperparameters.sync()
+        loss = self._call(batch, started)
+        self.stepped_optimizer = self._accumulation.steps_optimizer
+        self._accumulation.advance()
+        return loss
+
+    def _signature(self, batch: tuple[Any, ...]) -> Hashable | None:
+        """The key of a call's replay: the batch's geometry and the accumulation phase."""
+        signature = guards.batch_signature(batch)
+        return None if signature is None else (signature, self._accumulation.phase)
+
+    def _call(self, batch: tuple[Any, ...], started: float) -> torch.Tensor:
         reason = None
         if self._replays:
             # With host_sync's mode armed on the stack, every tensor access of the checks would go
@@ -222,7 +251,7 @@ class TrainingStep:
                 return loss
         # The compiled graphs must not see host_sync's mode (Dynamo would trace it).
         host_sync.suspend(self._residency)
-        signature = guards.batch_signature(batch) if self._replay_enabled else None
+        signature = self._signature(batch) if self._replay_enabled else None
         self._before_step(batch)
         capture = signature is not None and self._replays.should_capture(signature)
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
@@ -248,7 +277,7 @@ class TrainingStep:
         replay and the loss; else Nones and the reason the guard gave (the replay is dropped; the
         caller runs the full path, which captures again). Called with torch functions disabled
         (see ``__call__``)."""
-        replay, reason = self._replays.valid_for(batch)
+        replay, reason = self._replays.valid_for(batch, self._signature(batch))
         if replay is None:
             return None, None, reason
         try:
@@ -279,14 +308,19 @@ class TrainingStep:
                     (recorder if recorder is not None else contextlib.nullcontext()):
                 stage = "loss"
                 try:
-                    if self._scaling is None:
-                        loss = self._loss(*batch)
-                        loss.backward()
-                    else:
+                    if self._scaling is not None:
                         loss, scaled = self._scaling.forward(batch)
                         scaled.backward()
+                    elif self._accumulation.count > 1:
+                        loss, scaled = self._loss(*batch)
+                        scaled.backward()
+                    else:
+                        loss = self._loss(*batch)
+                        loss.backward()
                     stage = "optimizer step"
-                    stepped = self._scaling is None or self._unscaled_gradients_finite()
+                    self._accumulation.gather()
+                    stepped = self._accumulation.steps_optimizer and (
+                        self._scaling is None or self._unscaled_gradients_finite())
                     if stepped:
                         self._clip_gradients()
                         self._step()
