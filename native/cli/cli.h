@@ -49,5 +49,6 @@ void batches_close(batch_source *source);
 
 int command_train(int argc, char **argv);
 int command_bench(int argc, char **argv);
+int command_serve(int argc, char **argv);
 
 #endif

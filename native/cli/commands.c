@@ -102,14 +102,18 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
         if ((status = tas_step_set_scalar(step, "lr", lr)) != TAS_OK) return report(step, status);
     }
     size_t steps = (size_t)options->common.steps, inputs = tas_step_batch_count(step);
-    double *times = calloc(steps, sizeof *times);
+    double *times = calloc(steps * 4, sizeof *times); /* step times, then each phase's */
     if (times == NULL) return EXIT_FAILED;
+    double *uploads = times + steps, *enqueues = times + 2 * steps, *waits = times + 3 * steps;
     double started = now_seconds();
     for (size_t i = 0; i < steps; i++) {
         float loss;
         double begun = now_seconds();
         status = tas_step_run(step, batches_at(batches, i), batches->row_bytes, &loss);
         times[i] = now_seconds() - begun;
+        tas_step_phases phases = {0, 0, 0};
+        tas_step_last_phases(step, &phases);
+        uploads[i] = phases.upload_ms, enqueues[i] = phases.enqueue_ms, waits[i] = phases.wait_ms;
         if (status != TAS_OK) {
             free(times);
             fprintf(stderr, "step %zu: ", i + 1);
@@ -119,12 +123,14 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
             printf("step %zu loss %.9g time %.3f ms\n", i + 1, (double)loss, times[i] * 1e3);
     }
     double elapsed = now_seconds() - started;
-    qsort(times, steps, sizeof *times, compare_doubles);
+    for (int part = 0; part < 4; part++) qsort(times + part * steps, steps, sizeof *times, compare_doubles);
     tas_step_summary summary;
     tas_step_summarize(step, &summary);
     printf("%zu steps in %.3f s: %.1f steps/s, median step %.3f ms; device memory %.1f MiB; batch inputs %zu, "
            "%zu batches in the data file\n", steps, elapsed, (double)steps / elapsed, times[steps / 2] * 1e3,
            (double)summary.device_bytes / (1 << 20), inputs, batches->row_count);
+    printf("median phases: upload %.3f ms, enqueue %.3f ms, wait for the device %.3f ms\n", uploads[steps / 2],
+           enqueues[steps / 2], waits[steps / 2]);
     free(times);
     if ((status = tas_step_save_state(step, options->out_path)) != TAS_OK) return report(step, status);
     printf("trained state written to %s\n", options->out_path);

@@ -17,8 +17,14 @@ static void usage(FILE *out) {
             "  bench STEP.onnx [--data FILE.safetensors] [--steps N] [--warmup W] [--device I|NAME]\n"
             "        [--cache-dir DIR | --no-cache]\n"
             "                                  per-kernel device times from OpenCL profiling events\n"
+            "  serve --port P [--host H --token T] [--device I|NAME] [--cache-dir DIR | --no-cache]\n"
+            "        [--max-message-mib M] [--max-steps-per-run N] [--io-timeout-s S] [--idle-timeout-s S]\n"
+            "        [--max-clients K] [--opencl-library PATH]\n"
+            "                                  a step server for torch_adreno.remote (native/PROTOCOL.md);\n"
+            "                                  127.0.0.1 unless --host, which then needs a token; port 0: any\n"
             "Environment: TORCH_ADRENO_DEVICE (the default device), TORCH_ADRENO_OPENCL_LIBRARY (the libOpenCL\n"
-            "to load), TORCH_ADRENO_STEP_CACHE (the program cache folder).\n");
+            "to load), TORCH_ADRENO_STEP_CACHE (the program cache folder), TORCH_ADRENO_SERVE_TOKEN (serve's\n"
+            "token, kept out of the process list).\n");
 }
 
 int exit_status(tas_status status) {
@@ -103,6 +109,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "devices") == 0) return command_devices(argc - 1, argv + 1);
     if (strcmp(argv[1], "train") == 0) return command_train(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return command_bench(argc - 1, argv + 1);
+    if (strcmp(argv[1], "serve") == 0) return command_serve(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return EXIT_BAD_INPUT;

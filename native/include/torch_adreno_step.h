@@ -84,6 +84,10 @@ typedef struct tas_step tas_step;
  * binds every kernel argument. *step is set in all cases but out of memory (then NULL): on failure
  * read the message with tas_step_error, then close it. */
 TAS_EXPORT tas_status tas_step_open(const char *path, const tas_open_options *options, tas_step **step);
+/* tas_step_open on a step file's bytes in memory (received over a socket, say); `origin` names it
+ * in messages. The bytes are read during the call only: the step keeps no pointer to them. */
+TAS_EXPORT tas_status tas_step_open_memory(const void *bytes, size_t size, const char *origin,
+                                           const tas_open_options *options, tas_step **step);
 /* Releases everything the step holds; NULL is allowed. */
 TAS_EXPORT void tas_step_close(tas_step *step);
 /* The message of the last failure ("" if none); "out of memory" for a NULL step. */
@@ -98,6 +102,16 @@ TAS_EXPORT tas_status tas_step_batch_info(tas_step *step, size_t index, tas_tens
  * TAS_ERROR_INDEX: a batch value indexed out of range (say a token id >= the vocabulary); that
  * step's update was applied with the index replaced by 0. */
 TAS_EXPORT tas_status tas_step_run(tas_step *step, const void *const *batch, const size_t *bytes, float *loss);
+
+/* Where the last tas_step_run's wall time went, in milliseconds: the batch gathered and its writes
+ * enqueued, the launches and copies enqueued, then the wait for the loss (the device's remaining
+ * work and the read back). A device that computes while the host enqueues hides enqueue_ms. */
+typedef struct tas_step_phases {
+    double upload_ms;
+    double enqueue_ms;
+    double wait_ms;
+} tas_step_phases;
+TAS_EXPORT tas_status tas_step_last_phases(const tas_step *step, tas_step_phases *phases);
 
 /* The model's eval-mode output on `input` (batch input 0's geometry) with the current state, when
  * the file holds a prediction (exported with predict=, as `python -m torch_adreno export` does). */
@@ -148,6 +162,41 @@ typedef struct tas_device_info {
     uint64_t max_allocation;
     size_t max_work_group;
 } tas_device_info;
+
+/* Everything a compiler needs to plan kernels for a device (torch_adreno's DeviceProfile): the
+ * driver's CL_DEVICE_* values, and the preferred work-group multiple of a probe kernel it built. */
+typedef struct tas_device_properties {
+    size_t index;                   /* among all devices, as tas_open_options.device counts them */
+    char platform[128];
+    char name[128];
+    char vendor[128];
+    char version[128];              /* CL_DEVICE_VERSION: "OpenCL 3.0 ..." */
+    char opencl_c_version[128];
+    char driver[64];
+    int is_gpu;
+    int unified_memory;             /* CL_DEVICE_HOST_UNIFIED_MEMORY */
+    int image_support;
+    uint32_t compute_units;
+    uint32_t max_clock_mhz;
+    uint32_t address_bits;
+    uint32_t base_address_align_bits; /* CL_DEVICE_MEM_BASE_ADDR_ALIGN */
+    size_t max_work_group;
+    size_t max_work_item_sizes[3];
+    size_t preferred_work_group_multiple; /* 0 when the probe kernel did not build (see unusable) */
+    size_t max_parameter_bytes;
+    uint64_t local_memory;
+    uint64_t global_memory;
+    uint64_t max_allocation;
+    size_t image2d_max_width, image2d_max_height;         /* 0 without image support */
+    uint32_t image_pitch_alignment, image_base_address_alignment; /* 0 where not reported */
+    char unusable[512];             /* why kernels cannot be built here ("" when they can) */
+    char extensions[8192];          /* space-separated, as the driver lists them (cut at 8191 bytes) */
+} tas_device_properties;
+
+/* The properties of the device `device` names (NULL: the default rule of tas_open_options.device).
+ * On failure `message` (if not NULL) says why. */
+TAS_EXPORT tas_status tas_describe_device(const char *opencl_library, const char *device,
+                                          tas_device_properties *properties, char *message, size_t message_size);
 
 /* The OpenCL devices in the order tas_open_options.device indexes them. Fills up to `capacity`
  * entries and sets *count to the number of devices. On failure `message` (if not NULL) says why. */

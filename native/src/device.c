@@ -97,6 +97,7 @@ tas_status device_list(const opencl_api *api, opencl_device **devices, size_t *c
         for (cl_uint d = 0; d < device_count; d++) {
             opencl_device device;
             tas_status status = describe(api, platforms[p], ids[d], &device, error);
+            device.index = *count;
             if (status == TAS_OK && !append_item((void **)devices, count, &capacity, &device, sizeof device))
                 status = fail(error, TAS_ERROR_MEMORY, "out of memory");
             if (status != TAS_OK) {

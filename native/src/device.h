@@ -17,6 +17,7 @@ typedef struct opencl_device {
     size_t max_item_sizes[3];
     cl_uint item_dimensions;
     char *extensions;            /* space-separated; owned */
+    size_t index;                /* among all devices (device_list's order) */
 } opencl_device;
 
 /* Every device of every platform, in the order device indices count them. */

@@ -30,6 +30,7 @@ static const entry_point ENTRY_POINTS[] = {
     ENTRY(SetKernelArg),        ENTRY(EnqueueNDRangeKernel),    ENTRY(EnqueueCopyBuffer),
     ENTRY(EnqueueWriteBuffer),  ENTRY(EnqueueReadBuffer),       ENTRY(EnqueueFillBuffer),
     ENTRY(Finish),              ENTRY(GetEventProfilingInfo),   ENTRY(ReleaseEvent),
+    ENTRY(Flush),               ENTRY(GetKernelWorkGroupInfo),
 };
 #undef ENTRY
 

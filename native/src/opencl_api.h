@@ -39,6 +39,8 @@ typedef struct opencl_api {
     clEnqueueReadBuffer_fn EnqueueReadBuffer;
     clEnqueueFillBuffer_fn EnqueueFillBuffer;
     clFinish_fn Finish;
+    clFlush_fn Flush;
+    clGetKernelWorkGroupInfo_fn GetKernelWorkGroupInfo;
     clGetEventProfilingInfo_fn GetEventProfilingInfo;
     clReleaseEvent_fn ReleaseEvent;
 } opencl_api;

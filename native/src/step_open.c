@@ -278,12 +278,15 @@ static tas_status create_queue(tas_step *step, int profile) {
     return TAS_OK;
 }
 
-tas_status step_prepare(tas_step *step, const char *path, const tas_open_options *options) {
+/* Opens the step file at `path`, or the `size` bytes at `bytes` (then `path` names them). */
+static tas_status step_prepare(tas_step *step, const char *path, const void *bytes, size_t size,
+                               const tas_open_options *options) {
     static const tas_open_options DEFAULTS = {NULL, NULL, NULL, 0};
     if (options == NULL) options = &DEFAULTS;
     step->origin = copy_text(path, strlen(path));
     if (step->origin == NULL) return fail(&step->error, TAS_ERROR_MEMORY, "out of memory");
-    tas_status status = onnx_read_file(path, &step->model, &step->error);
+    tas_status status = bytes ? onnx_read_memory(bytes, size, path, &step->model, &step->error)
+                              : onnx_read_file(path, &step->model, &step->error);
     if (status == TAS_OK) status = plan_read(&step->model, path, &step->plan, &step->error);
     uint64_t largest_state = 0;
     if (status == TAS_OK) status = read_state_layout(step, &largest_state);
@@ -310,7 +313,22 @@ tas_status tas_step_open(const char *path, const tas_open_options *options, tas_
     *out = step;
     if (step == NULL) return TAS_ERROR_MEMORY;
     if (path == NULL) return fail(&step->error, TAS_ERROR_ARGUMENT, "no step file given");
-    return step_prepare(step, path, options);
+    return step_prepare(step, path, NULL, 0, options);
+}
+
+tas_status tas_step_open_memory(const void *bytes, size_t size, const char *origin, const tas_open_options *options,
+                                tas_step **out) {
+    if (out == NULL) return TAS_ERROR_ARGUMENT;
+    tas_step *step = calloc(1, sizeof *step);
+    *out = step;
+    if (step == NULL) return TAS_ERROR_MEMORY;
+    if (bytes == NULL || size == 0) return fail(&step->error, TAS_ERROR_FORMAT, "no step file bytes given (an empty file)");
+    tas_status status = step_prepare(step, origin ? origin : "the step in memory", bytes, size, options);
+    /* The initial values were uploaded: nothing may point into the caller's bytes after this call. */
+    for (size_t i = 0; i < step->model.initializer_count; i++) step->model.initializers[i].raw = NULL;
+    step->model.data = NULL;
+    step->model.size = 0;
+    return status;
 }
 
 void tas_step_close(tas_step *step) {

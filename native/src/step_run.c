@@ -3,8 +3,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "step_runtime.h"
+
+/* Operation counts after which a run flushes the queue: early, then at doubling intervals, so that
+ * the device computes while the host enqueues the rest (some drivers submit only at a flush or a
+ * blocking call). The replay's FLUSH_AFTER (torch_adreno/training/replay/step.py). */
+static const size_t FLUSH_AFTER[] = {4, 16, 48, 112, 240, 496, 1008};
+
+static double milliseconds_now(void) {
+    struct timespec time;
+    clock_gettime(CLOCK_MONOTONIC, &time);
+    return (double)time.tv_sec * 1e3 + (double)time.tv_nsec * 1e-6;
+}
 
 tas_status opencl_failure(tas_step *step, cl_int code, const char *doing, const char *what) {
     char name[96];
@@ -97,16 +109,14 @@ static void add_time(tas_step *step, size_t index, cl_event event) {
     }
 }
 
-/* As the Python runner: the first out-of-range index a kernel met, then the record zeroed. */
+/* As the Python runner: the first out-of-range index a kernel met (read in the loss's wait, into
+ * step->index_values), then the record zeroed. */
 static tas_status check_index_record(tas_step *step) {
-    int32_t record[4];
-    cl_int code = step->api.EnqueueReadBuffer(step->queue, step->index_record, CL_TRUE, 0, sizeof record, record, 0,
-                                              NULL, NULL);
-    if (code != CL_SUCCESS) return opencl_failure(step, code, "reading", "the index record");
+    const int32_t *record = step->index_values;
     if (record[0] == 0) return TAS_OK;
     static const int32_t NO_ERROR[4] = {0, 0, 0, 0};
-    code = step->api.EnqueueWriteBuffer(step->queue, step->index_record, CL_TRUE, 0, sizeof NO_ERROR, NO_ERROR, 0, NULL,
-                                        NULL);
+    cl_int code = step->api.EnqueueWriteBuffer(step->queue, step->index_record, CL_TRUE, 0, sizeof NO_ERROR, NO_ERROR,
+                                               0, NULL, NULL);
     if (code != CL_SUCCESS) return opencl_failure(step, code, "resetting", "the index record");
     long long value = (long long)(((uint64_t)(uint32_t)record[2]) | ((uint64_t)(int64_t)record[3] << 32));
     const char *kernel = record[0] > 0 && (size_t)record[0] <= step->checking_count
@@ -117,7 +127,8 @@ static tas_status check_index_record(tas_step *step) {
                 "replaced by 0)", kernel, value, (int)record[1]);
 }
 
-/* Uploads, enqueues operations [first, last), reads `output` into `result`. */
+/* Uploads, enqueues operations [first, last) with flushes, reads `output` into `result` (and the
+ * index record, non-blocking before it: one wait for both). */
 static tas_status execute(tas_step *step, const void *const *batch, int prediction, size_t first, size_t last,
                           const tensor_spec *output, void *result) {
     void **scratch = calloc(step->plan.identity_count + 1, sizeof *scratch);
@@ -125,13 +136,34 @@ static tas_status execute(tas_step *step, const void *const *batch, int predicti
     int timing = step->profile && !prediction;
     cl_event *events = timing ? calloc(last - first + 1, sizeof *events) : NULL;
     tas_status status = timing && events == NULL ? fail(&step->error, TAS_ERROR_MEMORY, "out of memory") : TAS_OK;
+    double started = milliseconds_now();
     if (status == TAS_OK) status = upload_batch(step, batch, prediction, scratch);
-    for (size_t i = first; i < last && status == TAS_OK; i++) status = enqueue(step, i, timing ? &events[i - first] : NULL);
-    cl_int code = status != TAS_OK ? CL_SUCCESS
-                  : step->api.EnqueueReadBuffer(step->queue, step->buffers[output->identity].buffer, CL_TRUE, 0,
-                                                output->bytes, result, 0, NULL, NULL);
+    double uploaded = milliseconds_now();
+    size_t next_flush = 0;
+    for (size_t i = first; i < last && status == TAS_OK; i++) {
+        status = enqueue(step, i, timing ? &events[i - first] : NULL);
+        if (status != TAS_OK || next_flush >= sizeof FLUSH_AFTER / sizeof FLUSH_AFTER[0] ||
+            i - first + 1 != FLUSH_AFTER[next_flush])
+            continue;
+        next_flush += 1;
+        cl_int code = step->api.Flush(step->queue);
+        if (code != CL_SUCCESS) status = opencl_failure(step, code, "flushing", "the queue");
+    }
+    cl_int code = CL_SUCCESS;
+    if (status == TAS_OK && step->checking_count)
+        code = step->api.EnqueueReadBuffer(step->queue, step->index_record, CL_FALSE, 0, sizeof step->index_values,
+                                           step->index_values, 0, NULL, NULL);
+    if (status == TAS_OK && code != CL_SUCCESS) status = opencl_failure(step, code, "reading", "the index record");
+    double enqueued = milliseconds_now();
+    if (status == TAS_OK)
+        code = step->api.EnqueueReadBuffer(step->queue, step->buffers[output->identity].buffer, CL_TRUE, 0,
+                                           output->bytes, result, 0, NULL, NULL);
     if (status == TAS_OK && code != CL_SUCCESS) status = opencl_failure(step, code, "reading", "the step's output");
-    if (status != TAS_OK) step->api.Finish(step->queue); /* nothing may still read the scratch buffers */
+    /* nothing may still use the scratch buffers or step->index_values */
+    if (status != TAS_OK) step->api.Finish(step->queue);
+    double finished = milliseconds_now();
+    if (status == TAS_OK && !prediction)
+        step->phases = (tas_step_phases){uploaded - started, enqueued - uploaded, finished - enqueued};
     for (size_t i = 0; timing && i < last - first; i++)
         if (events[i] != NULL) {
             if (status == TAS_OK) add_time(step, first + i, events[i]);
@@ -238,6 +270,12 @@ tas_status tas_step_kernel_time(tas_step *step, size_t operation, const char **n
     *name = op->is_copy ? op->copy.node_name : op->launch.node_name;
     *milliseconds = step->times[operation].milliseconds;
     *runs = step->times[operation].runs;
+    return TAS_OK;
+}
+
+tas_status tas_step_last_phases(const tas_step *step, tas_step_phases *phases) {
+    if (step == NULL || phases == NULL) return TAS_ERROR_ARGUMENT;
+    *phases = step->phases;
     return TAS_OK;
 }
 

@@ -44,6 +44,8 @@ struct tas_step {
     cl_mem *owned_buffers;         /* state and batch buffers, released at close */
     size_t owned_count;
     cl_mem index_record;           /* 4 x int32: the first out-of-range index a kernel met */
+    int32_t index_values[4];       /* the record as the last step read it (in the loss's wait) */
+    tas_step_phases phases;        /* of the last run */
     state_tensor *state;
     size_t state_count;
     cl_program *programs;
@@ -57,9 +59,6 @@ struct tas_step {
     size_t programs_built, programs_cached;
     uint64_t device_bytes;
 };
-
-/* step_open.c */
-tas_status step_prepare(tas_step *step, const char *path, const tas_open_options *options);
 
 /* step_run.c: a failed OpenCL call as a TAS_ERROR_OPENCL naming what was being done. */
 tas_status opencl_failure(tas_step *step, cl_int code, const char *doing, const char *what);
