@@ -231,7 +231,8 @@ def _replayed_arena_functions(blocks: int, monkeypatch) -> tuple[int, int, int]:
     model, reference = _stack(blocks), _stack(blocks)
     step = torch_adreno.TrainingStep(model, cross_entropy_loss,
                                      torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                     options={"zero_copy": False, "compile_cache": False})
+                                     options={"zero_copy": False, "compile_cache": False,
+                                              "replay_arena_kernels": True})
     eager = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(1)
     for _ in range(4):

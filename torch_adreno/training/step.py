@@ -166,7 +166,10 @@ class TrainingStep:
         self._memory = StepMemory(profile_for(self._residency.runtime.profile, config.target))
         #: The largest allocation and global memory this step is held to (the target's, else the device's).
         self.memory_limits = self._memory.limits
-        self._replay_options = ReplayOptions(config.replay_arena_kernels, config.replay_merge_copies,
+        rebuild = config.replay_arena_kernels
+        if rebuild == "auto":  # a GPU's (the target's, where one is given)
+            rebuild = profile_for(self._residency.runtime.profile, config.target).is_gpu
+        self._replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies,
                                              config.verify_memory, self.memory_limits)
         self._heap_copies = config.heap_copies
         # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
