@@ -420,3 +420,18 @@ def test_accumulate_is_checked() -> None:
     model = _model()
     with pytest.raises(ValueError, match="accumulate must be a positive integer"):
         torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1), accumulate=0)
+
+
+def test_slow_calls_say_what_they_do(caplog: pytest.LogCaptureFixture) -> None:
+    """A new geometry's first call compiles and its second captures: both say so, with their cost."""
+    model = _model()
+    x, y = _batch()
+    with caplog.at_level("INFO", logger="torch_adreno"), \
+            torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.1)) as step:
+        for _ in range(3):
+            step(x, y)
+    lines = [r.getMessage() for r in caplog.records if r.name == "torch_adreno"]
+    assert any(line.startswith("TrainingStep: compiling the step for batch [64, 16], [64]") for line in lines), lines
+    assert any(line.startswith("TrainingStep: compiling took") and "OpenCL program" in line for line in lines), lines
+    assert any(line.startswith("TrainingStep: capturing took") for line in lines), lines
+    assert sum("took" in line for line in lines) == 2  # the replayed third call is not reported

@@ -13,6 +13,7 @@ in a traceback or in a result computed from nothing."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -31,7 +32,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     for command in COMMANDS:
         command.register(sub)
     args = parser.parse_args(argv)
+    _show_progress()
     return int(args.fn(args))
+
+
+def _show_progress() -> None:
+    """The package's INFO lines (a step compiling or capturing, and what it cost) on stderr, where
+    the commands' progress goes, unless the process configured that logger itself."""
+    logger = logging.getLogger("torch_adreno")
+    if logger.handlers or logger.level != logging.NOTSET:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 if __name__ == "__main__":

@@ -60,6 +60,10 @@ class Replays:
     def should_capture(self, signature: Hashable) -> bool:
         return signature in self._warm and signature not in self._unreplayable
 
+    def is_warm(self, signature: Hashable) -> bool:
+        """Whether a call with ``signature`` completed through the compiled graphs before."""
+        return signature in self._warm
+
     def warm(self, signature: Hashable) -> None:
         self._warm.add(signature)
 

@@ -62,6 +62,7 @@ from torch_adreno.training.gradients import (
 )
 from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
+from torch_adreno.training.progress import reported, slow_work
 from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
@@ -259,15 +260,17 @@ class TrainingStep:
         capture = signature is not None and self._replays.should_capture(signature)
         recorder = StepRecorder(self._residency.runtime, batch) if capture else None
         versions = self._replays.watched_versions()
-        loss = self._compiled_step(batch, recorder)
-        self._replays.accept_own_writes(versions)
+        work = slow_work(signature is None or self._replays.is_warm(signature), recorder is not None)
         kind = "full"
-        if recorder is not None and signature is not None:
-            refused = self._replays.add(signature, lambda: build_replay(
-                recorder, loss, batch, self.model, self.optimizer, self._residency, self._memory.heap_group,
-                self._replay_options))
-            kind, reason = ("capture", reason) if refused is None else (kind, refused)
-        elif signature is not None and self._replays.unreplayable(signature) is not None:
+        with reported(work, signature) if work is not None else contextlib.nullcontext():
+            loss = self._compiled_step(batch, recorder)
+            self._replays.accept_own_writes(versions)
+            if recorder is not None and signature is not None:
+                refused = self._replays.add(signature, lambda: build_replay(
+                    recorder, loss, batch, self.model, self.optimizer, self._residency, self._memory.heap_group,
+                    self._replay_options))
+                kind, reason = ("capture", reason) if refused is None else (kind, refused)
+        if kind == "full" and signature is not None and self._replays.unreplayable(signature) is not None:
             reason = self._replays.unreplayable(signature)
         if signature is not None:
             self._replays.warm(signature)
