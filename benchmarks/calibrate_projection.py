@@ -11,8 +11,8 @@ The H200's peaks:
 - bandwidth: the best copy bandwidth this project measured on it (``device_peaks.bandwidth_gbs`` of
   the records read: a float4 stream kernel, read + write), against HBM3e's 4.8 TB/s nominal.
 
-    python benchmarks/calibrate_projection.py                               # session 27's records
-    python benchmarks/calibrate_projection.py benchmarks/results/a.jsonl ...  # others
+    python benchmarks/calibrate_projection.py                         # the H200 records of 2026-12-02
+    python benchmarks/calibrate_projection.py benchmarks/results/h200/workloads.jsonl ...  # others
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from common import RESULTS
 
 from torch_adreno.bench.calibration import CALIBRATION_FILE, calibration_data, load_calibration
 
-DEFAULT_RESULTS = (RESULTS / "workloads_h200_session27.jsonl",)
 REPOSITORY = RESULTS.parent.parent
+#: The records the stored calibration was made from (profiled steps of the three workloads; also the
+#: projection tests' input, hence kept with the tests).
+DEFAULT_RESULTS = (REPOSITORY / "tests" / "data" / "workloads_h200.jsonl",)
 
 
 def main() -> None:
