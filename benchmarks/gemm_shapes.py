@@ -37,7 +37,6 @@ import torch_adreno
 import torch_adreno.backend as backend
 from torch_adreno.fusion import split_k
 from torch_adreno.kernels import gemm
-from torch_adreno.lowering import conv
 
 #: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
 Layer = tuple[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]]
@@ -224,11 +223,8 @@ def _torch_times(module: torch.nn.Module, x: torch.Tensor, reps: int) -> dict[st
     return {"torch_forward_us": statistics.median(forward[2:]), "torch_backward_us": statistics.median(backward[2:])}
 
 
-VARIANTS = ("heuristic", "unfilled", "tuned", "guarded_prefetch", "finish_at_load", "old_prefetch", "wide_n", "wide_m",
-            "dense_strided", "wgrad_tap_major", "wgrad_padded", "wgrad_both", "k_as_index", "items_8x8",
-            "items_8x8_k_as_index", "narrow_k_step", "narrow_k_step_k_as_index", "slices_2",
-            "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8", "double_buffer", "rolled", "unroll_2", "unroll_4",
-            "unroll_8", "unroll_16", "element_places", "unsplit_64")
+VARIANTS = ("heuristic", "unfilled", "tuned", "wide_n", "wide_m", "items_8x8", "narrow_k_step", "slices_2",
+            "slices_3", "half_filled_k16", "full_tiles", "wide_k_step_8", "unsplit_64")
 
 
 def _wide_tiling(wide_n: bool) -> Any:
@@ -325,67 +321,34 @@ def _at_most_slices(most: int) -> Any:
 
 @contextlib.contextmanager
 def heuristics(variant: str) -> Iterator[None]:
-    """``unfilled``: the compiler as it was before GEMMs of few 128 x 128 tiles were split to fill
-    the device (``fusion.split_k.choose_large_tile_split``). ``guarded_prefetch``: ``gemm.cl``'s
-    prefetch skipped at the last K step behind a branch; ``finish_at_load``: operands widened where
-    they are loaded, not as they are stored into the tiles; ``old_prefetch``: both, the template
-    as it was before (``kernels.gemm.PREFETCH_EVERY_STEP``, ``RAW_PREFETCH``). ``wide_n`` / ``wide_m``:
-    128 x 256 / 256 x 128 tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``).
-    ``dense_strided``: a strided convolution's input gradient as one GEMM over every position and
-    tap (``lowering.conv.STRIDED_GRAD_INPUT_BY_PHASE`` off); ``wgrad_tap_major`` / ``wgrad_padded`` /
-    ``wgrad_both``: the weight gradient's columns tap-major, its rows padded to a power of two.
-    ``k_as_index``: the operand helpers take k itself, not (K step, offset) (``gemm.K_STEP_INDEX``
-    off); ``items_8x8``: 8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8``);
-    ``narrow_k_step``: a K step of 8 in 64 x 128 tiles. ``slices_2`` / ``slices_3``: GEMMs of few
-    128 x 128 tiles cut into at most 2 / 3 slices (``_at_most_slices``; in
-    ``results/gemm_shapes_fill_slices_h200.jsonl`` named ``slices_2_sixteen_bit_half_filled``, from
-    when 16-bit operands were tiled apart, and slower at every split shape than the 5 slices).
-    ``half_filled_k16``: the half-filled 128 x 64 tiles with a K step of 16; ``full_tiles``: 128 x 128
-    tiles in their place; ``wide_k_step_8``: a K step of 8 in every
-    128 x 64 tile (``TILING_REWRITES``). ``double_buffer``: two tiles of each operand, one barrier per K
-    step (``gemm.DOUBLE_BUFFERED_TILES``; slower at 40 of 62 kernels of ``results/
-    gemm_shapes_double_buffer_h200_session35.jsonl``, where it was the default and is ``heuristic``).
-    ``unroll_N``: the loop over one K step unrolled N times in every tiled GEMM, ``rolled``: in none
-    (``gemm.K_STEP_UNROLL``; ``heuristic`` unrolls as ``gemm.k_step_unroll`` chooses; in
-    ``results/gemm_shapes_unroll_h200_session36.jsonl`` and ``..._regcap_...`` ``heuristic`` is
-    ``rolled``, and ``regcap_128`` added ``-cl-nv-maxrregcount=128``, which changed nothing).
-    ``element_places``: tile loads placed from each one's element number, not from the local id
-    alone where they share it (``gemm.SHARED_LOAD_PLACES`` off). ``unsplit_64``: no k split where
-    64 x 64 tiles number the compute units, those tiles instead (``_unsplit_where_64_tiles_fill``)."""
-    original = backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling
+    """The compiler with one of its choices replaced (the functions that make them; the templates'
+    code paths are fixed). ``unfilled``: GEMMs of few 128 x 128 tiles not split to fill the device
+    (``fusion.split_k.choose_large_tile_split``). ``wide_n`` / ``wide_m``: 128 x 256 / 256 x 128
+    tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``). ``items_8x8``:
+    8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8``); ``narrow_k_step``: a K step of 8
+    in 64 x 128 tiles. ``slices_2`` / ``slices_3``: GEMMs of few 128 x 128 tiles cut into at most 2 /
+    3 slices (``_at_most_slices``). ``half_filled_k16``: the half-filled 128 x 64 tiles with a K step
+    of 16; ``full_tiles``: 128 x 128 tiles in their place; ``wide_k_step_8``: a K step of 8 in every
+    128 x 64 tile (``TILING_REWRITES``). ``unsplit_64``: no k split where 64 x 64 tiles number the
+    compute units, those tiles instead (``_unsplit_where_64_tiles_fill``)."""
+    original = backend.large_tiles_apply, gemm.choose_tiling
     large_tile_split = split_k.choose_large_tile_split
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
     if variant == "unsplit_64":
         split_k.choose_large_tile_split = _unsplit_where_64_tiles_fill()
-    k_step_index, double_buffered, unroll = gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES, gemm.K_STEP_UNROLL
-    gemm.DOUBLE_BUFFERED_TILES = variant == "double_buffer"
-    shared_places = gemm.SHARED_LOAD_PLACES
-    gemm.SHARED_LOAD_PLACES = variant != "element_places"
-    if variant.startswith("unroll_") or variant == "rolled":
-        gemm.K_STEP_UNROLL = int(variant.split("_")[1]) if variant != "rolled" else 0
-    gemm.K_STEP_INDEX = "k_as_index" not in variant
     rewrite = next((r for prefix, r in TILING_REWRITES.items() if variant.startswith(prefix)), None)
     if rewrite is not None:
         gemm.choose_tiling = _rewritten_tiling(rewrite)
-    conv_knobs = conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS
-    conv.STRIDED_GRAD_INPUT_BY_PHASE = variant != "dense_strided"
-    conv.WEIGHT_GRADIENT_TAP_MAJOR = variant in ("wgrad_tap_major", "wgrad_both")
-    conv.WEIGHT_GRADIENT_PADDED_ROWS = variant in ("wgrad_padded", "wgrad_both")
     if variant == "unfilled":
         backend.large_tiles_apply = lambda profile: False
     if variant in ("wide_n", "wide_m"):
         gemm.choose_tiling = _wide_tiling(variant == "wide_n")
-    gemm.PREFETCH_EVERY_STEP = variant not in ("guarded_prefetch", "old_prefetch")
-    gemm.RAW_PREFETCH = variant not in ("finish_at_load", "old_prefetch")
     try:
         yield
     finally:
-        backend.large_tiles_apply, gemm.PREFETCH_EVERY_STEP, gemm.RAW_PREFETCH, gemm.choose_tiling = original
-        gemm.K_STEP_INDEX, gemm.DOUBLE_BUFFERED_TILES, gemm.K_STEP_UNROLL = k_step_index, double_buffered, unroll
-        gemm.SHARED_LOAD_PLACES = shared_places
+        backend.large_tiles_apply, gemm.choose_tiling = original
         split_k.choose_large_tile_split = large_tile_split
-        conv.STRIDED_GRAD_INPUT_BY_PHASE, conv.WEIGHT_GRADIENT_TAP_MAJOR, conv.WEIGHT_GRADIENT_PADDED_ROWS = conv_knobs
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, append_jsonl, device_arg, run_context  # noqa: E402
+from common import RESULTS, append_jsonl, device_arg, run_context
 
-import torch_adreno  # noqa: E402
+import torch_adreno
 
 VOCAB = 64
 

@@ -240,20 +240,6 @@ def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(ge
         assert any({"-DTILE_M=128", "-DTILE_N=128"} <= set(options) for _, options in gemm_template.gemms)
 
 
-@pytest.mark.parametrize("gemm_template", ["tiled"], indirect=True)
-def test_double_buffered_tiles_match_eager(gemm_template, monkeypatch):
-    """``gemm.DOUBLE_BUFFERED_TILES`` (off by default) builds the two-tile loop: k = 141 is 18
-    ragged K steps, each stored into the tile the previous step did not read, with the bias
-    gradient's row sums taken along; forward and gradients equal eager's."""
-    from torch_adreno.kernels import gemm
-
-    monkeypatch.setattr(gemm, "DOUBLE_BUFFERED_TILES", True)
-    assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(70, 141), r(45, 141), r(45), atol=1e-4)
-    options = [set(o) for _, o in gemm_template.gemms]
-    assert options and all("-DDOUBLE_BUFFER=1" in o for o in options)
-    assert any("-DROW_SUM=1" in o for o in options)
-
-
 @pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
 def test_split_k_gemms_match_eager(gemm_template):
     """A weight gradient over k = 8 x 32 x 32 into 5 x 27 outputs, and a 4096-long product, are

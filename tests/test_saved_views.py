@@ -35,10 +35,17 @@ def _inputs() -> tuple[torch.Tensor, ...]:
     return torch.randn(2, 8, 16), torch.randn(16, 48) * 0.2, torch.randn(16, 16) * 0.2
 
 
+def _with_ratio(monkeypatch, ratio: int) -> None:
+    """The backend's pass with another base ratio (the compile cache does not see it: callers
+    compile without it)."""
+    monkeypatch.setattr(backend, "recompute_saved_views",
+                        lambda joint: recompute_saved_views(joint, max_base_ratio=ratio))
+
+
 def _forward_bytes_written(monkeypatch, ratio: int, options: dict | None = None) -> int:
-    monkeypatch.setattr(saved_views, "MAX_BASE_ELEMENTS_RATIO", ratio)
+    _with_ratio(monkeypatch, ratio)
     torch._dynamo.reset()
-    prof = assert_matches_eager(_attention, *_inputs(), options=options)
+    prof = assert_matches_eager(_attention, *_inputs(), options={"compile_cache": False, **(options or {})})
     assert prof.kernels and all(k.graph.startswith(("forward", "backward")) for k in prof.kernels)
     return sum(k.bytes_written for k in prof.kernels if k.graph.startswith("forward"))
 
@@ -61,16 +68,18 @@ def test_saved_transposes_of_inputs_are_not_copied(monkeypatch):
     all (the pass off), the forward copies x^T, w_qkv^T and w_out^T; with views of inputs remade
     (ratio 0 remakes nothing else), it copies none of them."""
     inputs_remade = _forward_bytes_written(monkeypatch, 0)
+    _with_ratio(monkeypatch, 0)
     monkeypatch.setattr(backend, "recompute_saved_views", lambda joint: 0)
-    # (the compile cache's key does not see the pass replaced)
-    nothing_remade = _forward_bytes_written(monkeypatch, 0, options={"compile_cache": False})
+    torch._dynamo.reset()
+    prof = assert_matches_eager(_attention, *_inputs(), options={"compile_cache": False})
+    nothing_remade = sum(k.bytes_written for k in prof.kernels if k.graph.startswith("forward"))
     assert nothing_remade - inputs_remade == sum(t.numel() * 4 for t in _inputs())
 
 
 def test_attention_reading_keys_and_values_out_of_the_projection_counts_their_bytes_only(monkeypatch):
     """Keys (and, with the projection saved, values) are read in place out of the projection by
     the attention kernel: it moves q, k and v, not the whole projection."""
-    monkeypatch.setattr(saved_views, "MAX_BASE_ELEMENTS_RATIO", 3)
+    _with_ratio(monkeypatch, 3)
     torch._dynamo.reset()
 
     def keys_and_values_sliced(x: torch.Tensor, w_qkv: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
@@ -79,14 +88,14 @@ def test_attention_reading_keys_and_values_out_of_the_projection_counts_their_by
         q, k, v = (t.reshape(batch, seq, 2, d // 2).transpose(1, 2) for t in (q * 1.5, k, v))
         return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, seq, d) @ w_out
 
-    prof = assert_matches_eager(keys_and_values_sliced, *_inputs())
+    prof = assert_matches_eager(keys_and_values_sliced, *_inputs(), options={"compile_cache": False})
     (attention,) = [k for k in prof.kernels if k.graph.startswith("forward") and k.kind == "attention"]
     assert attention.bytes_read == 3 * VIEW_BYTES, attention
 
 
-def _marked(fn, *inputs) -> dict[str, bool]:
+def _marked(fn, *inputs, ratio: int = saved_views.MAX_BASE_ELEMENTS_RATIO) -> dict[str, bool]:
     gm = make_fx(fn)(*inputs)
-    recompute_saved_views(gm)
+    recompute_saved_views(gm, max_base_ratio=ratio)
     return {n.name: n.meta.get("recompute") is CheckpointPolicy.MUST_RECOMPUTE
             for n in gm.graph.nodes if n.op == "call_function"}
 
@@ -109,12 +118,10 @@ def test_only_reordering_views_of_tensors_no_larger_or_of_inputs_are_marked():
 
 
 @pytest.mark.parametrize("ratio, marked", [(4, True), (2, False)])
-def test_a_slice_of_a_fused_projection_is_marked_within_the_ratio(monkeypatch, ratio, marked):
-    monkeypatch.setattr(saved_views, "MAX_BASE_ELEMENTS_RATIO", ratio)
-
+def test_a_slice_of_a_fused_projection_is_marked_within_the_ratio(ratio, marked):
     def fn(x: torch.Tensor) -> torch.Tensor:
         return (x * 2)[:, 4:8].transpose(0, 1)  # a third of its base
 
-    marks = _marked(fn, torch.randn(6, 12))
+    marks = _marked(fn, torch.randn(6, 12), ratio=ratio)
     slices = [name for name in marks if name.startswith("slice")]
     assert slices and marks["transpose"] is marked and all(marks[name] is marked for name in slices), marks

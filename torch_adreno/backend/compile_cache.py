@@ -32,7 +32,6 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from torch_adreno.backend import saved_views
 from torch_adreno.config import Config
 from torch_adreno.ir import OutputRole
 from torch_adreno.kernels import HostStep, KernelProgram, gemm
@@ -81,16 +80,13 @@ def source_hash() -> str:
 
 def code_choices(profile: DeviceProfile) -> dict[str, Any]:
     """The kernel stage's choices of code for a device, as its functions make them now: which GEMM
-    template (local-memory tiles or direct, one or two tiles of each operand, how its loads are
-    placed and its K step's loop unrolled) and whether the 128-wide tiles are allowed.
+    template (local-memory tiles or direct) and whether the 128-wide tiles are allowed.
 
     They follow from the profile and our source, both in the key already, unless the functions
     themselves are replaced (tests pick a template so): keyed on their results, a graph compiled
     with one choice is never served where the other is made."""
     return {"gemm_template": "tiled" if gemm.use_local_memory_tiles(profile) else "direct",
-            "gemm_wide_tiles": profile.compute_units >= gemm.DESKTOP_COMPUTE_UNITS,
-            "gemm_double_buffer": gemm.DOUBLE_BUFFERED_TILES, "gemm_shared_places": gemm.SHARED_LOAD_PLACES,
-            "gemm_k_step_unroll": gemm.K_STEP_UNROLL, "saved_view_base_ratio": saved_views.MAX_BASE_ELEMENTS_RATIO}
+            "gemm_wide_tiles": profile.compute_units >= gemm.DESKTOP_COMPUTE_UNITS}
 
 
 def cache_salt(config: Config) -> str:

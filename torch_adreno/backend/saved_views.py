@@ -72,9 +72,9 @@ def _base(node: Node) -> Node:
     return node
 
 
-def recompute_saved_views(joint: GraphModule) -> int:
+def recompute_saved_views(joint: GraphModule, max_base_ratio: int = MAX_BASE_ELEMENTS_RATIO) -> int:
     """Mark the joint graph's views that are not in row-major order and whose base is at most
-    :data:`MAX_BASE_ELEMENTS_RATIO` times their size as recomputed in the backward (see the module
+    ``max_base_ratio`` times their size as recomputed in the backward (see the module
     docstring); return how many were marked. Views of graph inputs are marked whatever their size:
     their base is an input, which stays where it is (a saved input is passed on, never copied)."""
     from torch.utils.checkpoint import CheckpointPolicy
@@ -86,7 +86,7 @@ def recompute_saved_views(joint: GraphModule) -> int:
         base = _base(node)
         size, base_size = _elements(node), _elements(base)
         if base.op != "placeholder" and (size is None or base_size is None
-                                         or base_size > MAX_BASE_ELEMENTS_RATIO * max(size, 1)):
+                                         or base_size > max_base_ratio * max(size, 1)):
             continue
         # The whole chain up to the base: an element of a split can be remade only with the split.
         link: Node | None = node

@@ -50,9 +50,6 @@ LARGE_TILE_MIN_SLICE = 64
 LARGE_TILE_GROUPS_PER_UNIT = 2
 #: Slice sums written and read again, at most this fraction of the operand bytes.
 MAX_PARTIAL_TRAFFIC = 0.25
-#: On GPUs with the large tiles, outputs too small for them are split to fill the compute units
-#: whatever the slice sums weigh (:func:`choose_small_output_split`); False: benchmarks only.
-SPLIT_SMALL_OUTPUTS = True
 
 
 def output_tiles(gemm: ir.Gemm) -> int:
@@ -130,7 +127,9 @@ def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list
         filling = large = 1
         if large_tile_kernels and compute_units:
             large = choose_large_tile_split(g, compute_units)
-            filling = max(large, choose_small_output_split(g, compute_units) if SPLIT_SMALL_OUTPUTS else 1)
+            # (outputs too small for the large tiles are split to fill the compute units, whatever
+            # the slice sums weigh)
+            filling = max(large, choose_small_output_split(g, compute_units))
         if split == 1 and filling == 1:
             continue
         reason = (f"{output_tiles(g)} output tile(s) of 64x64 would leave most of {compute_units or 'the'} compute units "

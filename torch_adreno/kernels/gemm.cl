@@ -6,9 +6,7 @@
 // float2/float4), SIZE_M, SIZE_N, SIZE_K, ROW_SUM (1: also sum A over k per row, stored with
 // STORE_ROW: a bias gradient beside its weight gradient), A_K_FASTEST / B_N_FASTEST (1 when
 // consecutive k of A / n of B are adjacent in memory, so that tile loads are coalesced along
-// that direction), PREFETCH_EVERY_STEP (1: the prefetch of the next K step is not skipped at the
-// last one), DOUBLE_BUFFER (1: two tiles of each operand, one barrier per K step in place of
-// two), K_GRANULE (1 or TILE_K: the operands' K index is passed as a K step and an offset
+// that direction), K_GRANULE (1 or TILE_K: the operands' K index is passed as a K step and an offset
 // in it, kt * K_GRANULE + kk, so that what an index map computes from the step alone, such as an
 // im2col gather's kernel tap, is computed once per step for the whole work-group and not per element).
 //
@@ -46,11 +44,6 @@
 #define PITCH_N (TILE_N + 4)
 #define A_TILE_FLOATS (TILE_K * PITCH_M)
 #define B_TILE_FLOATS (TILE_K * PITCH_N)
-#if DOUBLE_BUFFER
-#define TILE_BUFFERS 2
-#else
-#define TILE_BUFFERS 1
-#endif
 #define LOADS_A ((TILE_M * TILE_K + THREADS - 1) / THREADS)
 #define LOADS_B ((TILE_N * TILE_K + THREADS - 1) / THREADS)
 // Row (column) of the tile held in a work-item's w-th register: runs of VW adjacent ones, the runs
@@ -82,7 +75,7 @@
 // work-group's items fill whole lines of the fast direction, the place along it is the same for
 // every i and is written from tid alone: the loads then visibly share the index arithmetic of that
 // direction (an im2col gather's division of k, a weight gradient's per element), which a
-// compiler cannot see through (tid + i * THREADS) % extent of a signed tid (SHARED_PLACES 0: not so).
+// compiler cannot see through (tid + i * THREADS) % extent of a signed tid.
 #if A_K_FASTEST
 #define A_FAST_EXTENT TILE_K
 #else
@@ -93,14 +86,14 @@
 #else
 #define B_FAST_EXTENT TILE_K
 #endif
-#if SHARED_PLACES && THREADS % A_FAST_EXTENT == 0
+#if THREADS % A_FAST_EXTENT == 0
 #define A_FAST(i) (tid % A_FAST_EXTENT)
 #define A_SLOW(i) (tid / A_FAST_EXTENT + (i) * (THREADS / A_FAST_EXTENT))
 #else
 #define A_FAST(i) ((tid + (i) * THREADS) % A_FAST_EXTENT)
 #define A_SLOW(i) ((tid + (i) * THREADS) / A_FAST_EXTENT)
 #endif
-#if SHARED_PLACES && THREADS % B_FAST_EXTENT == 0
+#if THREADS % B_FAST_EXTENT == 0
 #define B_FAST(i) (tid % B_FAST_EXTENT)
 #define B_SLOW(i) (tid / B_FAST_EXTENT + (i) * (THREADS / B_FAST_EXTENT))
 #else
@@ -134,17 +127,17 @@
         const INDEX_T n = n0 + B_NN(i), k = (k1) + B_KK(i); \
         b_next[i] = (e < TILE_N * TILE_K && n < SIZE_N && k < SIZE_K) ? FETCH_B(b, K_STEP(k1), B_KK(i), n) : (B_RAW_T)0; \
     }
-// The prefetch registers into tile t of each operand.
-#define STORE_TILES(t) \
+// The prefetch registers into the tiles.
+#define STORE_TILES \
     for (int i = 0; i < LOADS_A; ++i) { \
         const int e = tid + i * THREADS; \
         if (e < TILE_M * TILE_K) \
-            a_tiles[(t) * A_TILE_FLOATS + A_KK(i) * PITCH_M + A_MM(i)] = FINISH_A(a_next[i]); \
+            a_tile[A_KK(i) * PITCH_M + A_MM(i)] = FINISH_A(a_next[i]); \
     } \
     for (int i = 0; i < LOADS_B; ++i) { \
         const int e = tid + i * THREADS; \
         if (e < TILE_N * TILE_K) \
-            b_tiles[(t) * B_TILE_FLOATS + B_KK(i) * PITCH_N + B_NN(i)] = FINISH_B(b_next[i]); \
+            b_tile[B_KK(i) * PITCH_N + B_NN(i)] = FINISH_B(b_next[i]); \
     }
 #if ROW_SUM
 #define ADD_ROW_SUMS \
@@ -165,11 +158,9 @@
 #else
 #define UNROLL_K_STEP
 #endif
-// One K step multiplied out of tile t of each operand into the accumulators.
-#define MULTIPLY_TILES(t) \
+// One K step multiplied out of the tiles into the accumulators.
+#define MULTIPLY_TILES \
     { \
-        __local const float *a_tile = a_tiles + (t) * A_TILE_FLOATS; \
-        __local const float *b_tile = b_tiles + (t) * B_TILE_FLOATS; \
         UNROLL_K_STEP \
         for (int kk = 0; kk < TILE_K; ++kk) { \
             float a_reg[WPT_M]; \
@@ -196,8 +187,8 @@ void KERNEL_NAME(KERNEL_PARAMS)
     const INDEX_T m0 = (INDEX_T)get_group_id(1) * TILE_M;
     const INDEX_T b = get_group_id(2);
 
-    __local float a_tiles[TILE_BUFFERS * A_TILE_FLOATS] __attribute__((aligned(16)));
-    __local float b_tiles[TILE_BUFFERS * B_TILE_FLOATS] __attribute__((aligned(16)));
+    __local float a_tile[A_TILE_FLOATS] __attribute__((aligned(16)));
+    __local float b_tile[B_TILE_FLOATS] __attribute__((aligned(16)));
 
     float acc[WPT_M][WPT_N];
     for (int wm = 0; wm < WPT_M; ++wm)
@@ -215,36 +206,14 @@ void KERNEL_NAME(KERNEL_PARAMS)
     B_RAW_T b_next[LOADS_B];
     FETCH_STEP(0)
 
-#if DOUBLE_BUFFER
-    // Two tiles of each operand: step s is multiplied out of tile s % 2 while step s + 1's
-    // operands, fetched during the multiplication, are stored into the other, so one barrier per
-    // K step suffices (the other tile's last readers finished before the previous step's barrier).
-    STORE_TILES(0)
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int tile = 0;
     for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
+        STORE_TILES
+        barrier(CLK_LOCAL_MEM_FENCE);
         const INDEX_T k1 = k0 + TILE_K;
         FETCH_STEP(k1)
-        MULTIPLY_TILES(tile)
-        STORE_TILES(tile ^ 1)
-        barrier(CLK_LOCAL_MEM_FENCE);
-        tile ^= 1;
-    }
-#else
-    for (INDEX_T k0 = 0; k0 < SIZE_K; k0 += TILE_K) {
-        STORE_TILES(0)
-        barrier(CLK_LOCAL_MEM_FENCE);
-        const INDEX_T k1 = k0 + TILE_K;
-#if !PREFETCH_EVERY_STEP
-        if (k1 < SIZE_K)
-#endif
-        {
-            FETCH_STEP(k1)
-        }
-        MULTIPLY_TILES(0)
+        MULTIPLY_TILES
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-#endif
 
     for (int wm = 0; wm < WPT_M; ++wm) {
         const INDEX_T m = m0 + ROW_OF(tm, wm);
@@ -275,7 +244,6 @@ void KERNEL_NAME(KERNEL_PARAMS)
 #undef LOADS_A
 #undef A_TILE_FLOATS
 #undef B_TILE_FLOATS
-#undef TILE_BUFFERS
 #undef FETCH_STEP
 #undef STORE_TILES
 #undef ADD_ROW_SUMS

@@ -58,9 +58,8 @@ class GemmTiling:
         return (_vector_width(self.wpt_m), _vector_width(self.wpt_n))
 
     def local_bytes(self) -> int:
-        """Both operands' tiles (two of each where :data:`DOUBLE_BUFFERED_TILES`), their rows
-        padded by 4 floats as ``gemm.cl`` lays them out."""
-        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4) * (2 if DOUBLE_BUFFERED_TILES else 1)
+        """Both operands' tiles, their rows padded by 4 floats as ``gemm.cl`` lays them out."""
+        return 4 * self.tile_k * (self.tile_m + 4 + self.tile_n + 4)
 
 
 def _vector_width(outputs: int) -> int:
@@ -71,33 +70,6 @@ def _vector_width(outputs: int) -> int:
 GEMM_MACROS = ("INDEX_T", "LOAD_A", "LOAD_B", "STORE_C", "STORE_ROW", "A_RAW_T", "B_RAW_T", "FETCH_A", "FETCH_B",
                "FINISH_A", "FINISH_B", *HELPER_NAMING_MACROS)
 
-#: ``gemm.cl`` prefetches at every K step, the last included (``PREFETCH_EVERY_STEP``); False
-#: restores the branch around the last one (kept to measure the two against each other).
-PREFETCH_EVERY_STEP = True
-#: ``gemm.cl`` keeps two tiles of each operand and stores the next K step into one while
-#: multiplying out of the other: one barrier per K step in place of two (``-DDOUBLE_BUFFER``).
-#: Off: on the H200 it measured slower (GPT-2's and ResNet-18's GEMMs 9.58 ms in all against 9.18,
-#: square SGEMM even: benchmarks/results/gemm_shapes_double_buffer_h200_session35.jsonl), the
-#: second pair of tiles costing occupancy more than the barrier costs; kept to measure on other GPUs.
-DOUBLE_BUFFERED_TILES = False
-#: Operands that only widen (or round) one loaded element are held in the prefetch registers as
-#: loaded and finished as they are stored into the tiles (``gemm.cl``'s ``FETCH``/``FINISH``);
-#: False finishes them at the load, as before (kept to measure).
-RAW_PREFETCH = True
-#: ``gemm.cl``'s operand helpers take the K index as (K step, offset in it) where it removes
-#: divisions of the offset (:class:`KSteps`, the granule the tiling's K step); False passes k itself.
-#: H200, ResNet-18's convolutions (benchmarks/results/gemm_shapes_k_steps_h200.jsonl, two runs):
-#: the stem's weight gradient 349 -> 290 us, 128- to 512-channel 3 x 3 layers 5-10% faster (the
-#: 64-channel ones too once their tiles took a K step of 8: layer1's forward 163 -> 148 us); GPT-2's
-#: plain matrices have no division and keep k.
-K_STEP_INDEX = True
-#: ``gemm.cl`` writes the place of a work-item's tile loads along the operand's fast direction from
-#: its local id alone where every load shares it (``-DSHARED_PLACES``), so that they share its index
-#: arithmetic; False: from each load's element number (kept to measure).
-SHARED_LOAD_PLACES = True
-#: ``gemm.cl``'s loop over one K step unrolled this many times (``-DK_UNROLL``; 0: as the compiler
-#: chooses) in place of :func:`k_step_unroll`'s choice; None: its choice.
-K_STEP_UNROLL: int | None = None
 
 
 def _tile_for(extent: int) -> int:
@@ -327,7 +299,7 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     batch = node.batch * split
     tiled = use_local_memory_tiles(profile)
     tiling = choose_tiling(node.m, node.n, batch, profile) if tiled else None
-    steps = KSteps(tiling.tile_k if tiling is not None and K_STEP_INDEX else 1, v["k"], node.k)
+    steps = KSteps(tiling.tile_k if tiling is not None else 1, v["k"], node.k)
     if not (steps.splits(node.lhs) or steps.splits(node.rhs)):
         steps = KSteps(1, v["k"], node.k)  # (and the tuner may vary the K step)
     granule = steps.granule
@@ -335,7 +307,7 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     # (slices of whole K steps: a slice's helpers take its first step plus the template's; the
     # helpers return zero past K)
     slice_k = round_up(math.ceil(node.k / split), granule) if split > 1 else node.k
-    operands = operand_prelude(node, params, operand_images, steps, tiled, RAW_PREFETCH, split, slice_k)
+    operands = operand_prelude(node, params, operand_images, steps, tiled, split, slice_k)
     if operand_images:
         operands.insert(0, _template("gemm_image.cl"))
     store_c, store_row = helper_name("_store_c"), helper_name("_store_row")
@@ -367,9 +339,7 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     else:
         launch = tiled_launch(node.m, node.n, batch, tiling)
         options = (*launch.defines, *sizes, f"-DA_K_FASTEST={int(a_k_fastest)}", f"-DB_N_FASTEST={int(b_n_fastest)}",
-                   f"-DPREFETCH_EVERY_STEP={int(PREFETCH_EVERY_STEP)}", f"-DK_GRANULE={granule}",
-                   f"-DDOUBLE_BUFFER={int(DOUBLE_BUFFERED_TILES)}",
-                   f"-DK_UNROLL={k_step_unroll(tiling, divides, b_n_fastest)}", f"-DSHARED_PLACES={int(SHARED_LOAD_PLACES)}")
+                   f"-DK_GRANULE={granule}", f"-DK_UNROLL={k_step_unroll(tiling, divides, b_n_fastest)}")
         first = RenderedGemm("gemm", prelude + _template("gemm.cl"), options, launch.global_size,
                              launch.local_size, GEMM_MACROS, arguments, tuple(operand_images.values()))
     if split == 1:
@@ -401,8 +371,6 @@ def k_step_unroll(tiling: GemmTiling, divides_per_element: bool, b_n_fastest: bo
     GPT-2's head forward 1938 -> 2167); with an im2col operand dividing k per element (a weight
     gradient) 11% slower (``gemm_shapes_unroll_h200_session36.jsonl``, layer2 158 -> 175 us), and
     with the 4 x 8 blocks of 64-row tiles 10% (layer1's forward 150 -> 165 us)."""
-    if K_STEP_UNROLL is not None:
-        return K_STEP_UNROLL
     eight_by_eight = (tiling.wpt_m, tiling.wpt_n) == (8, 8)
     return tiling.tile_k if eight_by_eight and b_n_fastest and not divides_per_element else 0
 

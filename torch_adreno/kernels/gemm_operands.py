@@ -242,15 +242,15 @@ class KSteps:
 
 
 def operand_prelude(node: ir.Gemm, params: dict[str, Param], images: dict[str, ImageOperand], steps: KSteps,
-                    tiled: bool, raw_prefetch: bool, split: int, slice_k: int) -> list[str]:
+                    tiled: bool, split: int, slice_k: int) -> list[str]:
     """The operand helpers of one GEMM launch and the macros the templates read them through.
 
     ``gemm_direct.cl`` (``tiled`` False) calls ``LOAD_A(b, m, k)`` and ``LOAD_B(b, k, n)``;
     ``gemm.cl`` calls ``FETCH_A(b, m, kt, kk)`` and ``FETCH_B(b, kt, kk, n)`` (``steps``: an
     operand's helper takes the step and offset where that leaves no division of the offset,
     :meth:`KSteps.splits`, else k) and
-    ``FINISH_A``/``FINISH_B`` on what they return (``A_RAW_T``/``B_RAW_T``: with ``raw_prefetch``,
-    a widened load's element as loaded). A split GEMM's work-group batch ``b`` is ``b * split +
+    ``FINISH_A``/``FINISH_B`` on what they return (``A_RAW_T``/``B_RAW_T``: a widened load's
+    element as loaded, finished only as it is stored into a tile). A split GEMM's work-group batch ``b`` is ``b * split +
     slice``: the helpers read the slice's part of K and return zero past its end."""
     v = node.vars()
     arg_names = ", ".join(p.c_name for p in params.values())
@@ -277,7 +277,7 @@ def operand_prelude(node: ir.Gemm, params: dict[str, Param], images: dict[str, I
         if split > 1:
             load = f"({k_global} < {node.k} ? {load} : 0.0f)"
         macros.append(f"#define LOAD_{side}({template_args}) {load}")
-        widened = widened_load(expr, params, images) if raw_prefetch and tiled else None
+        widened = widened_load(expr, params, images) if tiled else None
         if widened is None:
             macros += [f"#define {side}_RAW_T float", f"#define FETCH_{side}({template_args}) LOAD_{side}({template_args})",
                        f"#define FINISH_{side}(raw) (raw)"]

@@ -226,7 +226,7 @@ def conv_forward(ctx: LoweringContext, x: ir.View, w: ir.View, geo: ConvGeometry
 def conv_grad_input(ctx: LoweringContext, gy: ir.View, w: ir.View, geo: ConvGeometry, dtype: ir.DType) -> ir.View:
     if is_depthwise(geo):
         return depthwise_grad_input(ctx, gy, w, geo, dtype)
-    if STRIDED_GRAD_INPUT_BY_PHASE and geo.groups == 1 and any(s > 1 for s in geo.stride):
+    if geo.groups == 1 and any(s > 1 for s in geo.stride):
         return strided_grad_input(ctx, gy, w, geo, dtype)
     fold = folds_batch(geo)
     positions = math.prod(geo.size)
@@ -253,11 +253,6 @@ def conv_grad_input(ctx: LoweringContext, gy: ir.View, w: ir.View, geo: ConvGeom
                         lhs, rhs, out_index)
     return ctx.gemm([geo.n, geo.c, *geo.size], dtype, geo.n * geo.groups, geo.cg, positions,
                     geo.ocg * geo.taps, lhs, rhs, out_index)
-
-
-#: The input gradient of a strided convolution as one GEMM per input phase (``strided_grad_input``);
-#: False: one GEMM over every input position and tap, most products masked zeros (benchmarks only).
-STRIDED_GRAD_INPUT_BY_PHASE = True
 
 
 class InputPhase:
@@ -349,45 +344,29 @@ def _phase_grad_input(ctx: LoweringContext, gy: ir.View, w: ir.View, geo: ConvGe
                     lhs, rhs, out_index)
 
 
-#: The weight gradient's columns ordered tap-major (``n = tap * Cg + c``): with power-of-two channel
-#: counts the column's channel and tap are a mask and a shift, not divisions by the tap count.
-WEIGHT_GRADIENT_TAP_MAJOR = False
-#: The weight gradient's sum over positions walks rows padded to a power of two (the padding's
-#: products masked to zero): the position of ``k`` is shifts and masks, at the cost of the padding.
-WEIGHT_GRADIENT_PADDED_ROWS = False
-
-
 def conv_grad_weight(ctx: LoweringContext, gy: ir.View, x: ir.View, geo: ConvGeometry, dtype: ir.DType) -> ir.View:
     if is_depthwise(geo):
         return depthwise_grad_weight(ctx, gy, x, geo, dtype)
-    rows = list(geo.out)
-    if WEIGHT_GRADIENT_PADDED_ROWS:
-        rows[-1] = 1 << (rows[-1] - 1).bit_length()
-    padded = rows[-1] != geo.out[-1]
-    per_image = math.prod(rows)
+    per_image = math.prod(geo.out)
 
-    def position(k: ir.Expr) -> tuple[ir.Expr, list[ir.Expr], ir.Expr]:
-        """Image, output position and whether it is one (not row padding) of reduction index ``k``."""
-        pos = unravel(ir.call("mod", k, ir.index(per_image)), rows)
-        real = ir.call("lt", pos[-1], ir.index(geo.out[-1])) if padded else ir.const(True, ir.DType.BOOL)
-        return ir.call("floordiv", k, ir.index(per_image)), pos, real
+    def position(k: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
+        """Image and output position of reduction index ``k``."""
+        pos = unravel(ir.call("mod", k, ir.index(per_image)), list(geo.out))
+        return ir.call("floordiv", k, ir.index(per_image)), pos
 
     def channel_and_tap(n: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
-        if WEIGHT_GRADIENT_TAP_MAJOR:
-            return ir.call("mod", n, ir.index(geo.cg)), unravel(ir.call("floordiv", n, ir.index(geo.cg)), geo.kernel)
         return ir.call("floordiv", n, ir.index(geo.taps)), unravel(ir.call("mod", n, ir.index(geo.taps)), geo.kernel)
 
     def lhs(g: ir.Expr, m: ir.Expr, k: ir.Expr) -> ir.Expr:
-        nb, pos, real = position(k)
-        return ir.where(real, gy.load([nb, ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), m), *pos]),
-                        ir.const(0, dtype))
+        nb, pos = position(k)
+        return gy.load([nb, ir.call("add", ir.call("mul", g, ir.index(geo.ocg)), m), *pos])
 
     def rhs(g: ir.Expr, k: ir.Expr, n: ir.Expr) -> ir.Expr:
-        nb, pos, real = position(k)
+        nb, pos = position(k)
         c_local, tap = channel_and_tap(n)
         c = ir.call("add", ir.call("mul", g, ir.index(geo.cg)), c_local)
         coords, valid = geo.input_position(pos, tap)
-        return ir.where(_all([real, valid]), x.load([nb, c, *coords]), ir.const(0, dtype))
+        return ir.where(_all([valid]), x.load([nb, c, *coords]), ir.const(0, dtype))
 
     def out_index(g: ir.Expr, m: ir.Expr, n: ir.Expr) -> list[ir.Expr]:
         c_local, tap = channel_and_tap(n)
