@@ -1,9 +1,14 @@
-"""Step time of one exported training step in its three runners on one device: the in-PyTorch replay
-(TrainingStep), the torch-free Python runner (torch_adreno.runner) and the native runtime
-(native/, torch-adreno-step). Median wall time of a step (upload, launches, loss read back) after
-warm-up; the native runtime's from its per-step lines, its programs from its cache.
+"""Step time of one exported training step in its three runners on one device, measured in one
+process with their steps interleaved: the in-PyTorch replay (TrainingStep), the torch-free Python
+runner (torch_adreno.runner) and the native runtime (native/, its library through ctypes: the same
+C code as ``torch-adreno-step train``). Each round runs one step of each runner, in an order that
+rotates from round to round, so that a neighbour's load on a shared machine (CI's 2 cores) falls on
+all three alike; the medians are over the rounds after warm-up. The native runtime's phases (batch
+upload, enqueue, wait for the device: tas_step_last_phases) say where its time goes. Then, not
+interleaved, ``torch-adreno-step train``'s own median for reference.
 
-    python benchmarks/native_step.py [--models mlp digits] [--device "Intel(R) OpenCL"] [--steps 30]
+    python benchmarks/native_step.py [--models digits lenet resnet_mini mlp] [--device "Intel(R) OpenCL"]
+                                     [--steps 30]
 
 Appends JSON lines to benchmarks/results/native_step.jsonl. Not a test: asserts nothing.
 """
@@ -18,7 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +39,7 @@ from torch_adreno.cli.native import build_native, opencl_environment
 from torch_adreno.data import digits_split
 from torch_adreno.export.data_file import load_batches
 from torch_adreno.models import MODELS, LeNet
+from torch_adreno.remote import NativeStep
 from torch_adreno.runner import StepRunner, choose_device
 from torch_adreno.training.optimizers import make_optimizer
 from torch_adreno.training.step import TrainingStep
@@ -39,75 +47,92 @@ from torch_adreno.training.step import TrainingStep
 WARMUP = 3
 
 
-def replay_times(model: str, device: str, batches: dict, steps: int) -> list[float]:
-    make = LeNet if model == "digits" else MODELS[model].make
-    module = make()
+def interleaved(runners: dict[str, Callable[[int], Any]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each runner's step per round after warm-up; round i runs step i of each runner,
+    starting with a different runner each round."""
+    names = list(runners)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(WARMUP + rounds):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            runners[name](i)
+            if i >= WARMUP:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def native_cli_median(executable: Path, path: Path, data: Path, device: str, steps: int, cache: Path) -> float:
+    env = dict(os.environ, **opencl_environment())
+    command = [str(executable), "train", str(path), "--data", str(data), "--steps", str(WARMUP + steps), "--out",
+               str(path.with_suffix(".state.safetensors")), "--device", device, "--cache-dir", str(cache)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    times = [float(t) for t in re.findall(r"^step \d+ loss \S+ time (\S+) ms", done.stdout, re.MULTILINE)]
+    return statistics.median(times[WARMUP:])
+
+
+def measure(model: str, device: str, steps: int, work: Path, library: Path, executable: Path) -> dict[str, Any]:
+    torch._dynamo.reset()  # (each model's export and replay compile optimizers of their own)
+    path, data = work / f"{model}.onnx", work / f"{model}.safetensors"
+    assert cli_main(["export", str(path), "--model", model, "--lr", "0.05", "--device", device,
+                     "--data-out", str(data), "--data-steps", str(steps)]) == 0
+    batches = load_batches(data)
+    names = sorted(batches)
+    rows = len(batches[names[0]])
+
+    def row(i: int) -> list[Any]:
+        return [batches[name][i % rows] for name in names]
+
+    module = (LeNet if model == "digits" else MODELS[model].make)()
     optimizer = make_optimizer("sgd", module.parameters(), lr=torch.tensor(0.05))
 
     def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(m(x), y)
 
-    names = sorted(batches)
-    rows = len(batches[names[0]])
-    times = []
-    with TrainingStep(module, loss_fn, optimizer, {"device": device}) as step:
-        for i in range(WARMUP + steps):
-            batch = [torch.from_numpy(batches[name][i % rows]) for name in names]
-            start = time.perf_counter()
-            step(*batch).item()
-            if i >= WARMUP:
-                times.append(time.perf_counter() - start)
-        assert step.replayed_steps >= steps
-    return times
-
-
-def runner_times(path: Path, device: str, batches: dict, steps: int) -> list[float]:
+    torch._dynamo.reset()
     runner = StepRunner.load(path, choose_device(device))
-    names = [spec["input"] for spec in runner.batch_inputs]
-    rows = len(batches[names[0]])
-    times = []
-    for i in range(WARMUP + steps):
-        start = time.perf_counter()
-        runner.step(*(batches[name][i % rows] for name in names))
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    return times
+    phases: list[dict[str, float]] = []
+    with TrainingStep(module, loss_fn, optimizer, {"device": device}) as replay, \
+            NativeStep(library, path, device=device, cache_dir=work / "cache") as native:
+        def native_step(i: int) -> None:
+            native.step(*row(i))
+            if i >= WARMUP:
+                phases.append(native.last_phases())
 
-
-def native_times(executable: Path, path: Path, data: Path, device: str, steps: int, cache: Path) -> list[float]:
-    env = dict(os.environ, **opencl_environment())
-    command = [str(executable), "train", str(path), "--data", str(data), "--steps", str(WARMUP + steps), "--out",
-               str(path.with_suffix(".state.safetensors")), "--device", device, "--cache-dir", str(cache)]
-    for _ in range(2):  # the first run fills the program cache
-        done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-    times = [float(t) / 1e3 for t in re.findall(r"^step \d+ loss \S+ time (\S+) ms", done.stdout, re.MULTILINE)]
-    return times[WARMUP:]
+        times = interleaved({
+            "replay": lambda i: replay(*(torch.from_numpy(a) for a in row(i))).item(),
+            "python_runner": lambda i: runner.step(*row(i)),
+            "native": native_step,
+        }, steps)
+        assert replay.replayed_steps >= steps
+    record: dict[str, Any] = {f"{name}_ms": round(statistics.median(t) * 1e3, 3) for name, t in times.items()}
+    record["native_over_replay"] = round(statistics.median(
+        n / r for n, r in zip(times["native"], times["replay"], strict=True)), 4)
+    for phase in ("upload_ms", "enqueue_ms", "wait_ms"):
+        record[f"native_{phase}"] = round(statistics.median(p[phase] for p in phases), 3)
+    record["native_cli_ms_not_interleaved"] = round(native_cli_median(executable, path, data, device, steps,
+                                                                      work / "cache"), 3)
+    return record
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["mlp", "digits"], choices=[*MODELS, "digits"])
+    parser.add_argument("--models", nargs="+", default=["digits", "lenet", "resnet_mini", "mlp"],
+                        choices=[*MODELS, "digits"])
     parser.add_argument("--device", default="Intel(R) OpenCL")
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     digits_split(0)  # (the data set loads once, outside any timing)
     built = build_native()
+    # The library loads the OpenCL library pyopencl loaded (one ICD loader, the same platforms).
+    os.environ.update(opencl_environment())
     records = []
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
-            path, data = Path(work) / f"{model}.onnx", Path(work) / f"{model}.safetensors"
-            assert cli_main(["export", str(path), "--model", model, "--lr", "0.05", "--device", args.device,
-                             "--data-out", str(data), "--data-steps", str(args.steps)]) == 0
-            batches = load_batches(data)
-            medians = {
-                "replay_ms": statistics.median(replay_times(model, args.device, batches, args.steps)) * 1e3,
-                "python_runner_ms": statistics.median(runner_times(path, args.device, batches, args.steps)) * 1e3,
-                "native_ms": statistics.median(native_times(built.executable, path, data, args.device, args.steps,
-                                                            Path(work) / "cache")) * 1e3,
-            }
-            record = {"benchmark": "native_step", "model": model, "steps": args.steps, **run_context(args.device),
-                      **{k: round(v, 3) for k, v in medians.items()}}
-            print(record)
+            record = {"benchmark": "native_step", "model": model, "steps": args.steps, "method": "interleaved",
+                      **run_context(args.device), **measure(model, args.device, args.steps, Path(work), built.library,
+                                                            built.executable)}
+            print(record, flush=True)
             records.append(record)
     append_jsonl(RESULTS / "native_step.jsonl", records)
     return 0

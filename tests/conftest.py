@@ -18,6 +18,9 @@ import torch._dynamo
 
 import torch_adreno  # noqa: F401  (registers the backend when not installed)
 
+#: The native runtime's fixtures (its builds, exported steps), for test_native_step.py and test_remote.py.
+pytest_plugins = ["native_fixtures"]
+
 #: Skip reasons that say something the suite needs is missing (a module, the OpenCL device).
 MISSING = re.compile(r"could not import|no module named|not installed|\bno opencl\b|no (opencl )?(device|platform)s? "
                      r"(is |are )?(found|available)|(device|platform) (is )?(not found|not available|missing)",

@@ -11,89 +11,25 @@ import re
 import struct
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import in_ci
+import torch.nn.functional as F
+from native_fixtures import SANITIZER_OPTIONS, STEPS, build_once, view_and_copy_step
 from onnx import helper
 from safetensors.numpy import load_file, save_file
 
 import torch_adreno
-from torch_adreno.cli import main as cli_main
-from torch_adreno.cli.native import NativeBuild, NativeBuildError, build_native, opencl_environment
+from torch_adreno.cli.native import NativeBuild
 from torch_adreno.export.data_file import FORMAT, load_batches, save_batches
 from torch_adreno.models import MODELS, LeNet
 from torch_adreno.runner import StepRunner, choose_device
 from torch_adreno.runner import format as fmt
 
 pytestmark = pytest.mark.device
-
-ROOT = Path(__file__).resolve().parents[1]
-#: Batches in each data file; runs take them in turn.
-STEPS = 6
-#: The CPU runtimes of CI, by the platform names both runners match.
-PLATFORMS = ("Intel(R) OpenCL", "Portable Computing Language")
-#: Leaks included: what the OpenCL drivers keep until exit is suppressed by library (a leak of the
-#: runtime's own has no frame in a driver).
-SANITIZER_OPTIONS = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
-                     "LSAN_OPTIONS": f"suppressions={ROOT / 'native' / 'sanitizers' / 'opencl-drivers.supp'}"
-                                     ":print_suppressions=0",
-                     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, name: str, **options) -> NativeBuild:
-    try:
-        return build_native(build_dir=tmp_path_factory.mktemp(name), **options)
-    except NativeBuildError as err:
-        if in_ci():
-            pytest.fail(f"CI=true: the native runtime does not build: {err}", pytrace=False)
-        pytest.skip(f"the native runtime does not build here: {err}")
-
-
-@pytest.fixture(scope="session")
-def native(tmp_path_factory) -> NativeBuild:
-    return _build(tmp_path_factory, "native")
-
-
-@pytest.fixture(scope="session")
-def sanitized(tmp_path_factory) -> NativeBuild:
-    return _build(tmp_path_factory, "native-sanitized", sanitize=True, build_type="Debug")
-
-
-@pytest.fixture(scope="session")
-def environment(tmp_path_factory) -> dict[str, str]:
-    """The process environment of a native run: pip's OpenCL loader and drivers."""
-    return dict(os.environ, **opencl_environment(tmp_path_factory.mktemp("opencl")))
-
-
-@pytest.fixture(scope="session")
-def platforms() -> list[str]:
-    import pyopencl as cl
-
-    present = {p.name.strip() for p in cl.get_platforms()}
-    found = [name for name in PLATFORMS if name in present]
-    if not found:
-        pytest.skip(f"no OpenCL device found of {', '.join(PLATFORMS)}")
-    return found
-
-
-@pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    """``exported(model)``: (step.onnx, data.safetensors) written by `python -m torch_adreno export --data-out`."""
-    files: dict[str, tuple[Path, Path]] = {}
-
-    def export(model: str) -> tuple[Path, Path]:
-        if model not in files:
-            folder = tmp_path_factory.mktemp(model)
-            step, data = folder / "step.onnx", folder / "data.safetensors"
-            assert cli_main(["export", str(step), "--model", model, "--lr", "0.05", "--data-out", str(data),
-                             "--data-steps", str(STEPS)]) == 0
-            files[model] = step, data
-        return files[model]
-
-    return export
 
 
 def python_runner(step: Path, data: Path, device: str, rows: list[int]) -> tuple[list[float], dict[str, np.ndarray]]:
@@ -159,14 +95,15 @@ def test_native_losses_and_state_are_the_python_runners_bit_for_bit(native, envi
                        torch.from_numpy(state[f"optimizer.{first}.momentum_buffer"]))
 
 
-def _gpt2_lora_step(folder: Path) -> tuple[Path, Path]:
-    """A one-layer GPT-2 with LoRA adapters on its attention (the base frozen), its step exported
-    with TrainingStep.export, and its batches (random token ids)."""
+def _gpt2_lora_parts(batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list[tuple[torch.Tensor, ...]]]:
+    """A one-layer GPT-2 with LoRA adapters on its attention (the base frozen), its loss, an SGD
+    optimizer of the adapters and ``batches`` batches of random token ids."""
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     vocab, batch, sequence = 48, 2, 8
     config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=vocab, n_positions=16,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
     model = peft.get_peft_model(transformers.GPT2LMHeadModel(config), peft.LoraConfig(
         r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0, init_lora_weights=False))
 
@@ -175,22 +112,72 @@ def _gpt2_lora_step(folder: Path) -> tuple[Path, Path]:
         return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
 
     generator = torch.Generator().manual_seed(7)
-    batches = [tuple(torch.randint(0, vocab, (batch, sequence), generator=generator) for _ in range(2))
-               for _ in range(STEPS + 2)]
+    data = [tuple(torch.randint(0, vocab, (batch, sequence), generator=generator) for _ in range(2))
+            for _ in range(batches)]
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=torch.tensor(0.5))
-    step = torch_adreno.TrainingStep(model, loss_fn, optimizer)
-    step(*batches[0])
-    step(*batches[1])
-    path, data = folder / "gpt2_lora.onnx", folder / "gpt2_lora.safetensors"
-    step.export(path)
-    save_batches(data, [tuple(t.numpy() for t in b) for b in batches[2:]])
-    return path, data
+    return model, loss_fn, optimizer, data
+
+
+def _reference_parts(model: str, batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list]:
+    """A reference model of torch_adreno.models as `python -m torch_adreno export` trains it (SGD,
+    momentum 0.9, a tensor learning rate), and its batches."""
+    if model == "gpt2_lora":
+        return _gpt2_lora_parts(batches)
+    torch.manual_seed(0)
+    spec = MODELS[model]
+    module = spec.make()
+    generator = torch.Generator().manual_seed(3)
+    optimizer = torch.optim.SGD(module.parameters(), lr=torch.tensor(0.05), momentum=0.9)
+    return module, lambda m, x, y: F.cross_entropy(m(x), y), optimizer, [spec.batch(generator) for _ in range(batches)]
+
+
+def _replayed_export(folder: Path, model: str, device: str | None, steps: int) -> tuple[Path, Path, list[float], Path]:
+    """The model's step captured (two calls) on ``device`` and exported, its next ``steps``
+    batches saved as a data file and trained by the in-PyTorch replay; the replay's losses and its
+    state exported after them (the file's initializers)."""
+    module, loss_fn, optimizer, batches = _reference_parts(model, steps + 2)
+    path, data, after = folder / f"{model}.onnx", folder / f"{model}.safetensors", folder / f"{model}.after.onnx"
+    with torch_adreno.TrainingStep(module, loss_fn, optimizer, {"device": device} if device else None) as step:
+        step(*batches[0])
+        step(*batches[1])
+        step.export(path)
+        save_batches(data, [tuple(t.numpy() for t in b) for b in batches[2:]])
+        replayed_before = step.replayed_steps
+        losses = [step(*b).item() for b in batches[2:]]
+        assert step.replayed_steps - replayed_before == steps  # every step the in-PyTorch replay
+        step.export(after)
+    return path, data, losses, after
+
+
+@pytest.mark.parametrize("model", ["resnet_mini", "gpt2_lora"])
+def test_resnet_mini_and_a_gpt2_lora_train_30_steps_as_the_replay_and_the_python_runner(
+        native, environment, platforms, tmp_path, model) -> None:
+    """Issue 48's models beyond the MLP and LeNet, in CI: 30 steps bit for bit with the replay and
+    the Python runner, the state after them the replay's and loading into PyTorch. The GPT-2 LoRA
+    on both CPU runtimes; resnet_mini on the first found only (its 30 steps, thrice: CI time)."""
+    from safetensors.torch import load_file as load_torch
+
+    for device in platforms if model == "gpt2_lora" else platforms[:1]:
+        folder = tmp_path / device.replace(" ", "_")
+        folder.mkdir()
+        step, data, replayed, after = _replayed_export(folder, model, device, 30)
+        out = folder / "native.safetensors"
+        done = train(native, environment, step, data, device, out, 30, "--no-cache")
+        ours, _ = python_runner(step, data, device, list(range(30)))
+        assert bits(native_losses(done)) == bits(ours) == bits(replayed), device
+        written = load_torch(str(out))
+        state = {t.name: torch.from_numpy(onnx.numpy_helper.to_array(t).copy())
+                 for t in onnx.load(str(after)).graph.initializer}
+        assert written.keys() == state.keys(), device
+        for name, value in state.items():
+            assert written[name].dtype == value.dtype and torch.equal(written[name], value), (device, name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["lenet", "resnet_mini", "transformer", "lstm", "mobilenet_mini", "gpt2_lora"])
 def test_every_reference_model_trains_bit_for_bit(native, environment, platforms, exported, tmp_path, model) -> None:
-    step, data = _gpt2_lora_step(tmp_path) if model == "gpt2_lora" else exported(model)
+    step, data = (_replayed_export(tmp_path, model, None, STEPS)[:2] if model == "gpt2_lora"
+                  else exported(model))
     for device in platforms:
         out = tmp_path / f"{device}.safetensors"
         done = train(native, environment, step, data, device, out, 4, "--cache-dir", str(tmp_path / "cache"))
@@ -287,55 +274,10 @@ def test_export_writes_the_data_file_layout(exported) -> None:
         assert file.metadata() == {"format": FORMAT, "steps": str(STEPS)}
 
 
-VIEW_KERNELS = {
-    "k0": "__kernel void k0(__global const float* restrict in0, __global float* restrict out0) {\n"
-          "  int i = get_global_id(0); out0[i] = in0[i] * 2.0f; }",
-    "k1": "__kernel void k1(__global const float* restrict in1, __global float* restrict w, __global float* restrict loss) {\n"
-          "  float s = 0.0f; for (int i = 0; i < 6; i++) s += in1[i]; loss[0] = s + w[0]; w[0] = w[0] + 1.0f; }",
-}
-
-
-def _view_and_copy_step() -> onnx.ModelProto:
-    """A step file made by hand: batch rows 1-2 of a [4, 3] input (a view: shape [2, 3], strides
-    [3, 1], offset 3) doubled, copied to another slot, summed with the state ``w``, which each step
-    increments: loss = 2 * sum(x[1:3]) + w."""
-    def kernel(name: str, buffers: list[int], size: int) -> onnx.NodeProto:
-        return helper.make_node(name, [], [f"{name}_out"], domain=fmt.DOMAIN, name=name, kernel_name=name,
-                                opencl_source=VIEW_KERNELS[name], build_options=[""], global_size=[size],
-                                local_size=[size], buffers=buffers, parameters=[""], fx_nodes=[""], graph="g",
-                                index_checks=0, extensions=[""])
-
-    copy = helper.make_node(fmt.COPY_OP, [], ["copied"], domain=fmt.DOMAIN, name="copy", destination=2, source=1,
-                            nbytes=24)
-    functions = [helper.make_function(fmt.DOMAIN, name, [], ["out"], [helper.make_node(
-        "Constant", [], ["out"], value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))],
-        [helper.make_opsetid("", fmt.OPSET)], attributes=list(attributes))
-        for name, attributes in (("k0", fmt.KERNEL_ATTRIBUTES), ("k1", fmt.KERNEL_ATTRIBUTES),
-                                 (fmt.COPY_OP, fmt.COPY_ATTRIBUTES))]
-    graph = helper.make_graph(
-        [kernel("k0", [0, 1], 6), copy, kernel("k1", [2, 3, 4], 1)], "step",
-        [helper.make_tensor_value_info("batch_0", onnx.TensorProto.FLOAT, [4, 3]),
-         helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
-        initializer=[onnx.numpy_helper.from_array(np.array([0.5], np.float32), "w")])
-    model = helper.make_model(graph, functions=functions, producer_name=fmt.PRODUCER,
-                              opset_imports=[helper.make_opsetid("", fmt.OPSET), helper.make_opsetid(fmt.DOMAIN, 1)])
-    plan = {"identities": [
-        {"index": 0, "kind": "batch", "nbytes": 24, "position": 0, "view": [[2, 3], [3, 1], 3]},
-        {"index": 1, "kind": "internal", "nbytes": 24, "slot": 0},
-        {"index": 2, "kind": "internal", "nbytes": 24, "slot": 1},
-        {"index": 3, "kind": "persistent", "nbytes": 4, "input": "w", "shape": [1], "output": "w.new"},
-        {"index": 4, "kind": "internal", "nbytes": 4, "slot": 2}],
-        "slots": [24, 24, 4], "batch": [{"input": "batch_0", "position": 0, "shape": [4, 3], "dtype": "float32"}],
-        "loss": {"identity": 4, "dtype": "float32", "shape": []}}
-    helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
-    return model
-
-
 def test_batch_views_copies_and_state_updates_run_as_in_the_python_runner(native, environment, platforms,
                                                                          tmp_path) -> None:
     step, data = tmp_path / "view.onnx", tmp_path / "view.safetensors"
-    onnx.save(_view_and_copy_step(), str(step))
+    onnx.save(view_and_copy_step(), str(step))
     batches = np.arange(36, dtype=np.float32).reshape(3, 4, 3) - 7  # (whole numbers: every sum is exact)
     save_batches(data, [(batch,) for batch in batches])
     expected = [2 * batches[i, 1:3].sum() + 0.5 + i for i in range(3)]
@@ -483,7 +425,7 @@ def test_fuzzed_step_and_safetensors_files_never_crash_the_readers(sanitized, ex
 # -- the aarch64 cross build ----------------------------------------------------------------------------
 
 def test_the_runtime_cross_builds_for_64_bit_arm(tmp_path_factory) -> None:
-    built = _build(tmp_path_factory, "native-aarch64", target="linux-aarch64")
+    built = build_once(tmp_path_factory, "native-aarch64", target="linux-aarch64")
     for path in (built.executable, built.library):
         header = path.read_bytes()[:20]
         assert header[:4] == b"\x7fELF" and struct.unpack("<H", header[18:20])[0] == 183, path  # EM_AARCH64

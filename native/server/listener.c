@@ -121,6 +121,21 @@ static uint8_t *receive_payload(int descriptor, uint64_t length, int timeout_ms,
     return data;
 }
 
+/* Closes a connection after the last reply without resetting it: a socket closed with unread bytes
+ * sends RST, which can throw away the reply (an error saying why) before the client reads it. So
+ * the sending side is shut first and what the client still sends is read and dropped, for up to
+ * half a second, until it closes its side. */
+static void close_gracefully(int descriptor) {
+    shutdown(descriptor, SHUT_WR);
+    uint8_t scratch[16384];
+    for (int waited = 0; waited < 500 && !stopping; waited += 50) {
+        struct pollfd entry = {descriptor, POLLIN, 0};
+        if (poll(&entry, 1, 50) <= 0) continue;
+        if (recv(descriptor, scratch, sizeof scratch, 0) <= 0) break;
+    }
+    close(descriptor);
+}
+
 /* Another client while one is served: told so at once, rather than left in the backlog. */
 static void refuse_busy(int listener, const char *serving) {
     int other = accept(listener, NULL, NULL);
@@ -129,7 +144,7 @@ static void refuse_busy(int listener, const char *serving) {
     snprintf(message, sizeof message, "busy: this server serves one client at a time and is serving %s; try again "
              "when it leaves", serving);
     send_error(other, WIRE_ERROR_BUSY, message, 1000);
-    close(other);
+    close_gracefully(other);
 }
 
 static const char *describe(io_result result) {
@@ -155,8 +170,12 @@ static void serve_client(const server_config *config, const tas_device_propertie
             fprintf(stderr, "client %s: %s\n", peer, ready == 0 ? "idle past --idle-timeout-s: dropped" : "poll failed");
             break;
         }
-        if (entries[1].revents & POLLIN) refuse_busy(listener, peer);
-        if (!(entries[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        if (!(entries[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+            /* (only when the client has nothing pending: a client that just left is seen to leave
+             * first, and the one that connected after it is served rather than told "busy") */
+            if (entries[1].revents & POLLIN) refuse_busy(listener, peer);
+            continue;
+        }
         uint8_t raw[WIRE_HEADER_BYTES];
         size_t got = 0;
         io_result result = receive_exactly(client, raw, sizeof raw, io_ms, &got);
@@ -307,7 +326,7 @@ int server_run(const server_config *config) {
         name_address((struct sockaddr *)&address, length, peer, sizeof peer);
         fprintf(stderr, "client %s connected\n", peer);
         serve_client(config, device, listener, client, peer);
-        close(client);
+        close_gracefully(client);
         fprintf(stderr, "client %s left\n", peer);
         served += 1;
     }

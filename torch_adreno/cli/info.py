@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from torch_adreno.cli.arguments import DEVICE_HELP, bounded, device_spec, refuse
 from torch_adreno.lowering import supported_ops
 from torch_adreno.opencl_drivers import load_failures
 from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
+from torch_adreno.remote.client import PREFIX as REMOTE_PREFIX
+from torch_adreno.remote.listing import print_remote_device
 from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
 from torch_adreno.target.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
 from torch_adreno.training.replay.launch_list import native_loop_status
@@ -63,14 +66,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
+    # TORCH_ADRENO_DEVICE=remote:HOST:PORT: the remote device first; the local ones (where steps are
+    # captured) follow, without a default of their own.
+    remote = os.environ.get(ENV_DEVICE, "").strip()
+    if not remote.lower().startswith(REMOTE_PREFIX):
+        remote = ""
+    elif print_remote_device(remote) != 0:
+        return 1
     entries = list_devices()
     for distribution, error in load_failures().items():
         print(f"Installed OpenCL driver {distribution} cannot load, so the ICD loader skips it: {error}")
     if not entries:
         print(f"No OpenCL device found. {INSTALL_HINT}")
-        return 1
+        return 1 if not remote else 0
     working = [e for e in entries if e.unusable is None]
-    default = select_device(None) if working else None
+    default = select_device(None) if working and not remote else None
     for e in entries:
         mark = "*" if default is not None and e.index == default.index else " "
         print(f"{mark}[{e.index}] {e.label}")
@@ -90,10 +100,13 @@ def cmd_devices(args: argparse.Namespace) -> int:
               f"command buffers (cl_khr_command_buffer) {'yes' if p.command_buffers else 'no'}")
         matched = match_device(p.name, p.opencl_version)
         print(f"      Adreno profile: {matched.name + ' (' + matched.gpu + ', ' + matched.soc + ')' if matched else 'none'}")
-    if default is None:
+    if default is None and not remote:
         print(f"No device here can build a kernel. {INSTALL_HINT}")
         return 1
-    print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
+    if remote:
+        print(f"R = the remote device {ENV_DEVICE} selects")
+    else:
+        print(f"* = default device (select another with options={{'device': ...}} or {ENV_DEVICE})")
     # Built on first use (once per machine): the line says whether replays get the C loop.
     print(f"Replayed TrainingStep launch loop: {native_loop_status()}")
     print("Adreno targets (compile for one on any device: options={'target': ...} or TORCH_ADRENO_TARGET; "

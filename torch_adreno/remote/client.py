@@ -15,7 +15,9 @@ time and answers another "busy". Every failure is a :class:`RemoteError`: the se
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +30,8 @@ from torch_adreno.remote import protocol
 from torch_adreno.remote.protocol import Message
 
 PREFIX = "remote:"
+#: The token a client gives when none is passed (a server off loopback requires one).
+TOKEN_VARIABLE = "TORCH_ADRENO_REMOTE_TOKEN"
 
 
 class RemoteError(RuntimeError):
@@ -89,6 +93,15 @@ class RemoteDevice:
         self.hello: dict[str, Any] = json.loads(self._request(Message.HELLO, protocol.text(token or "")))
         #: The server's caps: max_message_bytes, max_steps_per_run, max_text_bytes.
         self.limits: dict[str, int] = self.hello["limits"]
+
+    @classmethod
+    def from_spec(cls, spec: str, token: str | None = None, **options: Any) -> RemoteDevice:
+        """Connect to the device a ``remote:HOST:PORT`` spec names; ``token`` defaults to
+        $TORCH_ADRENO_REMOTE_TOKEN."""
+        address = parse_remote(spec)
+        if address is None:
+            raise ValueError(f"device {spec!r} is not a remote device (remote:HOST:PORT)")
+        return cls(*address, token=token if token is not None else os.environ.get(TOKEN_VARIABLE), **options)
 
     def properties(self) -> dict[str, Any]:
         """The device's properties (name, vendor, driver, OpenCL version, compute units, work-group,
@@ -155,7 +168,9 @@ class RemoteDevice:
         doing = f"while answering {message.name}"
         try:
             self._socket.settimeout(timeout or self.timeout)
-            self._socket.sendall(protocol.frame(message, payload))
+            # (refused before it was all sent, say as too large: the reply says why, if one came)
+            with contextlib.suppress(OSError):
+                self._socket.sendall(protocol.frame(message, payload))
             magic, _version, kind, length = protocol.HEADER.unpack(self._receive(protocol.HEADER.size, doing))
             if magic != protocol.MAGIC:
                 raise RemoteError(f"{self.address} answered {message.name} with something not of the step protocol")

@@ -1,0 +1,135 @@
+"""Fixtures of the native runtime's tests (test_native_step.py, test_remote.py), a plugin of
+conftest.py: its builds, the environment that runs them on pip's OpenCL drivers, the CPU runtimes
+present, exported steps; and a hand-made step file. Builds and exports are made once per session."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import in_ci
+from onnx import helper
+
+from torch_adreno.cli import main as cli_main
+from torch_adreno.cli.native import NativeBuild, NativeBuildError, build_native, opencl_environment
+from torch_adreno.runner import format as fmt
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Batches in each exported data file; runs take them in turn.
+STEPS = 6
+#: The CPU runtimes of CI, by the platform names both runners match.
+PLATFORMS = ("Intel(R) OpenCL", "Portable Computing Language")
+#: Leaks included: what the OpenCL drivers keep until exit is suppressed by library (a leak of the
+#: runtime's own has no frame in a driver).
+SANITIZER_OPTIONS = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
+                     "LSAN_OPTIONS": f"suppressions={ROOT / 'native' / 'sanitizers' / 'opencl-drivers.supp'}"
+                                     ":print_suppressions=0",
+                     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+
+_builds: dict[str, NativeBuild] = {}
+
+
+def build_once(tmp_path_factory: pytest.TempPathFactory, name: str, **options) -> NativeBuild:
+    if name not in _builds:
+        try:
+            _builds[name] = build_native(build_dir=tmp_path_factory.mktemp(name), **options)
+        except NativeBuildError as err:
+            if in_ci():
+                pytest.fail(f"CI=true: the native runtime does not build: {err}", pytrace=False)
+            pytest.skip(f"the native runtime does not build here: {err}")
+    return _builds[name]
+
+
+@pytest.fixture(scope="session")
+def native(tmp_path_factory) -> NativeBuild:
+    return build_once(tmp_path_factory, "native")
+
+
+@pytest.fixture(scope="session")
+def sanitized(tmp_path_factory) -> NativeBuild:
+    return build_once(tmp_path_factory, "native-sanitized", sanitize=True, build_type="Debug")
+
+
+@pytest.fixture(scope="session")
+def environment(tmp_path_factory) -> dict[str, str]:
+    """The process environment of a native run: pip's OpenCL loader and drivers."""
+    return dict(os.environ, **opencl_environment(tmp_path_factory.mktemp("opencl")))
+
+
+@pytest.fixture(scope="session")
+def platforms() -> list[str]:
+    import pyopencl as cl
+
+    present = {p.name.strip() for p in cl.get_platforms()}
+    found = [name for name in PLATFORMS if name in present]
+    if not found:
+        pytest.skip(f"no OpenCL device found of {', '.join(PLATFORMS)}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory) -> Callable[[str], tuple[Path, Path]]:
+    """``exported(model)``: (step.onnx, data.safetensors) written by `python -m torch_adreno export --data-out`."""
+
+    files: dict[str, tuple[Path, Path]] = {}
+
+    def export(model: str) -> tuple[Path, Path]:
+        if model not in files:
+            folder = tmp_path_factory.mktemp(model)
+            step, data = folder / "step.onnx", folder / "data.safetensors"
+            assert cli_main(["export", str(step), "--model", model, "--lr", "0.05", "--data-out", str(data),
+                             "--data-steps", str(STEPS)]) == 0
+            files[model] = step, data
+        return files[model]
+
+    return export
+
+
+VIEW_KERNELS = {
+    "k0": "__kernel void k0(__global const float* restrict in0, __global float* restrict out0) {\n"
+          "  int i = get_global_id(0); out0[i] = in0[i] * 2.0f; }",
+    "k1": "__kernel void k1(__global const float* restrict in1, __global float* restrict w, __global float* restrict loss) {\n"
+          "  float s = 0.0f; for (int i = 0; i < 6; i++) s += in1[i]; loss[0] = s + w[0]; w[0] = w[0] + 1.0f; }",
+}
+
+
+def view_and_copy_step() -> onnx.ModelProto:
+    """A step file made by hand: batch rows 1-2 of a [4, 3] input (a view: shape [2, 3], strides
+    [3, 1], offset 3) doubled, copied to another slot, summed with the state ``w``, which each step
+    increments: loss = 2 * sum(x[1:3]) + w."""
+    def kernel(name: str, buffers: list[int], size: int) -> onnx.NodeProto:
+        return helper.make_node(name, [], [f"{name}_out"], domain=fmt.DOMAIN, name=name, kernel_name=name,
+                                opencl_source=VIEW_KERNELS[name], build_options=[""], global_size=[size],
+                                local_size=[size], buffers=buffers, parameters=[""], fx_nodes=[""], graph="g",
+                                index_checks=0, extensions=[""])
+
+    copy = helper.make_node(fmt.COPY_OP, [], ["copied"], domain=fmt.DOMAIN, name="copy", destination=2, source=1,
+                            nbytes=24)
+    functions = [helper.make_function(fmt.DOMAIN, name, [], ["out"], [helper.make_node(
+        "Constant", [], ["out"], value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))],
+        [helper.make_opsetid("", fmt.OPSET)], attributes=list(attributes))
+        for name, attributes in (("k0", fmt.KERNEL_ATTRIBUTES), ("k1", fmt.KERNEL_ATTRIBUTES),
+                                 (fmt.COPY_OP, fmt.COPY_ATTRIBUTES))]
+    graph = helper.make_graph(
+        [kernel("k0", [0, 1], 6), copy, kernel("k1", [2, 3, 4], 1)], "step",
+        [helper.make_tensor_value_info("batch_0", onnx.TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+        initializer=[onnx.numpy_helper.from_array(np.array([0.5], np.float32), "w")])
+    model = helper.make_model(graph, functions=functions, producer_name=fmt.PRODUCER,
+                              opset_imports=[helper.make_opsetid("", fmt.OPSET), helper.make_opsetid(fmt.DOMAIN, 1)])
+    plan = {"identities": [
+        {"index": 0, "kind": "batch", "nbytes": 24, "position": 0, "view": [[2, 3], [3, 1], 3]},
+        {"index": 1, "kind": "internal", "nbytes": 24, "slot": 0},
+        {"index": 2, "kind": "internal", "nbytes": 24, "slot": 1},
+        {"index": 3, "kind": "persistent", "nbytes": 4, "input": "w", "shape": [1], "output": "w.new"},
+        {"index": 4, "kind": "internal", "nbytes": 4, "slot": 2}],
+        "slots": [24, 24, 4], "batch": [{"input": "batch_0", "position": 0, "shape": [4, 3], "dtype": "float32"}],
+        "loss": {"identity": 4, "dtype": "float32", "shape": []}}
+    helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
+    return model
