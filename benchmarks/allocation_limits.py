@@ -15,7 +15,7 @@ and the last N feature blocks trained, the frozen rest in eval mode); by default
 the larger footprint.
 
 It prints as it goes (the model, each step's loss and time, then the footprint and the largest
-allocations) and appends one JSON line (``--out``, default benchmarks/results/allocation_limits.jsonl):
+allocations) and appends one JSON line (``--out``, default benchmarks/results/<device>/allocation_limits.jsonl):
 the largest buffer and image made, how many, the arena's buffers, the footprint's parts and total,
 the limits, the losses, the step times and ``within_limits``. A benchmark, not a test: it reports,
 it asserts nothing (``tests/test_allocation_limits_full.py`` asserts the same sizes, marked slow).
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpt2_lora
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.target import profiles
@@ -224,7 +224,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="hold the run to a copy of the target with this largest allocation (a split on PoCL)")
     parser.add_argument("--steps", type=int, default=3, help="steps: compile, capture, then replays (default 3)")
     parser.add_argument("--device", type=device_arg, default=None)
-    parser.add_argument("--out", type=Path, default=RESULTS / "allocation_limits.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "allocation_limits.jsonl")
     args = parser.parse_args(argv)
     (batch, seq), (small_batch, small_seq) = DEFAULTS[args.workload]
     if args.batch is None:

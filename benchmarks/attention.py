@@ -8,7 +8,7 @@ forward and the backward of ``sum(out * grad)``; per pass, the median over ``--r
 device time of its kernels (OpenCL profiling events), the kernel bytes (global memory each launch
 must move, as the kernels stage counts them) and the launches (fused ones among them); the largest
 deviation from eager on the host (float32) is recorded too. One JSON line
-per (seq, path) is printed as it is measured and appended to benchmarks/results/attention.jsonl.
+per (seq, path) is printed as it is measured and appended to benchmarks/results/<device>/attention.jsonl.
 
     python benchmarks/attention.py [--device NVIDIA] [--seqs 256 512 1024] [--batch 4] [--heads 12]
                                    [--head-dim 64] [--reps 5] [--dtype float32|float16|bfloat16]
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.kernels import attention as attention_kernels
@@ -139,7 +139,7 @@ def main() -> None:
                         help="rows,cols,micro_rows,micro_cols of the forward kernel (several: a sweep)")
     parser.add_argument("--backward-blocking", type=_blocking, nargs="+", default=[None],
                         help="rows,cols,micro_rows,micro_cols of the dQ and dK/dV kernels (several: a sweep)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "attention.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "attention.jsonl")
     args = parser.parse_args()
     device = device_arg(args.device)
     context = run_context(device)

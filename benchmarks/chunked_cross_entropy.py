@@ -16,7 +16,7 @@ and the losses. ``--autocast bf16`` runs the model under bfloat16 autocast (the 
     python benchmarks/chunked_cross_entropy.py                 # PoCL: 2 layers, d 128, full vocabulary, 512 tokens
     python benchmarks/chunked_cross_entropy.py --full          # GPT-2 124M, seq 256, batch 4 (a GPU)
 
-Appends JSON lines to benchmarks/results/chunked_cross_entropy.jsonl (or --out).
+Appends JSON lines to benchmarks/results/<device>/chunked_cross_entropy.jsonl (or --out).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainable_parameters
 
 import torch_adreno
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--autocast", choices=["bf16"], default=None)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--out", type=Path, default=RESULTS / "chunked_cross_entropy.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "chunked_cross_entropy.jsonl")
     args = parser.parse_args()
     cfg = FULL if args.full else REDUCED
     autocast = torch.bfloat16 if args.autocast == "bf16" else None

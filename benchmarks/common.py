@@ -1,4 +1,9 @@
-"""Shared by the benchmark scripts: run context and JSON-lines output."""
+"""Shared by the benchmark scripts: run context and JSON-lines output.
+
+Results go to ``benchmarks/results/<device>/<benchmark>.jsonl``: one folder per device (``h200``,
+``pocl``, ``intel-cpu``, ...; :func:`device_folder`), chosen from the records themselves when a
+script's output path holds the :data:`DEVICE` placeholder (every script's default).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import dataclasses
 import datetime
 import json
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +21,8 @@ from torch_adreno.config import OPTIONS
 from torch_adreno.runtime import get_runtime
 
 RESULTS = Path(__file__).parent / "results"
+#: A path component that :func:`append_jsonl` replaces with the records' :func:`device_folder`.
+DEVICE = "<device>"
 
 #: The device facts the stages plan an NVIDIA H200 with (its OpenCL driver's report): GPU code
 #: paths, 132 compute units (GEMM splits), work-group and local-memory limits, 141 GB of memory
@@ -48,8 +56,40 @@ def run_context(device: str | int | None) -> dict[str, Any]:
             "host_threads": torch.get_num_threads()}
 
 
-def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+def device_folder(platform_name: str, device_name: str) -> str:
+    """The results folder of an OpenCL device: ``pocl`` (PoCL), ``intel-cpu`` (Intel's CPU runtime, on
+    whichever x86-64 CPU), the GPU's model for NVIDIA (``h200``), ``adreno740`` for an Adreno, else
+    the device's name in lower case with dashes."""
+    plat, name = platform_name.lower(), device_name.lower()
+    if "portable computing language" in plat:
+        return "pocl"
+    if plat.startswith("intel") and "graphics" not in plat and "gpu" not in name:
+        return "intel-cpu"
+    adreno = re.search(r"adreno\D*(\d+)", name)
+    if adreno:
+        return f"adreno{adreno.group(1)}"
+    if "nvidia" in plat:
+        name = name.replace("nvidia", "")
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown-device"
+
+
+def results_file(path: Path, records: list[dict[str, Any]]) -> Path:
+    """``path`` with a :data:`DEVICE` component replaced by the records' device folder."""
+    if DEVICE not in path.parts:
+        return path
+    first = records[0] if records else {}
+    if not first.get("platform") or not first.get("device"):
+        raise ValueError(f"{path}: the records name no device and platform (run_context), so the device folder "
+                         "is unknown; pass --out")
+    folder = device_folder(str(first["platform"]), str(first["device"]))
+    return Path(*(folder if part == DEVICE else part for part in path.parts))
+
+
+def append_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    """Append ``records`` as JSON lines to ``path`` (see :func:`results_file`); returns the file written."""
+    path = results_file(path, records)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
+    return path

@@ -41,7 +41,7 @@ those of equal content one), ``replay_kernel_arguments`` (the buffer and index c
 a replayed step's launches) and ``replay_offset_arguments`` (their arena offsets, an ``int`` each).
 
 ``--cprofile DIR`` also writes each child's cProfile (``blocks_<n>.prof``). Appends JSON lines to
-``--out`` (default benchmarks/results/compile_blocks.jsonl) and prints a table. Not a test.
+``--out`` (default benchmarks/results/<device>/compile_blocks.jsonl) and prints a table. Not a test.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import gpt2_lora
 import torch
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.runtime.binary_cache import build_stats
@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="compile with tune=True (tuning_s)")
     parser.add_argument("--cprofile", type=Path, default=None, help="a directory for each child's cProfile")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per child process")
-    parser.add_argument("--out", type=Path, default=RESULTS / "compile_blocks.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "compile_blocks.jsonl")
     parser.add_argument("--note", default="", help="a remark stored with each record (the tree measured)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

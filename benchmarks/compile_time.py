@@ -27,7 +27,7 @@ backward graph); the median of three more steps gives the steady step time ``ste
 again (``recompile_s``): compile time without Python's one-time import and set-up costs (with the
 compile cache on, a hit in this process's cache).
 
-Appends JSON lines to benchmarks/results/compile_time.jsonl (or --out) and prints a table.
+Appends JSON lines to benchmarks/results/<device>/compile_time.jsonl (or --out) and prints a table.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
 import torch.nn.functional as F
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 from torch._dynamo.utils import counters
 
 import torch_adreno
@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--all-phases", action="store_true", help="also measure cold_no_binary_cache")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child process")
-    parser.add_argument("--out", type=Path, default=RESULTS / "compile_time.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "compile_time.jsonl")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="adreno", help=argparse.SUPPRESS)
     args = parser.parse_args()

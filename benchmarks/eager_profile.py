@@ -4,7 +4,7 @@ per-op breakdown of ours).
 
     python benchmarks/eager_profile.py --workloads gpt2_lora resnet18 [--rows 30]
 
-Appends JSON lines (kernel name, calls, CUDA microseconds) to benchmarks/results/eager_profile.jsonl.
+Appends JSON lines (kernel name, calls, CUDA microseconds) to benchmarks/results/<device>/eager_profile.jsonl.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context
+from common import DEVICE, RESULTS, append_jsonl, run_context
 from workloads import LR, MOMENTUM, WORKLOADS, get_workload
 
 
@@ -54,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--rows", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=RESULTS / "eager_profile.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "eager_profile.jsonl")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("eager_profile needs CUDA: it profiles PyTorch's own GPU step")

@@ -22,7 +22,7 @@ they are host memory) and the losses.
     source .gpu/env.sh && python benchmarks/frozen_weights.py --device NVIDIA    # GPT-2 124M, seq 256, batch 4
     python benchmarks/frozen_weights.py --plan-as h200 --layers 1 --steps 1     # the H200's plan, bytes only, on a CPU
 
-Appends JSON lines to benchmarks/results/frozen_weights.jsonl (or --out).
+Appends JSON lines to benchmarks/results/<device>/frozen_weights.jsonl (or --out).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gemm_shapes
-from common import PLANS, RESULTS, append_jsonl, device_arg, plan_as, run_context
+from common import DEVICE, PLANS, RESULTS, append_jsonl, device_arg, plan_as, run_context
 from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainable_parameters
 from workloads import breakdown
 
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--plan-as", choices=sorted(PLANS), default=None,
                         help="plan the kernels for this device while running them on --device: its kernel bytes "
                              "and launches (a CPU's run of the H200's plan; times mean nothing then)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "frozen_weights.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "frozen_weights.jsonl")
     args = parser.parse_args()
     cfg = SMALL if args.small else FULL
     cfg = dataclasses.replace(cfg, **{k: v for k, v in (("layers", args.layers), ("vocab", args.vocab)) if v is not None})

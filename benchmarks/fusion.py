@@ -3,7 +3,7 @@ unfused (one kernel per IR node), for each reference model, in the same run.
 
     python benchmarks/fusion.py --models mlp lenet resnet_mini transformer --steps 20
 
-Appends JSON lines to benchmarks/results/fusion.jsonl (or --out) and prints a table. Step times
+Appends JSON lines to benchmarks/results/<device>/fusion.jsonl (or --out) and prints a table. Step times
 are medians of interleaved steps; quote ratios from one run.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 from torch_adreno.bench.measure import compare_variants
 from torch_adreno.models import MODELS
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--out", type=Path, default=RESULTS / "fusion.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "fusion.jsonl")
     args = parser.parse_args()
     device = args.device
     base = {"device": device} if device is not None else {}

@@ -16,7 +16,7 @@ an Adreno's texture cache, the reason the image path exists.
 
     python benchmarks/gemm.py [--sizes 256 1024 4096] [--reps 20] [--device NVIDIA] [--images]
 
-Appends JSON lines to benchmarks/results/gemm.jsonl and draws benchmarks/results/gemm.png.
+Appends JSON lines to benchmarks/results/<device>/gemm.jsonl and draws benchmarks/results/<device>/gemm.png.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.runtime import get_runtime
@@ -258,7 +258,7 @@ def main() -> None:
                         help="also time ours with tune=True (the verified fastest launch per kernel)")
     parser.add_argument("--images", action="store_true",
                         help="also time ours with images=True (operands read through image2d_t)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "gemm.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "gemm.jsonl")
     args = parser.parse_args()
     device = args.device
     context = run_context(device)
@@ -270,9 +270,9 @@ def main() -> None:
     if not args.no_conv:
         records += conv_records(args.reps, device, args.tune, args.images)
     records = [{**context, **r} for r in records]
-    append_jsonl(args.out, records)
-    plot(records, args.out.with_suffix(".png"))
-    print(f"JSON lines: {args.out}; plot: {args.out.with_suffix('.png')}")
+    out = append_jsonl(args.out, records)
+    plot(records, out.with_suffix(".png"))
+    print(f"JSON lines: {out}; plot: {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.bench.measure import _loss
@@ -54,7 +54,7 @@ def main() -> None:
                         choices=list(MODELS))
     parser.add_argument("--device", default=None, type=device_arg)
     parser.add_argument("--rows", type=int, default=15)
-    parser.add_argument("--out", type=Path, default=RESULTS / "kernels.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "kernels.jsonl")
     parser.add_argument("--target", default=None, choices=target_names(),
                         help="compile for this Adreno profile and add its projected time per kernel")
     args = parser.parse_args()

@@ -9,7 +9,7 @@
 
     python benchmarks/memory.py --models resnet_mini transformer
 
-Appends JSON lines to benchmarks/results/memory.jsonl (or --out).
+Appends JSON lines to benchmarks/results/<device>/memory.jsonl (or --out).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -106,7 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--out", type=Path, default=RESULTS / "memory.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "memory.jsonl")
     args = parser.parse_args()
     device = args.device
     base = {"device": device} if device is not None else {}

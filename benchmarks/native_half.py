@@ -9,7 +9,7 @@ beside eager float16's.
 
     python benchmarks/native_half.py --device Intel --models mlp transformer
 
-Appends JSON lines to benchmarks/results/native_half.jsonl (or --out).
+Appends JSON lines to benchmarks/results/<device>/native_half.jsonl (or --out).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=device_arg, default="Intel")
     parser.add_argument("--models", nargs="+", default=["mlp", "lenet", "transformer"])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=RESULTS / "native_half.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "native_half.jsonl")
     args = parser.parse_args(argv)
     context = run_context(args.device)
     records = []

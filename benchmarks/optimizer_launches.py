@@ -6,7 +6,7 @@ reference models with SGD (momentum) and Adam: the measure of multi-tensor optim
 Prints one row per model and optimizer: parameters, launches of a whole step, launches of the
 optimizer's graph, the step's peak planned device bytes and its median time (synchronised by
 reading the loss). Appends JSON lines to
-benchmarks/results/optimizer_launches.jsonl (or --out).
+benchmarks/results/<device>/optimizer_launches.jsonl (or --out).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
     parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--out", type=Path, default=RESULTS / "optimizer_launches.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "optimizer_launches.jsonl")
     args = parser.parse_args()
     options = {"device": args.device} if args.device is not None else {}
     context = run_context(args.device)

@@ -4,7 +4,7 @@ CUDA device exists — and tinygrad where it is installed.
 
     python benchmarks/peers.py --steps 30
 
-Medians of --steps steps after warm-up; appends JSON lines to benchmarks/results/peers.jsonl.
+Medians of --steps steps after warm-up; appends JSON lines to benchmarks/results/<device>/peers.jsonl.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 from torch_adreno.bench.measure import compare_variants, cuda_step
 from torch_adreno.models import MODELS
@@ -29,7 +29,7 @@ def main() -> None:
                         choices=list(MODELS))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--out", type=Path, default=RESULTS / "peers.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "peers.jsonl")
     args = parser.parse_args()
     device = args.device
     base = {"device": device} if device is not None else {}

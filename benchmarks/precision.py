@@ -10,7 +10,7 @@ time of ``--steps`` steps after two warm-up steps, all in the same process and r
     python benchmarks/precision.py --models resnet_mini transformer
     source .gpu/env.sh && python benchmarks/precision.py --device NVIDIA --steps 30    # the H200
 
-Appends JSON lines to benchmarks/results/precision.jsonl (or --out).
+Appends JSON lines to benchmarks/results/<device>/precision.jsonl (or --out).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row (default: %(default)s)")
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--out", type=Path, default=RESULTS / "precision.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "precision.jsonl")
     args = parser.parse_args()
     options = {"device": args.device} if args.device is not None else {}
     context = run_context(args.device)

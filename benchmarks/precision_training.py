@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 from half_training import distance, train
 
 CASES = [(m, p) for m in ("mlp", "lenet", "resnet_mini", "transformer") for p in ("fp16_autocast", "bf16_autocast")]
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--models", nargs="+", default=None)
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--out", type=Path, default=RESULTS / "precision_training.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "precision_training.jsonl")
     args = parser.parse_args()
     options = {"device": args.device} if args.device is not None else {}
     context = run_context(args.device)

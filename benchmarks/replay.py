@@ -23,7 +23,7 @@
 
     python benchmarks/replay.py [--models mlp lenet] [--device NVIDIA] [--copy] [--rounds 5 --steps 20]
 
-Appends JSON lines to benchmarks/results/replay.jsonl. Not a test: asserts nothing.
+Appends JSON lines to benchmarks/results/<device>/replay.jsonl. Not a test: asserts nothing.
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
-from torch_adreno.runtime import get_runtime, launch_list
+from torch_adreno.runtime import get_runtime
+from torch_adreno.training.replay import launch_list
 from torch_adreno.training.replay.launch_list import Flush, Launch, LaunchList
 
 
@@ -348,7 +349,7 @@ def main() -> None:
                         help="steps compared bit for bit, replayed vs not (default 50; 0 skips)")
     parser.add_argument("--device", default=None, type=device_arg, help="OpenCL device (index or name part)")
     parser.add_argument("--copy", action="store_true", help="zero_copy=False on a unified-memory device")
-    parser.add_argument("--out", type=Path, default=RESULTS / "replay.jsonl", help="JSON-lines file to append to")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "replay.jsonl", help="JSON-lines file to append to")
     args = parser.parse_args()
     options: dict[str, Any] = {"device": args.device} if args.device is not None else {}
     if args.copy:

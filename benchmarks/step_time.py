@@ -3,7 +3,7 @@ interleaved in the same run, with the kernel and byte counts of one adreno step.
 
     python benchmarks/step_time.py --models mlp lenet --steps 30
 
-Appends JSON lines to benchmarks/results/step_time.jsonl (or --out) and prints a table.
+Appends JSON lines to benchmarks/results/<device>/step_time.jsonl (or --out) and prints a table.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 from torch_adreno.bench.measure import compare_variants
 from torch_adreno.models import MODELS
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
     parser.add_argument("--device", default=None, type=device_arg)
-    parser.add_argument("--out", type=Path, default=RESULTS / "step_time.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "step_time.jsonl")
     args = parser.parse_args()
     device = args.device
     options = {"device": device} if device is not None else {}

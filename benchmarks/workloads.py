@@ -37,9 +37,9 @@ drivers' (``POCL_CACHE_DIR``, ``CUDA_CACHE_PATH``) -- start empty unless ``--war
 
     python benchmarks/workloads.py --device NVIDIA                      # full sizes (the GPU machine)
     python benchmarks/workloads.py --small --steps 3 --workloads resnet18
-    python benchmarks/workloads.py --small --plot                       # + benchmarks/results/workloads.png
+    python benchmarks/workloads.py --small --plot                       # + benchmarks/results/<device>/workloads.png
 
-Appends JSON lines to ``--out`` (default benchmarks/results/workloads.jsonl), one per workload and
+Appends JSON lines to ``--out`` (default benchmarks/results/<device>/workloads.jsonl), one per workload and
 peer, and prints a table. Not a test: asserts nothing about speed.
 """
 
@@ -68,7 +68,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gpt2_lora
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, results_file, run_context
 
 import torch_adreno
 from torch_adreno.profiler.roofline import device_peaks
@@ -509,7 +509,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="untimed steps first (default 3; at least 2: ours replays from its third call)")
     parser.add_argument("--device", default=None, help="OpenCL device for ours (index or name part)")
     parser.add_argument("--rows", type=_positive, default=12, help="rows of each per-op breakdown (default 12)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "workloads.jsonl", help="JSON-lines file to append to")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "workloads.jsonl", help="JSON-lines file to append to")
     parser.add_argument("--plot", nargs="?", type=Path, const=Path(), default=None, metavar="PNG",
                         help="plot step ms per workload and peer (default path: --out with .png)")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm compile (a second process)")
@@ -552,6 +552,7 @@ def main() -> None:
           f"CUDA {'available: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'not available'}; "
           f"peers: {' '.join(args.peers)}; {'small' if args.small else 'full'} sizes", flush=True)
     records: list[dict[str, Any]] = []
+    out = results_file(args.out, [context])
     for workload in args.workloads:
         with tempfile.TemporaryDirectory(prefix="torch_adreno_workloads_") as tmp:
             caches = None if args.warm_caches else Path(tmp)
@@ -577,7 +578,7 @@ def main() -> None:
             other = next((r for r in rows if r["peer"] == peer and "median_ms" in r), None)
             if ours_row is not None and other is not None:
                 ours_row[f"over_{peer}"] = ours_row["median_ms"] / other["median_ms"]
-        append_jsonl(args.out, [{**context, **r} for r in rows])
+        out = append_jsonl(args.out, [{**context, **r} for r in rows])
         records += rows
         print(table(rows), flush=True)
     if len(args.workloads) > 1:
@@ -591,10 +592,10 @@ def main() -> None:
                   f"{r['eager_loss_last']:.6f}; replayed steps {r['replayed_steps']}; ours is {ratios}"
                   + (f"; device time {r['device_over_eager']:.2f}x eager's" if "device_over_eager" in r else ""))
     if args.plot is not None:
-        path = args.plot if args.plot != Path() else args.out.with_suffix(".png")
+        path = args.plot if args.plot != Path() else out.with_suffix(".png")
         plot(records, path)
         print(f"plot: {path}")
-    print(f"JSON lines: {args.out}")
+    print(f"JSON lines: {out}")
 
 
 if __name__ == "__main__":
