@@ -29,7 +29,7 @@ ATen op and kernel with GFLOP/s and GB/s) and its compile time: the calls before
 process finding those caches; ``--no-warm`` skips it). Each CUDA peer also gets its device time:
 the CUDA kernels of one more step under ``torch.profiler`` (``device_ms``; ``device_over_eager``
 for every peer beside eager's): on the shared GPU host eager's wall time for ResNet-18 varied from
-8.8 to 12.4 ms between runs of one session (session 37), with its host's share of each step.
+8.8 to 12.4 ms between four runs of one day (2026-12-04), with its host's share of each step.
 
 Each workload runs in a fresh process (its memory returned after it) whose caches -- the program
 binaries (``TORCH_ADRENO_CACHE_DIR``), PyTorch's compile cache (``TORCHINDUCTOR_CACHE_DIR``) and the
