@@ -11,7 +11,7 @@ achieved GFLOP/s, so that the heuristic's choices can be judged shape by shape.
 
     python benchmarks/gemm_shapes.py --device NVIDIA [--variants heuristic unfilled tuned] [--cases gpt2 resnet18] [--reps 10]
 
-Appends JSON lines to benchmarks/results/gemm_shapes.jsonl.
+Appends JSON lines to benchmarks/results/<device>/gemm_shapes.jsonl.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 import torch_adreno.backend as backend
@@ -259,7 +259,7 @@ def _rewritten_tiling(rewrite: Rewrite) -> Any:
 def _items_8x8(t: gemm.GemmTiling, m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
     """8 x 8 outputs per work-item wherever the heuristic's tile is 128 x 64 with fewer (128
     work-items in place of 256; 64 x 128 tiles so were slower at every ResNet-18 layer, 128 x 64
-    ones faster: benchmarks/results/gemm_shapes_k_steps_h200.jsonl)."""
+    ones faster on the H200, 2026-12-03)."""
     if (t.tile_m, t.tile_n) == (128, 64) and (t.wpt_m, t.wpt_n) != (8, 8):
         return gemm.GemmTiling(t.tile_m, t.tile_n, t.tile_k, 8, 8)
     return t
@@ -364,7 +364,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
                         help="the layers' weights and inputs in these types (16-bit: the GEMMs of a 16-bit "
                              "frozen base; PyTorch's 16-bit GEMMs use tensor cores, ours cannot through OpenCL)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "gemm_shapes.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "gemm_shapes.jsonl")
     parser.add_argument("--sources", type=Path, default=None,
                         help="write each compiled kernel's OpenCL source, its build options in its first line, "
                              "under this folder (the debug_dir option), one subfolder per layer and variant")

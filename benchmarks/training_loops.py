@@ -1,7 +1,7 @@
 """Training loops as people write them, timed: what a schedule, varying lengths and a first call
 cost a replayed TrainingStep.
 
-    python benchmarks/training_loops.py --device Intel --out benchmarks/results/<device>/training_loops.jsonl
+    python benchmarks/training_loops.py --device Intel      # to benchmarks/results/<device>/training_loops.jsonl
 
 Studies (JSON lines, one record each; no assertions, these machines are shared):
 
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, append_jsonl, device_arg, run_context
+from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 
@@ -128,12 +128,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps of the schedule study")
     parser.add_argument("--studies", nargs="+", default=["schedule", "lengths", "first_calls"],
                         choices=["schedule", "lengths", "first_calls"])
-    parser.add_argument("--out", type=Path, default=None, help="JSON lines file (default: results/<device>/)")
+    parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "training_loops.jsonl", help="JSON lines file")
     args = parser.parse_args()
     device = device_arg(args.device)
     options: dict[str, Any] = {} if device is None else {"device": device}
     context = run_context(device)
-    out = args.out or RESULTS / context["device"].replace(" ", "_").replace("/", "_") / "training_loops.jsonl"
     records: list[dict[str, Any]] = []
     if "first_calls" in args.studies:
         records += first_calls_study(options)
@@ -142,7 +141,7 @@ def main() -> None:
     if "lengths" in args.studies:
         records += lengths_study(options)
     records = [{**context, **r} for r in records]
-    append_jsonl(out, records)
+    out = append_jsonl(args.out, records)
     for r in records:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in context})
     print(f"written to {out}")
