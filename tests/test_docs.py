@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: The README's setup commands, which .ci/run runs (the README says so: they must stay the same).
 SETUP_COMMANDS = ('pip install "torch==2.13.0" -e ".[test]"', "python -m pytest")
-#: Wording that names development rounds ("session 37", "this session") rather than the product.
+#: Wording that names development rounds (a numbered or "this"/"last" session) rather than the product.
 ROUNDS = re.compile(r"session[ _-]?\d+|\b(?:this|last|next|previous) session\b", re.IGNORECASE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: What the API reference documents (mkdocstrings' anchors).
