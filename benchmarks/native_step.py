@@ -10,7 +10,7 @@ interleaved, ``torch-adreno-step train``'s own median for reference.
     python benchmarks/native_step.py [--models digits lenet resnet_mini mlp] [--device "Intel(R) OpenCL"]
                                      [--steps 30]
 
-Appends JSON lines to benchmarks/results/native_step.jsonl. Not a test: asserts nothing.
+Appends JSON lines to benchmarks/results/<device>/native_step.jsonl. Not a test: asserts nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, append_jsonl, run_context
+from common import DEVICE, RESULTS, append_jsonl, run_context
 
 from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import build_native, opencl_environment
@@ -134,7 +134,7 @@ def main() -> int:
                                                             built.executable)}
             print(record, flush=True)
             records.append(record)
-    append_jsonl(RESULTS / "native_step.jsonl", records)
+    append_jsonl(RESULTS / DEVICE / "native_step.jsonl", records)
     return 0
 
 

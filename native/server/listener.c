@@ -238,7 +238,7 @@ static int is_loopback(const struct sockaddr *address) {
 }
 
 static void name_address(const struct sockaddr *address, socklen_t length, char *out, size_t size) {
-    char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+    char host[1025] = "?", port[32] = "?"; /* (NI_MAXHOST and NI_MAXSERV are not POSIX) */
     getnameinfo(address, length, host, sizeof host, port, sizeof port, NI_NUMERICHOST | NI_NUMERICSERV);
     snprintf(out, size, address->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
 }
