@@ -36,7 +36,7 @@ LAYERS: dict[str, int] = {
     "backend.donation": 10, "backend.decompositions": 10, "backend.debug": 10, "backend.compile_cache": 10,
     "backend.saved_views": 10,
     "backend": 11,
-    "_compiler": 12,
+    "_compiler": 12, "torch_patches": 12,
     "": 13, "__main__": 16,
     "testing": 13, "bench": 14, "federated": 14, "cli": 15,
 }

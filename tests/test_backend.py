@@ -217,3 +217,9 @@ def test_symbolic_sizes_seen_only_while_tracing_are_compiled_per_concrete_shape(
         x = torch.randn(7)
         torch.testing.assert_close(f(x), torch.tanh(x) * 2.0)
     assert traced == [[(7,)], [(7,)]]  # the trace that failed, then one compile at the first call
+
+
+def test_a_misspelt_option_is_named_with_the_nearest_valid_one():
+    with pytest.raises(ValueError, match=r"'zero_cpy' \(did you mean 'zero_copy'\?\)") as info:
+        torch_adreno.Config.from_options({"zero_cpy": False})
+    assert len(str(info.value)) < 800 and "memory_reuse" in str(info.value)

@@ -377,7 +377,7 @@ def test_training_step_with_grad_scaler_matches_the_eager_scaler_loop(zero_copy)
     with torch_adreno.profile() as prof:
         losses = [float(step(x, y)) for _ in range(10)]
     step.synchronize()
-    assert step._scaling is not None and step._scaling.skipped_steps >= 2  # the first steps overflowed
+    assert step._compiled.scaling is not None and step._compiled.scaling.skipped_steps >= 2  # the first steps overflowed
     assert scaler.get_scale() == eager_scaler.get_scale()
     assert scaler.state_dict()["_growth_tracker"] == eager_scaler.state_dict()["_growth_tracker"]
     assert max(abs(a - b) for a, b in zip(losses, eager_losses, strict=True)) < 1e-2

@@ -101,12 +101,13 @@ def test_persistent_copies_are_heap_regions(context) -> None:
     weight, batch = torch.randn(8, 8), torch.randn(4, 8)
     assert placement(residency.buffer_for(weight, pinned=True, graph="g", buffer="w")) is not None
     assert placement(residency.buffer_for(batch, pinned=False, graph="g", buffer="x")) is None
-    residency.heap_group = group = object()
-    try:
+    from torch_adreno.runtime.residency import StepContext
+
+    group = object()
+    with residency.in_step(StepContext(heap_group=group)):
         other = torch.randn(8, 8)
         in_group = placement(residency.buffer_for(other, pinned=True, graph="g", buffer="w2"))
-    finally:
-        residency.heap_group = None
+    assert residency.heap_group is None and not residency.deferring
     assert in_group is not None and in_group[0] is not placement(residency.buffer_for(weight, pinned=True,
                                                                                        graph="g", buffer="w"))[0]
     assert group is not None

@@ -4,7 +4,7 @@ LoRA adapters from peft, trained through ``TrainingStep`` and through ``torch.co
 
 What had stopped them: ``model(input_ids=x, labels=y).loss`` calls ``logger.warning_once`` inside
 transformers' loss function, which Dynamo refuses under ``fullgraph=True`` (the backend now makes
-logger calls no-ops in its own traces: ``backend.skip_logging_calls_in_adreno_traces``); every causal
+logger calls no-ops in its own traces: ``torch_adreno.torch_patches``); every causal
 LM's key-value cache starts from ``torch.tensor([])``, a tensor constant of the FX graph, which the
 lowering refused (constants are now data the graph carries: ``ir.Graph.constants``); and
 ``scaled_dot_product_attention(..., enable_gqa=True)``.

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from torch_adreno import torch_patches
 from torch_adreno.backend import adreno_backend
 from torch_adreno.config import BACKEND_NAME, OPTIONS, Config
 from torch_adreno.errors import (
@@ -45,6 +44,5 @@ def _register() -> None:
 
 _register()
 
-# Dynamo skips frames holding nn.LSTM / nn.GRU unless RNN tracing is enabled: such a model would
-# run eagerly on the host without a word. A user of this backend wants it on the device.
-torch._dynamo.config.allow_rnn = True
+# What this package changes in PyTorch (each change, its torch versions and why: torch_patches).
+torch_patches.install(adreno_backend)

@@ -6,6 +6,7 @@ environment variable, then the default.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -228,6 +229,17 @@ OPTIONS: dict[str, OptionSpec] = {
 }
 
 
+def unknown_options_message(unknown: list[str]) -> str:
+    """The error for options the backend does not have: each with the nearest valid names, then
+    every valid name (``python -m torch_adreno devices --options`` and the docs describe them)."""
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(str(name), list(OPTIONS), n=2, cutoff=0.6)
+        parts.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+    return (f"unknown adreno backend option(s) {', '.join(parts)}; valid options: {', '.join(map(repr, OPTIONS))} "
+            "(each is described in the documentation's Options page and in torch_adreno.OPTIONS[name].doc)")
+
+
 @dataclass(frozen=True)
 class Config:
     """Validated backend options. Construct with :meth:`from_options`."""
@@ -258,10 +270,7 @@ class Config:
         environ = os.environ if environ is None else environ
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
-            raise OptionError(
-                f"unknown adreno backend option(s) {', '.join(map(repr, unknown))}; valid options: "
-                + "; ".join(f"{s.name!r} ({s.doc})" for s in OPTIONS.values())
-            )
+            raise OptionError(unknown_options_message(unknown))
         values: dict[str, Any] = {}
         for spec in OPTIONS.values():
             if spec.name in options:

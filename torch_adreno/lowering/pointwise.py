@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import torch
+import torch._inductor.inductor_prims  # (defines torch.ops.prims.fma, lowered here)
 from torch.fx import Node
 
 from torch_adreno import ir

@@ -17,12 +17,11 @@ data pointer. Two kinds of host writes do neither (torch 2.11 and 2.13):
 
 Writes outside both (``t.data.add_(...)`` or a NumPy view written by code that is not an
 optimizer step) stay invisible to any counter: ``torch_adreno.mark_changed(t)`` says so.
-:func:`install` is idempotent.
+:mod:`torch_adreno.torch_patches` installs the wrapper and the hook.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,10 +29,9 @@ import torch
 from torch.autograd.graph import increment_version
 
 _ORIGINAL_UNSCALE: Any = torch._amp_foreach_non_finite_check_and_unscale_
-_installed: list[Any] = []
 
 
-def _unscale_bumping_versions(grads: Sequence[torch.Tensor], found_inf: torch.Tensor,
+def unscale_bumping_versions(grads: Sequence[torch.Tensor], found_inf: torch.Tensor,
                               inv_scale: torch.Tensor) -> None:
     _ORIGINAL_UNSCALE(grads, found_inf, inv_scale)
     increment_version([g for g in grads if not g.is_inference()])
@@ -70,11 +68,3 @@ def mark_changed(*tensors: torch.Tensor) -> None:
     ``.data`` or a NumPy view, outside an optimizer step): device copies of them are made again
     before a compiled graph next reads them."""
     increment_version([t for t in tensors if not t.is_inference()])
-
-
-def install() -> None:
-    """Route the unscale op through its wrapper and register the step post-hook (once)."""
-    torch._amp_foreach_non_finite_check_and_unscale_ = _unscale_bumping_versions  # type: ignore[assignment]
-    if not _installed:
-        optimizer_module = importlib.import_module("torch.optim.optimizer")
-        _installed.append(optimizer_module.register_optimizer_step_post_hook(bump_after_step))

@@ -15,15 +15,17 @@ backward to reuse what the forward uploaded. Contract: changes that bypass the v
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 import torch
 
-from torch_adreno.runtime import host_writes
 from torch_adreno.runtime.copies import TRANSIENT_SLOTS, CopyTable
 from torch_adreno.runtime.deferral import Deferral
 from torch_adreno.runtime.device import DeviceRuntime
@@ -40,11 +42,23 @@ from torch_adreno.runtime.host_memory import (
 # (The host-memory helpers are imported from here by the executable and the replay.)
 __all__ = ["TRANSIENT_SLOTS", "Residency", "host_array", "poison", "shared_buffer", "sync_shared", "version_of"]
 
-# Copies are trusted by version: GradScaler's unscale must bump the versions it changes.
-host_writes.install()
 
 # Every residency, so that one reading a host tensor another deferred can make it current first.
 _ALL_RESIDENCIES: list[weakref.ref[Residency]] = []
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a :class:`~torch_adreno.TrainingStep`'s graph calls are told about the step they are part
+    of (:meth:`Residency.in_step`): its heap group, and whether its parameter copies are heap regions
+    (its ``heap_copies`` option)."""
+
+    heap_group: Any = None
+    heap_copies: bool = True
+
+
+#: The residency and step the graph calls of this context belong to (None: no step).
+_IN_STEP: ContextVar[tuple[Residency, StepContext] | None] = ContextVar("torch_adreno_in_step", default=None)
 
 
 class Residency:
@@ -67,20 +81,44 @@ class Residency:
         self._transfers = Transfers(runtime)
         self._copies = CopyTable(runtime, self._transfers)
         self._deferral = Deferral(runtime, self._transfers)
-        #: While set (by :class:`torch_adreno.TrainingStep`, for the duration of one step), updated
-        #: inputs are not written back and gradients are not downloaded: the device copies are the
-        #: current values until :meth:`synchronize`.
-        self.deferring = False
-        #: The device heap group new parameter copies are placed in (set by a TrainingStep around its
-        #: own graph calls, so that its replay's slab holds its own tensors only).
-        self.heap_group: Any = None
-        #: Whether parameter copies made now are heap regions (False: buffers of their own); set with
-        #: :attr:`heap_group` by a TrainingStep from its ``heap_copies`` option.
-        self.heap_copies = True
         #: How many times :meth:`synchronize` ran (a replayed step re-defers its updates after one).
         self.synchronizations = 0
         _ALL_RESIDENCIES[:] = [ref for ref in _ALL_RESIDENCIES if ref() is not None]
         _ALL_RESIDENCIES.append(weakref.ref(self))
+
+    @contextlib.contextmanager
+    def in_step(self, step: StepContext) -> Iterator[None]:
+        """Graph calls of this residency in this thread (and its context) run as part of ``step``
+        until the block ends: see :class:`StepContext`."""
+        token = _IN_STEP.set((self, step))
+        try:
+            yield
+        finally:
+            _IN_STEP.reset(token)
+
+    def _step(self) -> StepContext | None:
+        current = _IN_STEP.get()
+        return current[1] if current is not None and current[0] is self else None
+
+    @property
+    def deferring(self) -> bool:
+        """Inside a TrainingStep's step (:meth:`in_step`): updated inputs are not written back and
+        gradients are not downloaded; the device copies are the current values until
+        :meth:`synchronize`."""
+        return self._step() is not None
+
+    @property
+    def heap_group(self) -> Any:
+        """The device heap group new parameter copies are placed in: the step's, so that its
+        replay's slab holds its own tensors only (None outside a step)."""
+        step = self._step()
+        return None if step is None else step.heap_group
+
+    @property
+    def heap_copies(self) -> bool:
+        """Whether parameter copies made now are heap regions (False: buffers of their own)."""
+        step = self._step()
+        return True if step is None else step.heap_copies
 
     def add_namer(self, namer: Callable[[torch.Tensor], str | None]) -> None:
         """Register a bound method naming tensors (``0.weight``) for error messages; held weakly."""

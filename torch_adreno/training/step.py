@@ -50,14 +50,15 @@ from torch_adreno.config import Config
 from torch_adreno.memory.footprint import DeviceFootprint
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.events import BUS, StepRecord
+from torch_adreno.runtime.residency import StepContext
 from torch_adreno.target.profiles import profile_for
 from torch_adreno.training import guards, host_sync
 from torch_adreno.training.accumulation import GradientAccumulation
+from torch_adreno.training.compiled_step import CompiledStep
 from torch_adreno.training.gradients import (
     GradientOnDevice,
     check_norm_type,
     clear_gradient_markers,
-    gradient_clipper,
     mark_gradients_on_device,
 )
 from torch_adreno.training.hyperparameters import StepHyperparameters
@@ -66,12 +67,10 @@ from torch_adreno.training.progress import reported, slow_work
 from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
-from torch_adreno.training.scaler import DeviceGradScaling
 from torch_adreno.training.state import (
     REMEMBERED_SIGNATURES,
     batch_signature,
     name_of,
-    recompile_limit_message,
 )
 
 _GRAD = operator.attrgetter("grad")
@@ -146,20 +145,10 @@ class TrainingStep:
             raise ValueError("TrainingStep: accumulate > 1 with a GradScaler is not supported yet; accumulate "
                              "in float32 or bfloat16 autocast (no scaler), or step every call")
         self._accumulation = GradientAccumulation(accumulate, self._params, dict(options or {}))
-        accumulation = self._accumulation
-        # Accumulating, the compiled loss also returns the loss scaled for the backward.
-        self._loss: Callable[..., Any] = torch.compile((lambda *batch: loss_fn(model, *batch)) if accumulate == 1 else
-                                   (lambda *batch: _with_scaled(loss_fn(model, *batch), accumulation)),
-                                   backend="adreno", options=dict(options or {}), dynamic=False, fullgraph=True)
+        self._compiled = CompiledStep(model, loss_fn, optimizer, self._params, dict(options or {}), self._accumulation,
+                                      max_grad_norm, norm_type, grad_scaler)
         #: Whether the last call ran the optimizer step (every call, unless accumulating).
         self.stepped_optimizer = False
-        # Static: a hyperparameter left a float and changed (momentum, weight decay) is a recompile
-        # specialised to the new value, not a float64 graph input; learning rates are tensors
-        # (StepHyperparameters below), read as inputs.
-        self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options or {}), dynamic=False)
-        self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options or {})
-        self._scaling = (DeviceGradScaling(grad_scaler, loss_fn, model, options or {})
-                         if grad_scaler is not None and grad_scaler.is_enabled() else None)
         self._gradient_markers: dict[int, GradientOnDevice] = {}
         #: Each parameter's ``.grad`` as the last replay left it (its marker; None: frozen).
         self._marked: tuple[Any, ...] | None = None
@@ -172,7 +161,7 @@ class TrainingStep:
             rebuild = profile_for(self._residency.runtime.profile, config.target).is_gpu
         self._replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies,
                                              config.verify_memory, self.memory_limits)
-        self._heap_copies = config.heap_copies
+        self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
         # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
         self._hyperparameters = StepHyperparameters(optimizer)
         # (removed on close: the sync hooks and the settings)
@@ -180,7 +169,7 @@ class TrainingStep:
         self._closed = False
         self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
-        self._replay_enabled = replay and self._scaling is None  # (GradScaler steps are not replayed)
+        self._replay_enabled = replay and self._compiled.scaling is None  # (GradScaler steps are not replayed)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
         self._replays = Replays(MAX_REPLAYS)
@@ -305,72 +294,18 @@ class TrainingStep:
         ``recorder`` is given."""
         clear_gradient_markers(self._params)  # left by the previous step; autograd would accumulate into them
         versions_before = self._residency.deferred_versions()
-        self._residency.deferring = True
-        self._residency.heap_group = self._memory.heap_group  # its parameters' copies in slabs of its own
-        self._residency.heap_copies = self._heap_copies
         try:
-            # An eager fallback of the optimizer step would read gradients that never reached the host.
-            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
-                    (recorder if recorder is not None else contextlib.nullcontext()):
-                stage = "loss"
-                try:
-                    if self._scaling is not None:
-                        loss, scaled = self._scaling.forward(batch)
-                        scaled.backward()
-                    elif self._accumulation.count > 1:
-                        loss, scaled = self._loss(*batch)
-                        scaled.backward()
-                    else:
-                        loss = self._loss(*batch)
-                        loss.backward()
-                    stage = "optimizer step"
-                    self._accumulation.gather()
-                    stepped = self._accumulation.steps_optimizer and (
-                        self._scaling is None or self._unscaled_gradients_finite())
-                    if stepped:
-                        self._clip_gradients()
-                        self._step()
-                except torch._dynamo.exc.FailOnRecompileLimitHit as err:
-                    raise RuntimeError(recompile_limit_message(stage, list(self._batch_signatures))) from err
-            # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
-            updated = [p for p in self._params if p.grad is not None] if not self._residency.zero_copy and stepped else []
-            if updated and not all(self._residency.is_deferred(p) for p in updated):
-                raise RuntimeError(
-                    "the optimizer step did not run on the device (Dynamo ran some of it as host code), so it "
-                    "read gradients that exist only on the device; the parameters' host copies are not valid. "
-                    "Use an optimizer whose step compiles (torch.optim's do, fused or not): a "
-                    "graph break inside the step is what put it on the host"
-                )
+            return self._compiled.run(batch, self._residency, self._step_context, recorder,
+                                      list(self._batch_signatures))
         except BaseException:
             # Only this step ran since the records were made: its version bumps are not host edits.
             self._residency.accept_versions(versions_before)
             raise
         finally:
-            self._residency.deferring = False
-            self._residency.heap_group = None
-            self._residency.heap_copies = True
-            self._after_step()
-        return loss.detach()
-
-    def _after_step(self) -> None:
-        # The gradients' host copies were never filled in: nobody may read them.
-        mark_gradients_on_device(self._params, self._gradient_markers)
-        if self._residency.deferred_tensors:
-            host_sync.arm(self._residency)  # the first read of an out-of-date host copy synchronizes
-
-    def _unscaled_gradients_finite(self) -> bool:
-        """GradScaler: gradients unscaled on the device, the scale updated; whether to step."""
-        assert self._scaling is not None
-        found_inf = self._scaling.unscale([p.grad for p in self._params if p.grad is not None])
-        self._scaling.update(found_inf)
-        return not found_inf
-
-    def _clip_gradients(self) -> None:
-        """``clip_grad_norm_`` over the gradients, on the device (when ``max_grad_norm`` is set)."""
-        if self._clip is not None:
-            grads = [p.grad for p in self._params if p.grad is not None]
-            if grads:
-                self._clip(grads)
+            # The gradients' host copies were never filled in: nobody may read them.
+            mark_gradients_on_device(self._params, self._gradient_markers)
+            if self._residency.deferred_tensors:
+                host_sync.arm(self._residency)  # the first read of an out-of-date host copy synchronizes
 
     def export(self, path: str, predict: torch.Tensor | None = None) -> Any:
         """Write the captured step (call the step twice with one batch geometry first) to ``path`` as

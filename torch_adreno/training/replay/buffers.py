@@ -20,7 +20,8 @@ import pyopencl as cl
 
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.heap import device_heap, placement
-from torch_adreno.training.replay.capture import IdentityKind, StepRecorder
+from torch_adreno.training.replay.batch import BatchBinding
+from torch_adreno.training.replay.capture import BATCH, IdentityKind, StepRecorder
 from torch_adreno.training.replay.memory import ArenaLayout
 
 
@@ -97,3 +98,22 @@ class StepBuffers:
             # (A sub-buffer of the slab: OpenCL makes none of a sub-buffer.)
             self._sub_buffers[index] = base.get_sub_region(start, nbytes)
         return self._sub_buffers[index]
+
+    def batch_bindings(self, recorder: StepRecorder, in_place: bool) -> dict[int, BatchBinding]:
+        """A binding per batch identity of the recording, by identity index (``in_place``: its
+        buffer is None and each replay binds one; else its place in the arena)."""
+        bindings: dict[int, BatchBinding] = {}
+        for identity in recorder.identities:
+            if identity.kind is not BATCH:
+                continue
+            assert identity.tensor is not None and identity.view is not None
+            own = tuple(identity.tensor.shape), tuple(identity.tensor.stride()), identity.tensor.storage_offset()
+            base = recorder.batch[identity.batch_position]
+            whole = own == (tuple(base.shape), tuple(base.stride()), base.storage_offset())
+            binding = BatchBinding(identity.batch_position, None if whole else identity.view, identity.nbytes,
+                                   identity.label, None)
+            if not in_place:
+                binding.buffer, binding.offset = self.place(identity.index)
+            bindings[identity.index] = binding
+            self.buffers[identity.index] = binding.buffer if in_place else None
+        return bindings

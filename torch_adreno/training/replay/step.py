@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,7 +62,6 @@ from torch_adreno.training.replay.arena_kernels import (
 from torch_adreno.training.replay.batch import REPLAY_GRAPH, BatchBinding, BatchInput, BatchMode, batch_mode
 from torch_adreno.training.replay.buffers import StepBuffers
 from torch_adreno.training.replay.capture import (
-    BATCH,
     INTERNAL,
     PERSISTENT,
     RecordedCopy,
@@ -71,6 +69,7 @@ from torch_adreno.training.replay.capture import (
     StepRecorder,
     recording_of,
 )
+from torch_adreno.training.replay.inputs import ScalarInputs
 from torch_adreno.training.replay.launch_list import Copy, Flush, Launch, LaunchList, Operation
 from torch_adreno.training.replay.memory import (
     arena_layout,
@@ -87,14 +86,6 @@ FLUSH_AFTER = frozenset({4, 16, 48, 112, 240, 496, 1008})
 
 class CaptureError(RuntimeError):
     """A recorded step cannot be replayed; the message says why (the step runs the full path)."""
-
-
-@dataclass
-class _ScalarInput:
-    tensor: torch.Tensor
-    buffer: Any
-    #: The version of ``tensor`` whose value the device holds.
-    version: int
 
 
 class ReplayOptions:
@@ -158,7 +149,7 @@ class ReplayedStep:
         self._buffers = StepBuffers(self.runtime, recorder, self.arena,
                                     options.arena_kernels and not residency.zero_copy and not images, heap_group)
         self._arena = self._buffers.arenas[0]
-        bindings = self._batch_bindings(recorder)
+        bindings = self._buffers.batch_bindings(recorder, self.batch_mode is BatchMode.IN_PLACE)
         # Seeds and batch share one arena buffer and one write; valid_for prestages through it.
         self.batch_input = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()),
                                       self._buffers.arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
@@ -167,12 +158,8 @@ class ReplayedStep:
         # buffer, which must then stay alive (a released one faults at the next enqueue), with the
         # host memory under it (zero-copy).
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
-        updated = {index for _, index in recorder.updated}
-        wanted = {id(t) for t in inputs}
-        #: Each scalar input: the tensor, its device buffer, and the version the device holds.
-        self._scalar_inputs = [_ScalarInput(i.tensor, i.buffer, int(i.tensor._version)) for i in recorder.identities
-                               if i.kind is PERSISTENT and i.tensor is not None and id(i.tensor) in wanted
-                               and i.index not in updated]
+        self._scalar_inputs = ScalarInputs(recorder.identities, {index for _, index in recorder.updated}, inputs,
+                                           residency, REPLAY_GRAPH)
         #: The images the kernels read (a kernel argument holds no reference).
         self._images: list[Any] = []
         kernels = arena_kernels(self.runtime, recorder, self._buffers.located, self._buffers.slabs,
@@ -215,25 +202,6 @@ class ReplayedStep:
         #: work), and "after" (the caller's bookkeeping once the loss is read; set by the caller).
         self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
         self.loss_read_at = 0.0
-
-    def _batch_bindings(self, recorder: StepRecorder) -> dict[int, BatchBinding]:
-        """A binding per batch identity of the recording, by identity index (bound in place: its
-        buffer is None and each replay binds one; else its place in the arena)."""
-        bindings: dict[int, BatchBinding] = {}
-        for identity in recorder.identities:
-            if identity.kind is not BATCH:
-                continue
-            assert identity.tensor is not None and identity.view is not None
-            own = tuple(identity.tensor.shape), tuple(identity.tensor.stride()), identity.tensor.storage_offset()
-            base = recorder.batch[identity.batch_position]
-            whole = own == (tuple(base.shape), tuple(base.stride()), base.storage_offset())
-            binding = BatchBinding(identity.batch_position, None if whole else identity.view, identity.nbytes,
-                                   identity.label, None)
-            if self.batch_mode is not BatchMode.IN_PLACE:
-                binding.buffer, binding.offset = self._buffers.place(identity.index)
-            bindings[identity.index] = binding
-            self._buffers.buffers[identity.index] = binding.buffer if self.batch_mode is BatchMode.IN_PLACE else None
-        return bindings
 
     def _bind_operations(self, recorder: StepRecorder, kernels: list[ReplayKernel], copies: MergedCopies,
                          batch_of: dict[int, BatchBinding]) -> tuple[list[Operation], list[tuple[str, Any] | None]]:
@@ -342,7 +310,7 @@ class ReplayedStep:
             self._graph_calls_seen = self.runtime.graph_calls
         self.batch_input.bind(batch, queue, keep)
         self.batch_input.upload_seeds(queue, keep)
-        self._upload_scalar_inputs(queue, keep)
+        self._scalar_inputs.upload(queue, keep)
         enqueue_start = time.perf_counter()
         self._enqueue_all(profiled)
         index_errors = self.runtime.index_errors
@@ -369,15 +337,7 @@ class ReplayedStep:
     @property
     def scalar_inputs(self) -> list[torch.Tensor]:
         """The host tensors each replay uploads when their version moved (a schedule's learning rate)."""
-        return [entry.tensor for entry in self._scalar_inputs]
-
-    def _upload_scalar_inputs(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
-        for entry in self._scalar_inputs:
-            if entry.tensor._version != entry.version:
-                entry.version = entry.tensor._version
-                kept = self.residency.refresh(entry.tensor, entry.buffer, queue, REPLAY_GRAPH)
-                if kept is not None:
-                    keep.append(kept)
+        return self._scalar_inputs.tensors
 
     def _defer_updates(self) -> None:
         """The updated tensors' current values are on the device: keep the residency's deferral

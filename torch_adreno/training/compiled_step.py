@@ -1,0 +1,102 @@
+"""A TrainingStep's step through the compiled graphs: Dynamo, AOTAutograd and autograd drive the
+device (the replay records this path once per batch geometry and then runs without them).
+
+:class:`CompiledStep` holds the compiled loss (scaled for gradient accumulation where asked) and
+optimizer step, gradient clipping and GradScaler handling, and runs one call: forward and
+backward, the accumulation's gathering, then -- where the call steps the optimizer -- unscaling,
+clipping and the optimizer's own ``step()``, each on the device. Invariant: when :meth:`run`
+returns, every parameter the optimizer stepped is deferred to the device in copy mode (a graph
+break that ran part of the step on the host is an error, not host copies quietly out of date).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+
+from torch_adreno.runtime.residency import Residency, StepContext
+from torch_adreno.training.accumulation import GradientAccumulation
+from torch_adreno.training.gradients import gradient_clipper
+from torch_adreno.training.replay.capture import StepRecorder
+from torch_adreno.training.scaler import DeviceGradScaling
+from torch_adreno.training.state import recompile_limit_message
+
+
+def _with_scaled(loss: torch.Tensor, accumulation: GradientAccumulation) -> tuple[torch.Tensor, torch.Tensor]:
+    return loss, accumulation.scale(loss)
+
+
+class CompiledStep:
+    """The compiled graphs of one TrainingStep and the order it calls them in (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer,
+                 params: list[torch.nn.Parameter], options: Mapping[str, Any], accumulation: GradientAccumulation,
+                 max_grad_norm: float | None, norm_type: float, grad_scaler: torch.amp.GradScaler | None) -> None:
+        self._params = params
+        self.accumulation = accumulation
+        # Accumulating, the compiled loss also returns the loss scaled for the backward.
+        self._loss: Callable[..., Any] = torch.compile(
+            (lambda *batch: loss_fn(model, *batch)) if accumulation.count == 1 else
+            (lambda *batch: _with_scaled(loss_fn(model, *batch), accumulation)),
+            backend="adreno", options=dict(options), dynamic=False, fullgraph=True)
+        # Static: a hyperparameter left a float and changed (momentum, weight decay) is a recompile
+        # specialised to the new value, not a float64 graph input; learning rates are tensors
+        # (StepHyperparameters), read as inputs.
+        self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options), dynamic=False)
+        self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options)
+        self.scaling = (DeviceGradScaling(grad_scaler, loss_fn, model, options)
+                        if grad_scaler is not None and grad_scaler.is_enabled() else None)
+
+    def run(self, batch: tuple[Any, ...], residency: Residency, step: StepContext, recorder: StepRecorder | None,
+            signatures: list[Hashable]) -> torch.Tensor:
+        """One call through the compiled graphs, as part of ``step`` (recorded when ``recorder`` is
+        given); returns the loss. ``signatures``: the batch geometries seen, for the message of a
+        recompile limit."""
+        # An eager fallback of the optimizer step would read gradients that never reached the host.
+        with residency.in_step(step), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
+                (recorder if recorder is not None else contextlib.nullcontext()):
+            stage = "loss"
+            try:
+                if self.scaling is not None:
+                    loss, scaled = self.scaling.forward(batch)
+                    scaled.backward()
+                elif self.accumulation.count > 1:
+                    loss, scaled = self._loss(*batch)
+                    scaled.backward()
+                else:
+                    loss = self._loss(*batch)
+                    loss.backward()
+                stage = "optimizer step"
+                self.accumulation.gather()
+                stepped = self.accumulation.steps_optimizer and (self.scaling is None or self._unscaled_finite())
+                if stepped:
+                    self._clip_gradients()
+                    self._step()
+            except torch._dynamo.exc.FailOnRecompileLimitHit as err:
+                raise RuntimeError(recompile_limit_message(stage, signatures)) from err
+        # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
+        updated = [p for p in self._params if p.grad is not None] if not residency.zero_copy and stepped else []
+        if updated and not all(residency.is_deferred(p) for p in updated):
+            raise RuntimeError(
+                "the optimizer step did not run on the device (Dynamo ran some of it as host code), so it "
+                "read gradients that exist only on the device; the parameters' host copies are not valid. "
+                "Use an optimizer whose step compiles (torch.optim's do, fused or not): a "
+                "graph break inside the step is what put it on the host")
+        return loss.detach()
+
+    def _unscaled_finite(self) -> bool:
+        """GradScaler: gradients unscaled on the device, the scale updated; whether to step."""
+        assert self.scaling is not None
+        found_inf = self.scaling.unscale([p.grad for p in self._params if p.grad is not None])
+        self.scaling.update(found_inf)
+        return not found_inf
+
+    def _clip_gradients(self) -> None:
+        """``clip_grad_norm_`` over the gradients, on the device (when ``max_grad_norm`` is set)."""
+        if self._clip is not None:
+            grads = [p.grad for p in self._params if p.grad is not None]
+            if grads:
+                self._clip(grads)
