@@ -8,7 +8,7 @@ handing the model over), against the same trainer running eagerly.
   accumulation.
 
 Accelerate's ``TrainingArguments(torch_compile_backend=...)`` takes only the backends of its own
-enum, so the model is compiled before the Trainer gets it (the README's "Training loops").
+enum, so the model is compiled before the Trainer gets it (docs/guide/training-loops.md).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-#: The stored calibration: our kernels on an NVIDIA H200 (benchmarks/results/workloads_h200_session27.jsonl).
+#: The stored calibration: our kernels on an NVIDIA H200 (the profiled steps of benchmarks/workloads.py there).
 CALIBRATION_FILE = Path(__file__).with_name("calibration_h200.json")
 #: A kind whose mean roofline time per launch on the measuring GPU is under this many microseconds
 #: measured the GPU's fixed per-kernel latency (a few microseconds), not a throughput.
@@ -36,7 +36,7 @@ LATENCY_BOUND_US = 1.0
 #: (``copies``) are element-wise copies, as pointwise kernels are.
 STAND_INS = {"copies": "pointwise"}
 #: Kinds newer than the calibration's records, and the measured kind each is projected with: a fused
-#: attention kernel's FLOPs are its two matrix products (on the H200 of session 27 attention ran as
+#: attention kernel's FLOPs are its two matrix products (when the calibration was measured, attention ran as
 #: GEMM and softmax kernels, so its share is in the GEMMs').
 UNMEASURED_STAND_INS = {"attention": "gemm"}
 #: Fractions pooled over every workload of the calibration, for models it did not measure.

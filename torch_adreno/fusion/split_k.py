@@ -14,7 +14,7 @@ unit runs at about half the rate of two (H200: GPT-2's 1,024 x 768 x 3,072 produ
 265 us; cut into 5 slices, 240 work-groups, 164 us; ResNet-18's last convolution, 28 tiles of
 k = 4,608, 362 -> 184 us). With a whole wave of tiles or more nothing was gained: the 144 tiles of
 GPT-2's 1,024 x 2,304 product (132 compute units) took 180 us as they are, 196 us with the 12 left
-over cut into 11 slices each (``benchmarks/results/gemm_shapes_*_h200.jsonl``).
+over cut into 11 slices each (``benchmarks/gemm_shapes.py``; ``benchmarks/results/h200/gemm_shapes.jsonl``).
 
 The rule needs only the device's compute-unit count: enough output tiles (at the template's usual
 64 x 64) to give every compute unit four work-groups' worth is all the parallelism splitting could add

@@ -129,21 +129,20 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
             and _groups(m, n, batch, 128, 128) < HALF_FILLED_UNITS * profile.compute_units:
         # Between one and 1.5 work-groups of 128 x 128 per compute unit, most units run a lone
         # work-group, at half the rate of two; 128 x 64 tiles, twice as many, did better at every
-        # such shape the tuner was given (H200, benchmarks/results/gemm_shapes_h200.jsonl "tuned":
+        # such shape the tuner was given (H200, benchmarks/gemm_shapes.py --variants tuned:
         # GPT-2's c_attn forward, 144 tiles, 180 -> 158 us; c_fc forward, 192, 179 -> 160; the MLP
         # projection's input gradient, 192, 185 -> 152), with the K step of 8. 16-bit operands as
         # well, now that the template holds them as loaded and widens them only as they are stored
         # into the tiles (bf16: c_attn forward 174 -> 148 us, c_fc forward 172 -> 147, the MLP
-        # projection's input gradient 180 -> 151; benchmarks/results/gemm_shapes_fill_slices_h200.jsonl
-        # "sixteen_bit_half_filled"). Inside the replayed bf16 GPT-2 step that last one takes 203 us,
+        # projection's input gradient 180 -> 151). Inside the replayed bf16 GPT-2 step that last one takes 203 us,
         # bound without the arena 152 (README, "Half precision"): likely the registers its rebuilt
         # form keeps for operand pointers in the arena, which cost ResNet-18's layer1 weight
-        # gradient a resident work-group per SM (README, session 37; not checked for this one).
+        # gradient a resident work-group per SM (measured there with ptxas; not checked for this one).
         tile_n = 64
     wpt_m, wpt_n = tile_m // threads, tile_n // threads
     if (tile_m, tile_n) == (128, 64) and m <= 128 and threads == 16:
         # One row of 128 x 64 tiles (a 128-channel convolution): 8 x 8 outputs per work-item, 128
-        # work-items. H200 (benchmarks/results/gemm_shapes_k_steps_h200.jsonl "items_8x8"):
+        # work-items. H200 (benchmarks/gemm_shapes.py --variants items_8x8):
         # ResNet-18's layer2 forward and input gradient 188 -> 150 and 202 -> 151 us, its strided
         # forward 111 -> 86; GPT-2's 1024-row products were slower so (c_attn 143 -> 168 us).
         wpt_n = 8
@@ -364,12 +363,11 @@ def k_step_unroll(tiling: GemmTiling, divides_per_element: bool, b_n_fastest: bo
     NVIDIA's compiler keeps that loop rolled, so each offset's multiply-adds wait for its own
     local-memory reads. Unrolled in full, 8 x 8 outputs per work-item were faster on the H200 where
     B's columns are adjacent in memory and no operand's helper divides its per-element K index
-    (benchmarks/results/gemm_shapes_shared_places_h200_session36.jsonl, ``heuristic`` against
-    ``rolled``, both with the loads' shared places): 4096^2 SGEMM's input gradient 3238 -> 3071 us,
+    (``benchmarks/gemm_shapes.py`` on the H200, unrolled against rolled): 4096^2 SGEMM's input gradient 3238 -> 3071 us,
     ResNet-18's 3 x 3 forward and input gradients 3-10% (layer4 159 -> 143 us). Where B is read
     along k (a linear layer's forward, x W^T) it was slower so (the 4096^2 forward 3333 -> 3467 us,
     GPT-2's head forward 1938 -> 2167); with an im2col operand dividing k per element (a weight
-    gradient) 11% slower (``gemm_shapes_unroll_h200_session36.jsonl``, layer2 158 -> 175 us), and
+    gradient) 11% slower (layer2 158 -> 175 us), and
     with the 4 x 8 blocks of 64-row tiles 10% (layer1's forward 150 -> 165 us)."""
     eight_by_eight = (tiling.wpt_m, tiling.wpt_n) == (8, 8)
     return tiling.tile_k if eight_by_eight and b_n_fastest and not divides_per_element else 0

@@ -22,7 +22,7 @@ as any buffer. Invariants:
 - slabs belong to one group (a :class:`~torch_adreno.TrainingStep`'s tensors and replays, say):
   a region is taken from its group's slabs only. NVIDIA's driver charges every enqueue binding a
   buffer about 12 ns per live sub-buffer of that buffer's parent (H200: 6.2 us with none, 7.2 with
-  100, 9.8 with 300; ``benchmarks/enqueue_cost.py --study subbuffers``), so a replay's slab
+  100, 9.8 with 300, measured with sub-buffers made for the purpose), so a replay's slab
   must hold its own step's tensors, not every model's and every batch's of the process;
 - no slab is larger than the largest single allocation allowed: the device's
   (``CL_DEVICE_MAX_MEM_ALLOC_SIZE``), or a :class:`HeapGroup`'s own limit (a TrainingStep compiled

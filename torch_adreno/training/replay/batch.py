@@ -38,10 +38,10 @@ REPLAY_GRAPH = "replayed_step"
 #: Staged batches of at least this many bytes are copied into the staging memory by worker threads
 #: while the step's guard runs on the caller's thread (:meth:`BatchInput.prestage`): the device
 #: idles until the batch is there. H200 host, ResNet-18's 9.6 MB batch: 0.74 ms copied by one
-#: thread, 0.49 by two; its guard takes ~0.6 ms (``benchmarks/results/batch_copy_h200.txt``).
+#: thread, 0.49 by two; its guard takes ~0.6 ms.
 #: Inside ResNet-18's step, the batch phase is 1.06-1.17 ms with two threads, 0.66-0.68 with four
-#: and 0.97-0.98 with eight (``batch_phase.py --workload resnet18 --copy-threads N``,
-#: ``batch_phase_threads_resnet18_h200.txt``): four, where the host has them, leaving the caller's
+#: and 0.97-0.98 with eight (the batch phase of ``ReplayedStep.last_phases``): four, where the
+#: host has them, leaving the caller's
 #: thread a core of its own for the guard.
 #: A worker copies without Python's lock (``np.copyto`` releases it) but needs the lock to start,
 #: and the guard, pure Python, holds it until it ends: workers that had not started by then copied
