@@ -9,7 +9,6 @@ and the next client is served; a server off loopback needs a token."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import re
 import signal
@@ -87,8 +86,11 @@ def server(sanitized, environment, platforms, tmp_path_factory) -> Iterator[Serv
     folder = tmp_path_factory.mktemp("server")
     running = start_server(sanitized, environment, folder, "--device", platforms[0], "--cache-dir",
                            str(folder / "cache"), "--io-timeout-s", "5", "--max-message-mib", "64", sanitized=True)
-    yield running
-    stop(running)
+    try:
+        yield running
+        stop(running)
+    finally:
+        running.process.kill()
 
 
 @pytest.fixture
@@ -359,14 +361,14 @@ def test_timeouts_and_a_dead_server_are_clear_errors(native, environment, platfo
         RemoteDevice("127.0.0.1", 1)
     running = start_server(native, environment, tmp_path, "--device", platforms[0], "--no-cache")
     try:
-        device = RemoteDevice("127.0.0.1", running.port, timeout=0.05)
+        device = RemoteDevice("127.0.0.1", running.port, timeout=0.02)
         remote = device.load_step(step)
-        with pytest.raises(RemoteTimeout, match=r"sent no reply to RUN within 0\.05 s; the connection is closed"):
-            remote.run(rows(data, 40))
+        with pytest.raises(RemoteTimeout, match=r"sent no reply to RUN within 0\.02 s; the connection is closed"):
+            remote.run(rows(data, 10))  # (10 MLP steps: over 100 ms on a CPU device)
         assert not device.connected
         with pytest.raises(RemoteConnectionError, match="is closed: make a new RemoteDevice"):
             remote.step(*rows(data, 1)[0])
-        device = RemoteDevice("127.0.0.1", running.port)  # (after the 40 steps: the server is serving again)
+        device = RemoteDevice("127.0.0.1", running.port)  # (after the 10 steps: the server is serving again)
         remote = device.load_step(step)
         running.process.kill()
         running.process.wait(timeout=30)
@@ -376,22 +378,25 @@ def test_timeouts_and_a_dead_server_are_clear_errors(native, environment, platfo
         running.process.kill()
 
 
-def test_a_server_off_loopback_needs_a_token(sanitized, environment, platforms, tmp_path) -> None:
+def test_a_server_off_loopback_needs_a_token(sanitized, environment, platforms, tmp_path, monkeypatch) -> None:
     done = subprocess.run([str(sanitized.executable), "serve", "--port", "0", "--host", "0.0.0.0"],
                           capture_output=True, text=True, env=dict(environment, **SANITIZER_OPTIONS), timeout=120)
     assert done.returncode == 2 and "0.0.0.0 is not a loopback address: serving it needs a token" in done.stderr
     running = start_server(sanitized, environment, tmp_path, "--host", "0.0.0.0", "--device", platforms[0],
                            sanitized=True, extra_env={"TORCH_ADRENO_SERVE_TOKEN": "s3cret"})
-    for token, said in ((None, "no token given"), ("s3cre", "wrong token"), ("s3cret!", "wrong token")):
-        with pytest.raises(RemoteServerError, match=said) as err:
-            RemoteDevice("127.0.0.1", running.port, token=token)
-        assert err.value.code == 104
-    with RemoteDevice("127.0.0.1", running.port, token="s3cret") as device:
-        assert device.properties()["name"]
-    os.environ.pop("TORCH_ADRENO_REMOTE_TOKEN", None)
-    with RemoteDevice.from_spec(f"remote:127.0.0.1:{running.port}", token="s3cret") as device:
-        assert device.hello["protocol"] == 1
-    stop(running)
+    try:
+        for token, said in ((None, "no token given"), ("s3cre", "wrong token"), ("s3cret!", "wrong token")):
+            with pytest.raises(RemoteServerError, match=said) as err:
+                RemoteDevice("127.0.0.1", running.port, token=token)
+            assert err.value.code == 104
+        with RemoteDevice("127.0.0.1", running.port, token="s3cret") as device:
+            assert device.properties()["name"]
+        monkeypatch.setenv("TORCH_ADRENO_REMOTE_TOKEN", "s3cret")
+        with RemoteDevice.from_spec(f"remote:127.0.0.1:{running.port}") as device:  # the token from the environment
+            assert device.hello["protocol"] == 1
+        stop(running)
+    finally:
+        running.process.kill()
 
 
 # -- fuzzing ------------------------------------------------------------------------------------------------
