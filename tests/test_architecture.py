@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "torch_adreno"
 #: translates and below ``TrainingStep`` (whose ``export`` method calls it), the backend and the
 #: public surface on top, the tools above everything they drive.
 LAYERS: dict[str, int] = {
-    "errors": 0, "target": 0, "data": 0, "models": 0, "runner": 0, "opencl_drivers": 1, "config": 1,
+    "errors": 0, "target": 0, "data": 0, "models": 0, "runner": 0, "remote": 0, "opencl_drivers": 1, "config": 1,
     "ir": 2,
     "lowering": 3, "fusion": 3,
     "memory": 4,
