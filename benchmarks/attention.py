@@ -3,7 +3,7 @@ softmax with the queries x keys scores in device memory), forward and backward, 
 
 For each sequence length: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` on
 [batch, heads, seq, head_dim] tensors, compiled by the adreno backend twice: fused (the default)
-and decomposed (``torch_adreno.lowering.attention.unfused_attention()``). Each call runs the
+and decomposed (the backend option ``fused_attention=False``). Each call runs the
 forward and the backward of ``sum(out * grad)``; per pass, the median over ``--reps`` calls of the
 device time of its kernels (OpenCL profiling events), the kernel bytes (global memory each launch
 must move, as the kernels stage counts them) and the launches (fused ones among them); the largest
@@ -43,7 +43,6 @@ from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.kernels import attention as attention_kernels
-from torch_adreno.lowering.attention import unfused_attention
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -90,27 +89,26 @@ def blockings(forward: tuple[int, int, int, int] | None,
 def measure(path: str, inputs: list[torch.Tensor], grad: torch.Tensor, device: Any, reps: int) -> dict[str, Any]:
     """Median device time, kernel bytes and launches per pass over ``reps`` calls of one path."""
     torch._dynamo.reset()
-    options = {"compile_cache": False, **({"device": device} if device is not None else {})}
+    options = {"compile_cache": False, "fused_attention": path != "decomposed",
+               **({"device": device} if device is not None else {})}
     compiled = torch.compile(_attention, backend="adreno", options=options, dynamic=False)
-    context = unfused_attention() if path == "decomposed" else contextlib.nullcontext()
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     per_pass: dict[str, dict[str, list[float]]] = {}
-    with context:
-        out = compiled(*leaves)  # (compiles the forward)
-        out.backward(grad)       # (and the backward)
-        for _ in range(reps):
-            for t in leaves:
-                t.grad = None
-            with torch_adreno.profile() as prof:
-                out = compiled(*leaves)
-                out.backward(grad)
-            for name in ("forward", "backward"):
-                kernels = [k for k in prof.kernels if _pass_of(k.graph) == name]
-                record = per_pass.setdefault(name, {"device_us": [], "bytes": [], "launches": [], "fused": []})
-                record["device_us"].append(sum(k.device_time_us or 0.0 for k in kernels))
-                record["bytes"].append(sum(k.bytes_read + k.bytes_written for k in kernels))
-                record["launches"].append(len(kernels))
-                record["fused"].append(sum(1 for k in kernels if k.kind == "attention"))
+    out = compiled(*leaves)  # (compiles the forward)
+    out.backward(grad)       # (and the backward)
+    for _ in range(reps):
+        for t in leaves:
+            t.grad = None
+        with torch_adreno.profile() as prof:
+            out = compiled(*leaves)
+            out.backward(grad)
+        for name in ("forward", "backward"):
+            kernels = [k for k in prof.kernels if _pass_of(k.graph) == name]
+            record = per_pass.setdefault(name, {"device_us": [], "bytes": [], "launches": [], "fused": []})
+            record["device_us"].append(sum(k.device_time_us or 0.0 for k in kernels))
+            record["bytes"].append(sum(k.bytes_read + k.bytes_written for k in kernels))
+            record["launches"].append(len(kernels))
+            record["fused"].append(sum(1 for k in kernels if k.kind == "attention"))
     reference = [t.detach().clone().float().requires_grad_() for t in inputs]
     expected = _attention(*reference)
     expected.backward(grad.float())

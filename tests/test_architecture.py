@@ -159,3 +159,32 @@ def test_the_tables_name_modules_that_exist(table):
     names = LAYERS if table == "LAYERS" else REGEX_USES
     missing = [n for n in names if n and not any(m == n or m.startswith(n + ".") for m in MODULES)]
     assert not missing, f"{table} names modules that do not exist: {missing}"
+
+
+def _module_settings(path: Path) -> list[str]:
+    """What in ``path`` makes module-level state a setting: ``global`` statements (a function
+    rebinding a module's name), and assignments to another module's attribute (``gemm.X = ...``)."""
+    tree = ast.parse(path.read_text())
+    imported = {alias.asname or alias.name.rpartition(".")[2] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch_adreno")
+                for alias in node.names}
+    imported |= {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names if alias.name.startswith("torch_adreno")}
+    found = [f"line {node.lineno}: global {', '.join(node.names)}" for node in ast.walk(tree)
+             if isinstance(node, ast.Global)]
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                    and target.value.id in imported and target.attr.isupper():
+                found.append(f"line {node.lineno}: {ast.unparse(target)} assigned")
+    return found
+
+
+def test_no_module_global_settings():
+    """Kernel and code-path choices are data (options, the device profile, function parameters),
+    never module globals the package rebinds: it has no ``global`` statement and assigns no other
+    module's constants."""
+    found = {name: hits for name, path in MODULES.items() if (hits := _module_settings(path))}
+    assert not found, f"module-level settings: {found}"

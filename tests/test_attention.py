@@ -256,3 +256,19 @@ def test_register_blocking_fits_a_gpu_and_an_adreno():
     with pytest.raises(ValueError, match="divide the block sizes"):
         AttentionBlocks(32, 32, 3, 2)
 
+
+
+@pytest.mark.device
+def test_the_fused_attention_option_decomposes_every_attention():
+    """``fused_attention=False``: no fused kernel runs, the results are still eager's, and the
+    reason is recorded (what benchmarks/attention.py compares the fused kernels against)."""
+    from torch_adreno.lowering import attention as fused
+
+    q, k, v = _qkv(queries=6, keys=6)
+    fused.UNFUSED_REASONS.clear()
+    prof = assert_matches_eager(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v,
+                                options={"compile_cache": False, "fused_attention": False})
+    assert not [k for k in prof.launched if k.kind == "attention"]
+    assert fused.TURNED_OFF in fused.UNFUSED_REASONS
+    prof = assert_matches_eager(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v)
+    assert [k for k in prof.launched if k.kind == "attention"]

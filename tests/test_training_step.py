@@ -327,12 +327,12 @@ def test_changing_batch_shapes_are_named_as_the_cause_of_a_recompile_limit() -> 
 
 
 def test_recompile_limit_messages_follow_what_changed() -> None:
-    from torch_adreno.training.state import batch_signature, recompile_limit_message
+    from torch_adreno.training.state import batch_shapes, recompile_limit_message
 
-    one = [batch_signature((torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)))]
+    one = [batch_shapes((torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)))]
     assert "tensor lr" in recompile_limit_message("optimizer step", one)
     assert "TORCH_LOGS=recompiles" in recompile_limit_message("loss", one)
-    many = one + [batch_signature((torch.zeros(n, 3), 1.0)) for n in range(5, 10)]
+    many = one + [batch_shapes((torch.zeros(n, 3), 1.0)) for n in range(5, 10)]
     message = recompile_limit_message("loss", many)
     assert "6 different shapes (([4, 3], [4]), ([5, 3], float)" in message and ", ...)" in message
 

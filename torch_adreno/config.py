@@ -204,6 +204,12 @@ OPTIONS: dict[str, OptionSpec] = {
             "False gives each its own buffer",
         ),
         OptionSpec(
+            "fused_attention", _bool, True, "TORCH_ADRENO_FUSED_ATTENTION",
+            "scaled_dot_product_attention runs as the fused attention kernels where they take it (default "
+            "True); False decomposes every attention into matrix products and a softmax (the fusion gain "
+            "benchmarks/attention.py measures)",
+        ),
+        OptionSpec(
             "frozen_casts", _bool, True, "TORCH_ADRENO_FROZEN_CASTS",
             "under autocast, cast each frozen tensor (a parameter that requires no grad, a buffer the "
             "graph does not update) to 16 bits once and keep the copy, made again only when the tensor "
@@ -259,6 +265,7 @@ class Config:
     replay_arena_kernels: str | bool = "auto"
     replay_merge_copies: bool = True
     heap_copies: bool = True
+    fused_attention: bool = True
     frozen_casts: bool = True
     chunked_cross_entropy: str | bool | int = "auto"
     target: str | None = None

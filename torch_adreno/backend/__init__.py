@@ -12,6 +12,7 @@ the backward: they stay on the device as DeviceTensors.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
@@ -30,7 +31,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch_adreno.backend import compile_cache, debug
 from torch_adreno.backend.attention_pattern import fuse_attention_patterns
 from torch_adreno.backend.compile_cache import CompiledGraph
-from torch_adreno.backend.decompositions import OWN_DECOMPOSITIONS
+from torch_adreno.backend.decompositions import OWN_DECOMPOSITIONS, UNFUSED_ATTENTION
 from torch_adreno.backend.donation import NO_DONATION, Donation, donatable_saved_tensors
 from torch_adreno.backend.frozen_casts import CASTS, frozen_in_partition, split_inference, split_partitioned
 from torch_adreno.backend.fused_cross_entropy import DECOMPOSITIONS as FUSED_HEAD_DECOMPOSITIONS
@@ -103,26 +104,31 @@ _graph_ids = itertools.count()
 
 
 @functools.cache
-def decomposition_table() -> dict[Any, Callable[..., Any]]:
+def decomposition_table(fused_attention: bool = True) -> dict[Any, Callable[..., Any]]:
+    """The ops the backend has AOTAutograd decompose, and how (``fused_attention``: the option)."""
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
-    table.update(OWN_DECOMPOSITIONS)
+    table.update(OWN_DECOMPOSITIONS if fused_attention else {**OWN_DECOMPOSITIONS, **UNFUSED_ATTENTION})
     checked = {op: with_eager_checks(op, decomposition) for op, decomposition in table.items()}
     return checked | FUSED_HEAD_DECOMPOSITIONS
 
 
 class _Decompositions(Mapping[Any, Callable[..., Any]]):
-    """:func:`decomposition_table`, built at its first read: AOTAutograd reads it only to trace,
-    which a graph loaded from the compile cache skips (building it costs ~0.15 s per process)."""
+    """:func:`decomposition_table` for ``config``, built at its first read: AOTAutograd reads it
+    only to trace, which a graph loaded from the compile cache skips (building it costs ~0.15 s per
+    process)."""
+
+    def __init__(self, config: Config) -> None:
+        self._fused_attention = config.fused_attention
 
     def __getitem__(self, op: Any) -> Callable[..., Any]:
-        return decomposition_table()[op]
+        return decomposition_table(self._fused_attention)[op]
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(decomposition_table())
+        return iter(decomposition_table(self._fused_attention))
 
     def __len__(self) -> int:
-        return len(decomposition_table())
+        return len(decomposition_table(self._fused_attention))
 
 
 def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
@@ -229,8 +235,23 @@ def _recompute_input_casts(joint: GraphModule) -> None:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
 
 
-def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any]], Any]:
+#: The key of a partitioned graph's :class:`PartitionedGraph` in its ``meta``.
+PARTITION_KEY = "torch_adreno.partition"
 
+
+@dataclasses.dataclass(frozen=True)
+class PartitionedGraph:
+    """What the partition decided of one forward or backward graph, handed to its compiler:
+    ``num_host_outputs`` (forward: its outputs beyond these are saved for the backward and stay on
+    the device), ``donation`` (backward: saved tensors whose bytes may serve it after their last
+    read) and ``frozen_copies`` (the inputs after the caller's that frozen copies fill)."""
+
+    frozen_copies: FrozenCopyInputs = NO_FROZEN_COPIES
+    num_host_outputs: int | None = None
+    donation: Donation = NO_DONATION
+
+
+def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any]], Any]:
     def partition(joint: GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[GraphModule, GraphModule]:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -239,25 +260,24 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         static = kwargs.get("static_lifetime_input_indices") or ()
         frozen = frozen_in_partition(fw, bw, static) if config.frozen_casts else frozenset()
-        fw.meta["adreno_frozen_copies"], bw.meta["adreno_frozen_copies"] = split_partitioned(
-            fw, bw, kwargs["num_fwd_outputs"], frozen)
-        # Outputs of the forward beyond these are saved for the backward and stay on the device.
-        fw.meta["adreno_num_host_outputs"] = kwargs["num_fwd_outputs"]
-        # Saved tensors the forward computes arrive in the backward as device buffers of their own:
-        # their bytes can serve it after the last read of every saved view of them.
-        bw.meta["adreno_donation"] = donatable_saved_tensors(fw, bw, kwargs["num_fwd_outputs"])
+        fw_copies, bw_copies = split_partitioned(fw, bw, kwargs["num_fwd_outputs"], frozen)
+        # (in the graphs' meta: AOTAutograd may hand a compiler a copy of the graph it was given,
+        # and carries the meta along)
+        fw.meta[PARTITION_KEY] = PartitionedGraph(fw_copies, num_host_outputs=kwargs["num_fwd_outputs"])
+        bw.meta[PARTITION_KEY] = PartitionedGraph(bw_copies, donation=donatable_saved_tensors(fw, bw, kwargs["num_fwd_outputs"]))
         return fw, bw
 
     def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
         _decline_aot_buffer_donation()
-        return compile_graph(gm, config, f"forward_{region}", gm.meta.get("adreno_num_host_outputs"),
+        decided = gm.meta.get(PARTITION_KEY, PartitionedGraph())
+        return compile_graph(gm, config, f"forward_{region}", decided.num_host_outputs,
                              _static_input_indices(), version_bumped_inputs=_version_bumped_input_indices(gm),
-                             frozen_copies=gm.meta.get("adreno_frozen_copies", NO_FROZEN_COPIES))
+                             frozen_copies=decided.frozen_copies)
 
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Any:
-        compiled = compile_graph(gm, config, f"backward_{region}", None,
-                                 donation=gm.meta.get("adreno_donation", NO_DONATION), resident_outputs=True,
-                                 frozen_copies=gm.meta.get("adreno_frozen_copies", NO_FROZEN_COPIES))
+        decided = gm.meta.get(PARTITION_KEY, PartitionedGraph())
+        compiled = compile_graph(gm, config, f"backward_{region}", None, donation=decided.donation,
+                                 resident_outputs=True, frozen_copies=decided.frozen_copies)
         # Autograd runs the backward outside Dynamo's reach; Dynamo must not trace it either.
         return torch._dynamo.disable(compiled, reason="do not trace generated backwards pass")
 
@@ -274,7 +294,7 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
             bw_compiler=compile_cache.serializable(torch._dynamo.disable(
                 backward_compiler, reason="do not trace the backward compiler"), config),
             inference_compiler=compile_cache.serializable(inference_compiler, config),
-            decompositions=_Decompositions(),
+            decompositions=_Decompositions(config),
             partition_fn=partition,
             # In-place updates of inputs (an optimizer step, BatchNorm statistics in eval-free graphs)
             # stay in the graph, so the device writes the new values where the inputs live.

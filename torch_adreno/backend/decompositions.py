@@ -11,6 +11,7 @@ passes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -75,14 +76,15 @@ def _check_no_dropout(dropout_p: float) -> None:
 
 def flash_attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0,
                             is_causal: bool = False, *, attn_mask: torch.Tensor | None = None,
-                            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            scale: float | None = None, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``(softmax(q k^T * scale + mask) v, logsumexp of the masked scores over keys)``. 16-bit
     inputs are computed in float32 and only the output rounded, as eager's kernel accumulates
     (rounding scores of magnitude ~100 to float16 moves every probability by percents); the
     log-sum-exp is float32 whatever the inputs' type, the kernel's contract (its backward refuses a
-    16-bit one)."""
+    16-bit one). ``fused=False`` (the option ``fused_attention=False``): decomposed even where the
+    fused kernels would take it."""
     _check_no_dropout(dropout_p)
-    refusal = fused_attention_refusal(query, key, value, attn_mask)
+    refusal = fused_attention_refusal(query, key, value, attn_mask, fused)
     if refusal is None:
         return NotImplemented  # (traced as the op itself: lowering/attention.py runs it fused)
     record_unfused(refusal)
@@ -98,8 +100,8 @@ def flash_attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch
 
 def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              out: torch.Tensor, logsumexp: torch.Tensor, dropout_p: float, is_causal: bool, *,
-                             attn_mask: torch.Tensor | None = None,
-                             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             attn_mask: torch.Tensor | None = None, scale: float | None = None,
+                             fused: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`flash_attention_forward`, the probabilities recomputed from the scores
     and ``logsumexp``; ``sum(dO * O)`` per row stands in for ``sum(dP * P)`` (they are equal).
 
@@ -109,7 +111,7 @@ def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     matrix; tests/test_attention.py checks that it does not.)
     """
     _check_no_dropout(dropout_p)
-    if fused_attention_refusal(query, key, value, attn_mask) is None:
+    if fused_attention_refusal(query, key, value, attn_mask, fused) is None:
         return NotImplemented
     dtypes = query.dtype, key.dtype, value.dtype
     grad_out, query, key, value, out, attn_mask = (
@@ -135,6 +137,9 @@ OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_forward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_backward,
 }
+#: The attention entries of :data:`OWN_DECOMPOSITIONS` with the fused kernels turned off.
+UNFUSED_ATTENTION: dict[Any, Callable[..., Any]] = {
+    op: functools.partial(decomposition, fused=False) for op, decomposition in OWN_DECOMPOSITIONS.items()}
 
 
 # -- foreach ops: one op per tensor -----------------------------------------------------------------

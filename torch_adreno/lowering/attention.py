@@ -15,10 +15,8 @@ pass over the query blocks, of every query head of the group, per key block): no
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,26 +39,17 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 #: Why each attention decomposed instead of running fused, in order, one entry per distinct reason.
 UNFUSED_REASONS: list[str] = []
-_disabled = 0
 
 
-@contextlib.contextmanager
-def unfused_attention() -> Iterator[None]:
-    """Within it, attention traced by the backend is decomposed (matrix products and a softmax,
-    the path before the fused kernels): for comparisons. Pair it with ``compile_cache=False``: a
-    graph cached from a fused compile would be reused."""
-    global _disabled
-    _disabled += 1
-    try:
-        yield
-    finally:
-        _disabled -= 1
+#: The refusal when the option ``fused_attention`` is off.
+TURNED_OFF = "fused attention is turned off (option fused_attention=False)"
 
 
-def fused_attention_refusal(query: Any, key: Any, value: Any, attn_mask: Any) -> str | None:
-    """Why the fused kernels cannot run this attention (None: they can). Takes (fake) tensors."""
-    if _disabled:
-        return "fused attention is turned off (torch_adreno.lowering.attention.unfused_attention())"
+def fused_attention_refusal(query: Any, key: Any, value: Any, attn_mask: Any, fused: bool = True) -> str | None:
+    """Why the fused kernels cannot run this attention (None: they can). Takes (fake) tensors;
+    ``fused``: the option ``fused_attention``."""
+    if not fused:
+        return TURNED_OFF
     if attn_mask is not None:
         return "an attn_mask is not built into the fused kernels (only is_causal is)"
     tensors = (query, key, value)
@@ -102,7 +91,7 @@ def _check(node: Node, offset: int) -> None:
     """The FX node's operands are what :func:`fused_attention_refusal` accepted when tracing."""
     query, key, value = (a.meta.get("val") if isinstance(a, Node) else a for a in node.args[offset:offset + 3])
     reason = fused_attention_refusal(query, key, value, node.kwargs.get("attn_mask"))
-    if reason is not None and not reason.startswith("fused attention is turned off"):
+    if reason is not None:
         raise UnsupportedOpError(f"fused attention: {reason}")
 
 

@@ -40,7 +40,7 @@ def name_of(tensor: torch.Tensor, model: torch.nn.Module, optimizer: torch.optim
     return None
 
 
-def batch_signature(batch: tuple[Any, ...]) -> Hashable:
+def batch_shapes(batch: tuple[Any, ...]) -> Hashable:
     """What the compiled loss specializes on in a batch: each tensor's shape and dtype."""
     return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in batch)
 

@@ -69,7 +69,7 @@ from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
 from torch_adreno.training.state import (
     REMEMBERED_SIGNATURES,
-    batch_signature,
+    batch_shapes,
     name_of,
 )
 
@@ -167,7 +167,7 @@ class TrainingStep:
         # (removed on close: the sync hooks and the settings)
         self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), self._hyperparameters]
         self._closed = False
-        self._batch_signatures: dict[Hashable, None] = {}  # those seen, in order
+        self._batch_shapes: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
         self._replay_enabled = replay and self._compiled.scaling is None  # (GradScaler steps are not replayed)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
@@ -205,9 +205,9 @@ class TrainingStep:
         """What a step needs (``__call__`` refused a closed step already), checked before it runs."""
         check_can_step(self._params, batch)
         self._memory.check_state(self.model, self.optimizer, self._name_of)
-        signature = batch_signature(batch)
-        if signature not in self._batch_signatures and len(self._batch_signatures) < REMEMBERED_SIGNATURES:
-            self._batch_signatures[signature] = None
+        signature = batch_shapes(batch)
+        if signature not in self._batch_shapes and len(self._batch_shapes) < REMEMBERED_SIGNATURES:
+            self._batch_shapes[signature] = None
 
     def _name_of(self, tensor: torch.Tensor) -> str | None:
         return name_of(tensor, self.model, self.optimizer)
@@ -296,7 +296,7 @@ class TrainingStep:
         versions_before = self._residency.deferred_versions()
         try:
             return self._compiled.run(batch, self._residency, self._step_context, recorder,
-                                      list(self._batch_signatures))
+                                      list(self._batch_shapes))
         except BaseException:
             # Only this step ran since the records were made: its version bumps are not host edits.
             self._residency.accept_versions(versions_before)

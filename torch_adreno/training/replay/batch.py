@@ -17,6 +17,7 @@ torch's default generator in the capture's order, as the compiled path draws the
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import threading
 import weakref
@@ -50,15 +51,16 @@ REPLAY_GRAPH = "replayed_step"
 #: once every worker has started its copy.
 PRESTAGE_BYTES = 1 << 20
 COPY_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
-_copier: ThreadPoolExecutor | None = None
 
 
 def _copy_pool() -> ThreadPoolExecutor:
     """The workers, :data:`COPY_THREADS` of them (each share of a batch starts at once: see there)."""
-    global _copier
-    if _copier is None or _copier._max_workers != COPY_THREADS:
-        _copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="torch_adreno_batch")
-    return _copier
+    return _pool_of(COPY_THREADS)
+
+
+@functools.cache
+def _pool_of(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="torch_adreno_batch")
 
 
 class BatchMode(enum.Enum):
