@@ -610,7 +610,7 @@ def test_fresh_batch_tensors_every_step_with_dropout_and_two_steps(options) -> N
 
 def test_guard_optimizer_step_hook_added_after_capture() -> None:
     run = _Lockstep()
-    run.run(3)
+    assert run.run(3).replayed_steps == 1  # replaying before the hook
     calls = []
     run.opt.register_step_post_hook(lambda *args: calls.append(1))
     prof = run.run(3)
