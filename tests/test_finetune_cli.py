@@ -295,6 +295,9 @@ def test_images_task_trains_the_classifier_on_the_device(tmp_path, monkeypatch, 
     # digits: the loss falls slowly, the accuracy stays near chance; --weights is transfer learning proper).
     before, after = map(float, re.search(r"held-out loss: ([\d.]+) -> ([\d.]+), accuracy [\d.]+%", captured.out).groups())
     assert after < before, captured.out
+    accuracy = float(re.search(r"accuracy ([\d.]+)%", captured.out).group(1))
+    assert (accuracy < 50) == ("why so low: the backbone's weights are random" in captured.out), captured.out
+    assert "from torch_adreno.models import mobilenet_v2" in captured.out
     state = torch.load(out / finetune_images.STATE_FILE)
     initial = finetune_images.build_model(_settings(["--task", "images", "--width-mult", "0.25"])).state_dict()
     assert not torch.equal(state["classifier.1.weight"], initial["classifier.1.weight"])
@@ -319,3 +322,10 @@ def test_text_task_compiled_for_adreno740_from_a_checkpoint_with_a_float16_base(
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == str(checkpoint.resolve())
     peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(checkpoint), out)
+
+
+def test_a_low_accuracy_says_why():
+    random = finetune_images.why_accuracy_is_low(_settings(["--task", "images", "--steps", "30"]))
+    assert "random (no --weights)" in random and "30 steps" in random and "--weights FILE" in random
+    trained = finetune_images.why_accuracy_is_low(_settings(["--task", "images", "--weights", "w.pth", "--steps", "5"]))
+    assert "5 steps" in trained and "random" not in trained

@@ -244,7 +244,7 @@ def test_the_verifier_rejects_two_live_buffers_on_one_range() -> None:
     corrupted = [c for _, program, _ in _plans(case) if (c := _overlapping(program)) is not None]
     assert corrupted, "no plan of the graph has two buffers alive at once"
     for program in corrupted:
-        with pytest.raises(MemoryPlanError, match="over .* which is read later|reads"):
+        with pytest.raises(MemoryPlanError, match=r"over .* which is read later|reads"):
             verify_program(program)
 
 

@@ -124,6 +124,17 @@ def cross_entropy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) 
     return F.cross_entropy(model(images), labels)
 
 
+def why_accuracy_is_low(settings: argparse.Namespace) -> str:
+    """What limits the held-out accuracy of this run, and what raises it."""
+    trained = "the classifier" + (f" and the last {settings.train_last} blocks" if settings.train_last else " alone")
+    if settings.weights is None:
+        return (f"why so low: the backbone's weights are random (no --weights), so {trained} learns from features "
+                f"that were never trained, in {settings.steps} steps; --weights FILE (trained MobileNetV2 "
+                "weights), more --train-last blocks or more --steps raise it")
+    return (f"why so low: {settings.steps} steps training {trained}; more --steps or --train-last blocks, or "
+            "another --lr, raise it")
+
+
 def run(settings: argparse.Namespace) -> int:
     """The images task: build, train, evaluate, save; 0 when the held-out loss fell."""
     x_train, y_train, x_test, y_test = digits_rgb_split(settings.image_size, settings.seed)
@@ -176,6 +187,8 @@ def run(settings: argparse.Namespace) -> int:
         print(line)
     print(f"held-out loss: {before:.4f} -> {after:.4f}, accuracy {accuracy:.2%} of {len(y_test)} digits (chance "
           f"{1 / CLASSES:.0%}; eager on the host, before and after training)")
-    print(f"state_dict: {settings.out / STATE_FILE} (torch_adreno.models.mobilenet_v2(num_classes={CLASSES}, "
-          f"width_mult={settings.width_mult:g}) loads it)")
+    if accuracy < 0.5:
+        print(why_accuracy_is_low(settings))
+    print(f"state_dict: {settings.out / STATE_FILE} (from torch_adreno.models import mobilenet_v2; "
+          f"mobilenet_v2(num_classes={CLASSES}, width_mult={settings.width_mult:g}) loads it)")
     return 0 if loss_fell(before, after, "held-out loss") else 1
