@@ -296,7 +296,11 @@ def test_training_step_runs_the_adam_update_in_two_launches():
             torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
     optimizer_launches = [k for k in prof.kernels if k.graph.startswith("inference")]
     assert len(optimizer_launches) == 2, [k.name for k in prof.kernels]
-    assert all(k.kind == "segmented" for k in optimizer_launches)
+    # The parameters' update is one segmented launch; the other computes each parameter's step size
+    # from the learning rate and betas, which the step reads as tensors (bytes, not tensors' worth).
+    updates = [k for k in optimizer_launches if k.kind == "segmented"]
+    assert len(updates) >= 1
+    assert all(k.bytes_read + k.bytes_written < 1024 for k in optimizer_launches if k not in updates)
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
