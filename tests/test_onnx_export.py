@@ -166,3 +166,31 @@ def test_reference_models_export_and_onnxruntime_follows_20_steps(name, tmp_path
     theirs = onnxruntime_losses(model, batches)
     assert_float32_rule(theirs, name, model, batches)
     assert_float32_rule(ours, name, model, batches)
+
+
+@pytest.mark.device
+def test_an_adam_steps_state_loads_into_a_fresh_optimizer(tmp_path):
+    """The step reads the learning rate and betas as tensors: the file holds them (named), and a
+    fresh optimizer holding them as numbers loads them as numbers, with Adam's 0-dim step counts."""
+    import torch.nn.functional as F
+
+    from torch_adreno.export import load_state
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=0.02, betas=(0.8, 0.95))
+    step = torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt)
+    x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+    for _ in range(3):
+        step(x, y)
+    exported = step.export(str(tmp_path / "adam.onnx"))
+    names = {i.name for i in exported.graph.input}
+    assert {"lr", "optimizer.group0.betas.0", "optimizer.group0.betas.1"} <= names
+    step.close()
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.5)
+    load_state(fresh, tmp_path / "adam.onnx", fresh_opt)
+    assert fresh_opt.param_groups[0]["lr"] == pytest.approx(0.02) and fresh_opt.param_groups[0]["betas"] == \
+        pytest.approx((0.8, 0.95))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
+    assert all(float(s["step"]) == 3 for s in fresh_opt.state.values())

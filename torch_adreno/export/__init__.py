@@ -492,8 +492,14 @@ def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim
         for name, array in arrays.items():
             owner, _, key = name.removeprefix("optimizer.").rpartition(".")
             if name.startswith("optimizer.") and name not in targets and owner in params:
-                tensor = torch.zeros(array.shape, dtype=torch.from_numpy(array[:0].copy()).dtype)
+                tensor = torch.zeros(array.shape, dtype=torch.from_numpy(np.asarray(array).reshape(-1)[:0].copy()).dtype)
                 optimizer.state[params[owner]][key] = targets[name] = tensor
+        # Hyperparameters the file holds as tensors (a TrainingStep reads learning rates and betas
+        # as inputs) that this optimizer holds as numbers: set as numbers.
+        for name in [n for n in arrays if n not in targets]:
+            place = _group_hyperparameter(name, len(optimizer.param_groups))
+            if place is not None:
+                _set_group_number(optimizer.param_groups[place[0]], place[1], place[2], arrays.pop(name))
     unknown = sorted(set(arrays) - set(targets))
     if unknown:
         raise KeyError(f"{path} holds state this model/optimizer has not: {', '.join(unknown[:5])}"
@@ -508,6 +514,31 @@ def load_state(module: torch.nn.Module, path: str | Path, optimizer: torch.optim
                 raise ValueError(f"{name}: {path} holds shape {list(array.shape)}, the model {list(target.shape)}")
             target.copy_(torch.from_numpy(np.array(array)))  # (ascontiguousarray makes 0-d arrays 1-d)
     return sorted(arrays)
+
+
+def _group_hyperparameter(name: str, groups: int) -> tuple[int, str, int | None] | None:
+    """(group, key, position in a tuple or None) of an export's hyperparameter name (``lr``,
+    ``optimizer.group1.lr``, ``optimizer.group0.betas.1``); None for any other name."""
+    if name == "lr":
+        return (0, "lr", None) if groups == 1 else None
+    parts = name.split(".")
+    if len(parts) in (3, 4) and parts[0] == "optimizer" and parts[1].startswith("group") and parts[1][5:].isdigit():
+        index = int(parts[1][5:])
+        if index < groups:
+            return index, parts[2], int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
+    return None
+
+
+def _set_group_number(group: dict[str, Any], key: str, position: int | None, array: np.ndarray) -> None:
+    value = float(np.asarray(array).reshape(-1)[0])
+    if key not in group:
+        raise KeyError(f"the optimizer has no hyperparameter {key!r} to load")
+    if position is None:
+        group[key] = value
+        return
+    current = list(group[key])
+    current[position] = value
+    group[key] = tuple(current)
 
 
 def reset_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, initial: dict[str, torch.Tensor]) -> None:

@@ -72,7 +72,8 @@ def shared_memory(batch: tuple[Any, ...]) -> tuple[int, ...]:
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, tuple[Any, ...]]]:
     """Each tensor of a step's state with where it sits, first place first: ``("module", name)``
-    for parameters and buffers, ``("group", index, key)`` for tensor hyperparameters and
+    for parameters and buffers, ``("group", index, key)`` for tensor hyperparameters (``betas.0``
+    for one in a tuple) and
     ``("state", parameter, key)`` for optimizer state. A tensor held in several places comes
     once per place (callers keep the first)."""
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
@@ -81,6 +82,10 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> I
         for key, value in group.items():
             if isinstance(value, torch.Tensor):
                 yield value, ("group", index, key)
+            elif isinstance(value, tuple) and key != "params":  # Adam's betas as tensors
+                for position, item in enumerate(value):
+                    if isinstance(item, torch.Tensor):
+                        yield item, ("group", index, f"{key}.{position}")
     for param, state in optimizer.state.items():
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
