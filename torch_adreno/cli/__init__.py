@@ -36,13 +36,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.fn(args))
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a line is logged (a stream bound once may have been
+    replaced and closed since: the command run in-process, its output captured)."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def _show_progress() -> None:
     """The package's INFO lines (a step compiling or capturing, and what it cost) on stderr, where
     the commands' progress goes, unless the process configured that logger itself."""
     logger = logging.getLogger("torch_adreno")
     if logger.handlers or logger.level != logging.NOTSET:
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
