@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     "runtime": 6,
     "profiler": 7, "training": 7,
     "export": 8,
-    "training.step": 9,
+    "training.step": 9, "training.remote": 9,
     "backend.donation": 10, "backend.decompositions": 10, "backend.debug": 10, "backend.compile_cache": 10,
     "backend.saved_views": 10,
     "backend": 11,

@@ -25,7 +25,8 @@ from typing import Any
 
 import pyopencl as cl
 
-from torch_adreno.errors import AmbiguousDeviceError, DeviceNotFoundError
+from torch_adreno.errors import AmbiguousDeviceError, DeviceNotFoundError, OptionError
+from torch_adreno.remote.client import parse_remote
 from torch_adreno.runtime.index_check import IndexErrorRecord
 from torch_adreno.runtime.pool import BufferPool
 from torch_adreno.target import DeviceProfile
@@ -163,13 +164,19 @@ def _usable(entry: DeviceEntry, entries: list[DeviceEntry], asked: str | int) ->
                               f"{entry.unusable}. Devices that work:\n{others}")
 
 
-def select_device(spec: str | int | None = None) -> DeviceEntry:
-    """The device named by ``spec`` (or the environment, or the default rule); always one whose
-    probe built (see the module docstring)."""
+def select_device(spec: str | int | None = None, use_environment: bool = True) -> DeviceEntry:
+    """The device named by ``spec`` (or, with ``use_environment``, the environment's; or the default
+    rule); always one whose probe built (see the module docstring). A remote device
+    (``remote:HOST:PORT``) is no OpenCL device of this process: an error saying what runs there."""
     entries = list_devices()
-    if spec is None:
+    if spec is None and use_environment:
         env = os.environ.get(ENV_DEVICE, "").strip()
         spec = (int(env) if env.isdigit() else env) if env else None
+    if parse_remote(spec) is not None:
+        raise OptionError(
+            f"device {spec!r} is a remote device (a step server, torch-adreno-step serve): only a TrainingStep runs "
+            "there (torch_adreno.TrainingStep(model, loss_fn, optimizer, options={'device': ...}), which compiles "
+            "here and ships its captured step); a torch.compile'd model runs on a device of this machine")
     if not entries:
         raise DeviceNotFoundError(_no_device_help(entries, spec))
     if spec is None:

@@ -199,6 +199,37 @@ def derive_target(base: str, name: str, source: str, **changes: Any) -> AdrenoTa
                                sources={**target.sources, **dict.fromkeys(changes, source)})
 
 
+def _three(sizes: Any) -> tuple[int, int, int]:
+    padded = [*(int(s) for s in sizes), 1, 1, 1]
+    return padded[0], padded[1], padded[2]
+
+
+def target_of_device(name: str, device: DeviceProfile) -> AdrenoTarget:
+    """A compile target named ``name`` with the limits ``device`` reports (a remote device's, from
+    its driver through the step server): the compiler plans for it as for a named Adreno. Its
+    performance figures are unknown (0: projections need a named profile)."""
+    reported = "reported by the device's driver (the step server's device properties)"
+    waves = (device.preferred_work_group_multiple,) if device.preferred_work_group_multiple else (1,)
+    extensions = tuple(["cl_khr_fp16"] if device.fp16 else [])
+    return AdrenoTarget(
+        name=name, gpu=device.name, soc=device.vendor, generation=0, opencl_version=device.opencl_version,
+        compute_units=device.compute_units, max_work_group_size=device.max_work_group_size,
+        max_work_item_sizes=_three(device.max_work_item_sizes),
+        local_mem_bytes=device.local_mem_bytes, max_alloc_bytes=device.max_alloc_bytes,
+        global_mem_bytes=device.global_mem_bytes, base_addr_align_bytes=device.base_addr_align_bytes,
+        max_parameter_bytes=device.max_parameter_bytes,
+        image2d_max=(device.image2d_max_width, device.image2d_max_height),
+        image_from_buffer_max_pixels=0, wave_sizes=waves, extensions=extensions,
+        unified_memory=device.unified_memory, prefers_images=device.prefers_images,
+        peak_fp32_gflops=0.0, peak_fp16_gflops=0.0, bandwidth_gbs=0.0,
+        sources=dict.fromkeys(("compute_units", "max_work_group_size", "max_work_item_sizes", "local_mem_bytes",
+                               "max_alloc_bytes", "global_mem_bytes", "base_addr_align_bytes",
+                               "max_parameter_bytes", "image2d_max", "wave_sizes", "extensions",
+                               "unified_memory"), reported)
+        | {"peak_fp32_gflops": "unknown (a remote device of no named profile)"},
+    )
+
+
 def register_target(target: AdrenoTarget) -> None:
     """Make ``target`` a valid ``options={"target": target.name}``; a name already taken by another
     profile is a ValueError."""

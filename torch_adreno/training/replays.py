@@ -89,12 +89,24 @@ class Replays:
         """The current version of every host tensor a kept replay's guard watches, by ``id``."""
         return {id(t): int(t._version) for _, guard in self._replays.values() for t in guard.book.tensors}
 
-    def accept_own_writes(self, before: dict[int, int]) -> None:
+    def accept_own_writes(self, before: dict[int, int], only: Hashable | None = None) -> None:
         """A step ran through the compiled graphs (``before``: :meth:`watched_versions` just before
         it): the kept replays expect the versions its writes gave (their tensors' device copies
-        hold those values); host edits made before it still fail their guards."""
-        for _, guard in self._replays.values():
-            guard.book.accept_own_writes(before)
+        hold those values); host edits made before it still fail their guards. ``only``: the
+        replay of that signature alone (the one whose device holds the values written)."""
+        for signature, (_, guard) in self._replays.items():
+            if only is None or signature == only:
+                guard.book.accept_own_writes(before)
+
+    def guard_reason(self, signature: Hashable, batch: tuple[Any, ...]) -> str | None:
+        """Why the replay of ``signature`` cannot serve ``batch`` (None: it can); a replay that is
+        not kept cannot."""
+        entry = self._replays.get(signature)
+        return "no replay of this batch geometry" if entry is None else entry[1](batch)
+
+    def clear(self) -> None:
+        """Drop every replay (the geometries are captured again, from the host's state)."""
+        self._replays.clear()
 
     def valid_for(self, batch: tuple[Any, ...], signature: Hashable) -> tuple[ReplayedStep | None, str | None]:
         """The replay of ``signature`` (``batch``'s geometry, and what else keys a call) if its

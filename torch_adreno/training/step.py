@@ -64,6 +64,7 @@ from torch_adreno.training.gradients import (
 from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.progress import reported, slow_work
+from torch_adreno.training.remote import RemoteTraining, remote_spec
 from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
@@ -136,6 +137,11 @@ class TrainingStep:
         every ``accumulate``-th call (:mod:`torch_adreno.training.accumulation`);
         :attr:`stepped_optimizer` says whether the last call did."""
         config = Config.from_options(options)
+        # A remote device: compiled and captured here, planned for it; its captures run there.
+        self._remote = RemoteTraining(str(config.device), model, optimizer) if remote_spec(config.device) else None
+        if self._remote is not None:
+            options = self._remote.local_options(dict(options or {}))
+            config = Config.from_options(options)
         check_norm_type(norm_type)
         check_can_train(model, optimizer)
         self.model = model
@@ -229,6 +235,13 @@ class TrainingStep:
 
     def _call(self, batch: tuple[Any, ...], started: float) -> torch.Tensor:
         reason = None
+        if self._remote is not None:
+            remote_loss = self._remote.serve(batch, self._signature(batch), self._replays)
+            if remote_loss is not None:
+                self.replayed_steps += 1
+                BUS.step(StepRecord("replay", time.perf_counter() - started, 0, None, None))
+                return remote_loss
+            self._remote.release(self._residency, self._replays)
         if self._replays:
             # With host_sync's mode armed on the stack, every tensor access of the checks would go
             # through its Python __torch_function__ (~1.2 us each, against ~0.07): a replay runs with
@@ -259,6 +272,8 @@ class TrainingStep:
                     recorder, loss, batch, self.model, self.optimizer, self._residency, self._memory.heap_group,
                     self._replay_options))
                 kind, reason = ("capture", reason) if refused is None else (kind, refused)
+                if kind == "capture" and self._remote is not None:
+                    self._remote.ship(self.export, signature)
         if kind == "full" and signature is not None and self._replays.unreplayable(signature) is not None:
             reason = self._replays.unreplayable(signature)
         if signature is not None:
@@ -319,6 +334,8 @@ class TrainingStep:
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
         try:
+            if self._remote is not None:
+                return self._remote.pull(self._residency, self._replays)
             return self._residency.synchronize()
         finally:
             host_sync.suspend(self._residency)
@@ -330,6 +347,8 @@ class TrainingStep:
             for hook in self._hooks:
                 hook.remove()
             self.synchronize()
+            if self._remote is not None:
+                self._remote.close()
 
     def __enter__(self) -> TrainingStep:
         return self

@@ -1,0 +1,125 @@
+"""A TrainingStep on a remote device (``options={"device": "remote:HOST:PORT"}``): compiled and
+captured here, planned for the remote device, each capture shipped once to a step server on
+loopback, which runs the steps: losses and state bit-identical to the same step replayed here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_remote import Server, start_server, stop
+
+import torch_adreno
+from torch_adreno.errors import OptionError
+from torch_adreno.models.reference import MODELS
+from torch_adreno.runtime.device import select_device
+from torch_adreno.target.profiles import target_names
+
+pytestmark = pytest.mark.device
+
+
+@pytest.fixture(scope="module")
+def server(native, environment, platforms, tmp_path_factory) -> Iterator[Server]:
+    """A server on the device this process's default choice (the capture device) is."""
+    folder = tmp_path_factory.mktemp("training-server")
+    local = select_device(None, use_environment=False)
+    running = start_server(native, environment, folder, "--device", local.platform.strip(), "--cache-dir",
+                           str(folder / "cache"))
+    try:
+        yield running
+        stop(running)
+    finally:
+        running.process.kill()
+
+
+def _target_of(server: Server) -> str:
+    """The compile target a remote TrainingStep registered for ``server``'s device."""
+    return next(t for t in target_names() if t.startswith("remote ") and t.endswith(f":{server.port}"))
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+def _train(name: str, options: dict, steps: int, schedule: bool = False) -> tuple[list[int], dict, int]:
+    """Bit patterns of the losses, the state after, and the steps run remotely (remote device) or
+    replayed (local)."""
+    spec = MODELS[name]
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = spec.make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps) if schedule else None
+    generator = torch.Generator().manual_seed(1)
+    batches = [spec.batch(generator) for _ in range(4)]
+    losses = []
+    with torch_adreno.TrainingStep(model, _loss, opt, options=options) as step:
+        for index in range(steps):
+            losses.append(step(*batches[index % len(batches)]))
+            if sched is not None:
+                sched.step()
+        remote = step._remote
+        replayed = step.replayed_steps if remote is None else remote.steps_run
+        assert remote is None or remote.shipped == 1
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    bits = [int(loss.view(torch.int32)) for loss in losses]
+    return bits, state, replayed
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_remote_steps_are_the_local_replays_bit_for_bit(server, name: str) -> None:
+    remote = f"remote:127.0.0.1:{server.port}"
+    ours, state, replayed = _train(name, {"device": remote}, 12)
+    assert replayed >= 9, replayed
+    # The same step replayed here, planned for the same target (the remote device's).
+    local = select_device(None, use_environment=False)
+    target = _target_of(server)
+    expected, expected_state, _ = _train(name, {"device": local.label, "target": target, "replay_arena_kernels": False},
+                                         12)
+    assert ours == expected
+    for key, value in expected_state.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_a_schedule_on_a_remote_device_keeps_replaying(server) -> None:
+    remote = f"remote:127.0.0.1:{server.port}"
+    ours, _, replayed = _train("mlp", {"device": remote}, 16, schedule=True)
+    assert replayed >= 13, replayed
+    local = select_device(None, use_environment=False)
+    target = _target_of(server)
+    expected, _, _ = _train("mlp", {"device": local.label, "target": target, "replay_arena_kernels": False}, 16,
+                            schedule=True)
+    assert ours == expected
+
+
+def test_a_compiled_model_on_a_remote_device_is_refused_with_the_way() -> None:
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="adreno", options={"device": "remote:127.0.0.1:9"})
+    with pytest.raises(OptionError, match="only a TrainingStep runs there"):
+        compiled(torch.randn(1, 2))
+
+
+def test_another_batch_geometry_brings_the_state_home_and_ships_again(server) -> None:
+    """A partial last batch: the remote state comes back to the host, the step runs and is captured
+    here for the new geometry and shipped again; the losses are the local replay's throughout."""
+    spec = MODELS["mlp"]
+
+    def run(options: dict) -> tuple[list[int], int]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = spec.make()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        generator = torch.Generator().manual_seed(1)
+        x, y = spec.batch(generator)
+        sizes = [128, 128, 128, 128, 64, 64, 64, 128, 128]
+        with torch_adreno.TrainingStep(model, _loss, opt, options=options) as step:
+            losses = [step(x[:n], y[:n]) for n in sizes]
+            shipped = step._remote.shipped if step._remote is not None else 0
+        return [int(loss.view(torch.int32)) for loss in losses], shipped
+
+    ours, shipped = run({"device": f"remote:127.0.0.1:{server.port}"})
+    local = select_device(None, use_environment=False)
+    expected, _ = run({"device": local.label, "target": _target_of(server), "replay_arena_kernels": False})
+    assert ours == expected
+    assert shipped == 3  # 128, then 64, then 128 again
