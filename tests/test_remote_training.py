@@ -68,7 +68,7 @@ def _train(name: str, options: dict, steps: int, schedule: bool = False) -> tupl
     return bits, state, replayed
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet"])
+@pytest.mark.parametrize("name", ["mlp", "lenet", "transformer", pytest.param("resnet_mini", marks=pytest.mark.slow)])
 def test_remote_steps_are_the_local_replays_bit_for_bit(server, name: str) -> None:
     remote = f"remote:127.0.0.1:{server.port}"
     ours, state, replayed = _train(name, {"device": remote}, 12)
