@@ -14,8 +14,10 @@ from test_remote import Server, start_server, stop
 import torch_adreno
 from torch_adreno.errors import OptionError
 from torch_adreno.models.reference import MODELS
+from torch_adreno.remote import RemoteDevice
 from torch_adreno.runtime.device import select_device
-from torch_adreno.target.profiles import target_names
+from torch_adreno.target.profiles import AdrenoTarget
+from torch_adreno.training.remote import remote_target
 
 pytestmark = pytest.mark.device
 
@@ -34,9 +36,13 @@ def server(native, environment, platforms, tmp_path_factory) -> Iterator[Server]
         running.process.kill()
 
 
-def _target_of(server: Server) -> str:
-    """The compile target a remote TrainingStep registered for ``server``'s device."""
-    return next(t for t in target_names() if t.startswith("remote ") and t.endswith(f":{server.port}"))
+def _target_of(server: Server) -> AdrenoTarget:
+    """The compile target a remote TrainingStep plans for on ``server``'s device."""
+    device = RemoteDevice("127.0.0.1", server.port)
+    try:
+        return remote_target(device)
+    finally:
+        device.close()
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -60,7 +66,7 @@ def _train(name: str, options: dict, steps: int, schedule: bool = False) -> tupl
             losses.append(step(*batches[index % len(batches)]))
             if sched is not None:
                 sched.step()
-        remote = step._remote
+        remote = step.remote
         replayed = step.replayed_steps if remote is None else remote.steps_run
         assert remote is None or remote.shipped == 1
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -115,7 +121,7 @@ def test_another_batch_geometry_brings_the_state_home_and_ships_again(server) ->
         sizes = [128, 128, 128, 128, 64, 64, 64, 128, 128]
         with torch_adreno.TrainingStep(model, _loss, opt, options=options) as step:
             losses = [step(x[:n], y[:n]) for n in sizes]
-            shipped = step._remote.shipped if step._remote is not None else 0
+            shipped = step.remote.shipped if step.remote is not None else 0
         return [int(loss.view(torch.int32)) for loss in losses], shipped
 
     ours, shipped = run({"device": f"remote:127.0.0.1:{server.port}"})
@@ -123,3 +129,19 @@ def test_another_batch_geometry_brings_the_state_home_and_ships_again(server) ->
     expected, _ = run({"device": local.label, "target": _target_of(server), "replay_arena_kernels": False})
     assert ours == expected
     assert shipped == 3  # 128, then 64, then 128 again
+
+
+def test_the_benchmark_suite_runs_on_a_remote_device(server, tmp_path) -> None:
+    """``bench --remote``: each configuration as a TrainingStep replayed on the step server's device,
+    the same JSON lines as a local run (step times; the device named by its properties)."""
+    import json
+
+    from torch_adreno.cli import main
+
+    out = tmp_path / "suite"
+    assert main(["bench", "--remote", f"127.0.0.1:{server.port}", "--models", "mlp", "--variants", "unfused",
+                 "fused+reuse", "--steps", "3", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "suite.jsonl").read_text().splitlines()]
+    assert [r["variant"] for r in records] == ["unfused", "fused+reuse"]
+    assert all(r["remote"] == f"127.0.0.1:{server.port}" and r["median_ms"] > 0 and r["options"]["training_step"]
+               for r in records)

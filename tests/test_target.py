@@ -29,8 +29,10 @@ from torch_adreno.target.profiles import (
     TARGETS,
     AdrenoTarget,
     compile_profile,
+    derive_target,
     get_target,
     match_device,
+    profile_for,
 )
 
 REQUIRED = ("adreno640", "adreno650", "adreno660", "adreno730", "adreno740", "adreno750", "adreno830")
@@ -89,9 +91,16 @@ def test_unknown_target_is_a_value_error_listing_the_valid_ones():
         assert name in str(err.value)
     with pytest.raises(ValueError, match="TORCH_ADRENO_TARGET"):
         Config.from_options(environ={"TORCH_ADRENO_TARGET": "mali"})
-    assert Config.from_options(environ={"TORCH_ADRENO_TARGET": "Adreno740"}).target == "adreno740"
-    assert Config.from_options({"target": "adreno640"}, environ={"TORCH_ADRENO_TARGET": "adreno740"}).target == "adreno640"
+    assert Config.from_options(environ={"TORCH_ADRENO_TARGET": "Adreno740"}).target == TARGETS["adreno740"]
+    assert Config.from_options({"target": "adreno640"}, environ={"TORCH_ADRENO_TARGET": "adreno740"}).target == TARGETS["adreno640"]
     assert Config.from_options().target is None
+
+
+def test_a_derived_profile_is_a_target_without_joining_the_named_ones():
+    phone = derive_target("adreno740", "my_phone", "its clinfo", max_alloc_bytes=256 << 20)
+    config = Config.from_options({"target": phone})
+    assert config.target is phone and "my_phone" not in TARGETS
+    assert profile_for(REFERENCE_PROFILE, config.target).max_alloc_bytes == 256 << 20
 
 
 # -- the compile profile --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_adreno.errors import OptionError
-from torch_adreno.target.profiles import get_target
+from torch_adreno.target.profiles import AdrenoTarget, get_target
 
 #: This package's version (the exported ONNX files record it).
 VERSION = "0.1.0"
@@ -79,14 +79,15 @@ def _fraction(value: Any) -> float:
     return number
 
 
-def _target(value: Any) -> str | None:
-    """An Adreno profile name of :mod:`torch_adreno.target.profiles`, or None (the device itself)."""
-    if value is None:
-        return None
+def _target(value: Any) -> AdrenoTarget | None:
+    """The compile target: a profile of :mod:`torch_adreno.target.profiles` by name, a profile
+    itself (a derived one, or a remote device's), or None (the device itself)."""
+    if value is None or isinstance(value, AdrenoTarget):
+        return value
     if isinstance(value, str) and value.strip().lower() in ("", "none"):
         return None
     name = value.strip().lower() if isinstance(value, str) else value
-    return get_target(name).name
+    return get_target(name)
 
 
 def _choice(*choices: str) -> Callable[[Any], str]:
@@ -227,7 +228,8 @@ OPTIONS: dict[str, OptionSpec] = {
         OptionSpec(
             "target", _target, None, "TORCH_ADRENO_TARGET",
             "compile for an Adreno GPU's limits and preferences while running on the present device: "
-            "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them); work-group "
+            "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them) or an AdrenoTarget "
+            "(`torch_adreno.target.profiles.derive_target`); work-group "
             "sizes, local memory, GEMM tiles and the largest allocation obey both devices (default None: "
             "the present device only)",
         ),
@@ -268,7 +270,7 @@ class Config:
     fused_attention: bool = True
     frozen_casts: bool = True
     chunked_cross_entropy: str | bool | int = "auto"
-    target: str | None = None
+    target: AdrenoTarget | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None,

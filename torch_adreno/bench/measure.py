@@ -109,9 +109,12 @@ def variant_name(variant: Variant) -> str:
 
 
 def compare_variants(model_name: str, variants: Mapping[str, Variant], steps: int = 20, warmup: int = 2,
-                     optimizer: str = "sgd", seed: int = 0) -> list[StepStats]:
-    """Median step time (forward, loss, backward, optimizer step) of each variant, interleaved."""
-    runners = {}
+                     optimizer: str = "sgd", seed: int = 0, interleaved: bool = True) -> list[StepStats]:
+    """Median step time (forward, loss, backward, optimizer step) of each variant, their steps
+    interleaved (a shared machine's noise falls on all alike); ``interleaved=False`` runs one
+    variant after another, each closed before the next starts (a step server serves one step)."""
+    runners: dict[str, _Runner] = {}
+    results: dict[str, StepStats] = {}
     for name, variant in variants.items():
         torch._dynamo.reset()
         runner = _Runner(model_name, variant, optimizer, seed)
@@ -121,29 +124,40 @@ def compare_variants(model_name: str, variants: Mapping[str, Variant], steps: in
             runner.compile_s = time.perf_counter() - start
         for _ in range(max(0, warmup - 1)):
             runner.step()
-        runners[name] = runner
+        if interleaved:
+            runners[name] = runner
+            continue
+        for _ in range(steps):
+            runner.timed_step()
+        results[name] = _measured(model_name, name, runner, steps)
+        if runner.training_step is not None:
+            runner.training_step.close()
     for _ in range(steps):
         for runner in runners.values():
             runner.timed_step()
-    results = []
-    for name, runner in runners.items():
-        t = runner.times
-        stats = StepStats(model_name, name, steps, statistics.median(t), min(t), max(t), runner.compile_s,
-                          options=runner.reported_options)
-        if not runner.eager:
-            with torch_adreno.profile() as prof:
-                runner.step()
-            stats.kernel_launches = prof.kernel_launches
-            stats.bytes_host_to_device = prof.bytes_host_to_device
-            stats.bytes_device_to_host = prof.bytes_device_to_host
-            stats.bytes_kernel_read = prof.bytes_kernel_read
-            stats.bytes_kernel_written = prof.bytes_kernel_written
-            stats.device_time_ms = prof.device_time_us / 1e3
-            stats.host_fallback_ops = len(prof.host_fallback_ops)
-            stats.peak_device_bytes = prof.step_peak_device_bytes("planned")
-            stats.bytes_shared = prof.bytes_shared
-        results.append(stats)
-    return results
+    results.update({name: _measured(model_name, name, runner, steps) for name, runner in runners.items()})
+    return [results[name] for name in variants]
+
+
+def _measured(model_name: str, name: str, runner: _Runner, steps: int) -> StepStats:
+    """``runner``'s step times, and (on this machine's device) one profiled step's figures."""
+    t = runner.times
+    stats = StepStats(model_name, name, steps, statistics.median(t), min(t), max(t), runner.compile_s,
+                      options=runner.reported_options)
+    if runner.eager or (runner.training_step is not None and runner.training_step.remote is not None):
+        return stats  # (a remote device's kernels are not seen here: its steps' times are the figures)
+    with torch_adreno.profile() as prof:
+        runner.step()
+    stats.kernel_launches = prof.kernel_launches
+    stats.bytes_host_to_device = prof.bytes_host_to_device
+    stats.bytes_device_to_host = prof.bytes_device_to_host
+    stats.bytes_kernel_read = prof.bytes_kernel_read
+    stats.bytes_kernel_written = prof.bytes_kernel_written
+    stats.device_time_ms = prof.device_time_us / 1e3
+    stats.host_fallback_ops = len(prof.host_fallback_ops)
+    stats.peak_device_bytes = prof.step_peak_device_bytes("planned")
+    stats.bytes_shared = prof.bytes_shared
+    return stats
 
 
 #: The suite's configurations: eager on the host, then the backend from no fusion and no reuse up

@@ -16,14 +16,20 @@ from typing import Any
 import torch
 
 from torch_adreno.bench.measure import SUITE_VARIANTS, StepStats, compare_variants, cuda_step
+from torch_adreno.remote import RemoteDevice, device_profile, parse_remote
 from torch_adreno.runtime import get_runtime
 
 
 def run_context(device: str | int | None) -> dict[str, Any]:
-    profile = get_runtime(device).profile
+    address = parse_remote(device)
+    if address is not None:
+        with RemoteDevice(*address) as remote:
+            profile = device_profile(remote.properties())
+    else:
+        profile = get_runtime(device).profile
     return {"date": datetime.date.today().isoformat(), "device": profile.name, "platform": profile.platform,
             "driver": profile.driver, "torch": torch.__version__, "host": platform.node(),
-            "host_threads": torch.get_num_threads()}
+            "host_threads": torch.get_num_threads(), **({"remote": f"{address[0]}:{address[1]}"} if address else {})}
 
 
 def run_suite(models: Sequence[str], steps: int, out_dir: Path, device: str | int | None = None,
@@ -32,14 +38,20 @@ def run_suite(models: Sequence[str], steps: int, out_dir: Path, device: str | in
     from tqdm import tqdm
 
     chosen = {k: v for k, v in SUITE_VARIANTS.items() if variants is None or k in variants}
-    base = {"device": device} if device is not None else {}
+    base: dict[str, Any] = {"device": device} if device is not None else {}
+    remote = parse_remote(device) is not None
+    if remote:
+        # On a remote device only a TrainingStep runs (its captured steps, shipped there), and eager
+        # would measure this machine, not the device.
+        chosen = {k: v for k, v in chosen.items() if v != "eager"}
+        base["training_step"] = True
     configs = {k: (v if v == "eager" else {**base, **v}) for k, v in chosen.items()}  # type: ignore[dict-item]
     context = run_context(device)
     records: list[dict[str, Any]] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for model in tqdm(models, desc="benchmark suite", unit="model", disable=not progress):
-        stats: list[StepStats] = compare_variants(model, configs, steps=steps)
-        for compiled in (False, True):
+        stats: list[StepStats] = compare_variants(model, configs, steps=steps, interleaved=not remote)
+        for compiled in (False, True) if not remote else ():
             peer = cuda_step(model, steps, compiled)
             if peer is not None:
                 stats.append(peer)

@@ -13,9 +13,10 @@ in a traceback or in a result computed from nothing."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from torch_adreno.cli import bench, federated, finetune, info, modules, native, opinfo, train
 
@@ -32,8 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for command in COMMANDS:
         command.register(sub)
     args = parser.parse_args(argv)
-    _show_progress()
-    return int(args.fn(args))
+    with _progress_shown():
+        return int(args.fn(args))
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -49,17 +50,26 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def _show_progress() -> None:
-    """The package's INFO lines (a step compiling or capturing, and what it cost) on stderr, where
-    the commands' progress goes, unless the process configured that logger itself."""
+@contextlib.contextmanager
+def _progress_shown() -> Iterator[None]:
+    """The package's INFO lines (a step compiling or capturing, and what it cost) on stderr while a
+    command runs, where the commands' progress goes, unless the process configured that logger
+    itself; as it was afterwards (a command run in-process leaves the caller's logging alone)."""
     logger = logging.getLogger("torch_adreno")
     if logger.handlers or logger.level != logging.NOTSET:
+        yield
         return
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
 
 
 if __name__ == "__main__":

@@ -7,7 +7,14 @@ from pathlib import Path
 
 from torch_adreno.bench.measure import SUITE_VARIANTS
 from torch_adreno.bench.suite import run_suite, summary_table
-from torch_adreno.cli.arguments import DEVICE_HELP, device_spec, output_dir, positive_int, refuse_bad_device
+from torch_adreno.cli.arguments import (
+    DEVICE_HELP,
+    address,
+    device_spec,
+    output_dir,
+    positive_int,
+    refuse_bad_device,
+)
 from torch_adreno.models import MODELS
 
 
@@ -20,16 +27,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--variants", nargs="+", choices=list(SUITE_VARIANTS), default=None, metavar="VARIANT",
                        help=f"configurations to measure, of: {', '.join(SUITE_VARIANTS)} (default: all)")
     bench.add_argument("--steps", type=positive_int, default=20, help="timed training steps per model and variant (default: %(default)s)")
-    bench.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    where = bench.add_mutually_exclusive_group()
+    where.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    where.add_argument("--remote", type=address, default=None, metavar="HOST:PORT",
+                       help="run the suite on the device of a step server (`torch-adreno-step serve`; adb forward "
+                            "for a phone): each configuration as a TrainingStep compiled here and replayed there "
+                            "(eager and CUDA peers are not run: they would measure this machine)")
     bench.add_argument("--out", type=output_dir, default=Path("benchmarks/results"),
                        help="directory for suite.jsonl (appended to) and suite.png (default: %(default)s)")
     bench.set_defaults(fn=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if refuse_bad_device(args.device):
+    device = f"remote:{args.remote}" if args.remote else args.device
+    if args.remote is None and refuse_bad_device(args.device):
         return 2
-    records = run_suite(args.models, args.steps, args.out, args.device, args.variants)
+    records = run_suite(args.models, args.steps, args.out, device, args.variants)
     print(summary_table(records))
     print(f"JSON lines: {args.out / 'suite.jsonl'}; plot: {args.out / 'suite.png'}")
     return 0

@@ -144,7 +144,7 @@ class ImageViews:
                                  desc=image_descriptor(operand, buffer))
             except cl.Error as err:
                 # The driver refused this buffer (an alignment it does not report): a copy, counted.
-                _log.info("image over a %d-byte buffer refused (%s): a copied image instead", buffer.size, err)
+                _log.info("image over a %d-byte buffer refused (%s): a copied image instead", buffer.size, str(err))
             else:
                 self.shared_made += 1
                 return BoundImage(image, buffer, operand, shared=True)

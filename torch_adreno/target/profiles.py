@@ -304,6 +304,6 @@ def compile_profile(device: DeviceProfile, target: AdrenoTarget | None) -> Devic
     )
 
 
-def profile_for(device: DeviceProfile, target: str | None) -> DeviceProfile:
-    """:func:`compile_profile` for a target given by name (``Config.target``), None for none."""
-    return compile_profile(device, get_target(target) if target else None)
+def profile_for(device: DeviceProfile, target: AdrenoTarget | None) -> DeviceProfile:
+    """:func:`compile_profile` for ``Config.target`` (None: the device itself)."""
+    return compile_profile(device, target)

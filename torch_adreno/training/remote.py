@@ -33,7 +33,7 @@ from torch_adreno.errors import OptionError
 from torch_adreno.remote import RemoteDevice, RemoteStep, device_profile, parse_remote
 from torch_adreno.runtime.device import select_device
 from torch_adreno.runtime.residency import Residency
-from torch_adreno.target.profiles import register_target, target_of_device
+from torch_adreno.target.profiles import AdrenoTarget, target_of_device
 from torch_adreno.training import guards
 from torch_adreno.training.replays import Replays
 
@@ -41,6 +41,12 @@ from torch_adreno.training.replays import Replays
 def remote_spec(device: Any) -> tuple[str, int] | None:
     """``(host, port)`` of a ``remote:HOST:PORT`` device option, None for a local one."""
     return parse_remote(device) if isinstance(device, str) else None
+
+
+def remote_target(device: RemoteDevice) -> AdrenoTarget:
+    """The compile target a step for ``device`` is planned for: the limits its driver reports."""
+    profile = device_profile(device.properties())
+    return target_of_device(f"remote {profile.name} ({profile.driver}) at {device.address}".lower(), profile)
 
 
 class RemoteTraining:
@@ -51,9 +57,7 @@ class RemoteTraining:
         assert address is not None
         self._address = address
         self.device = RemoteDevice(*address)
-        profile = device_profile(self.device.properties())
-        self.target = f"remote {profile.name} ({profile.driver}) at {address[0]}:{address[1]}".lower()
-        register_target(target_of_device(self.target, profile))
+        self.target = remote_target(self.device)
         self._model, self._optimizer = model, optimizer
         self._step: RemoteStep | None = None
         self._signature: Hashable | None = None

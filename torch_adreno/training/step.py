@@ -181,6 +181,11 @@ class TrainingStep:
         self._replays = Replays(MAX_REPLAYS)
 
     @property
+    def remote(self) -> RemoteTraining | None:
+        """The remote device this step runs on (None: this machine's)."""
+        return self._remote
+
+    @property
     def replay(self) -> ReplayedStep | None:
         """The replay of the batch geometry captured last (None before any was captured)."""
         return self._replays.latest
