@@ -8,10 +8,12 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
+import torch
 from conftest import in_ci
 from onnx import helper
 
@@ -133,3 +135,26 @@ def view_and_copy_step() -> onnx.ModelProto:
         "loss": {"identity": 4, "dtype": "float32", "shape": []}}
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
     return model
+
+
+def gpt2_lora_parts(batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list[tuple[torch.Tensor, ...]]]:
+    """A one-layer GPT-2 with LoRA adapters on its attention (the base frozen), its loss, an SGD
+    optimizer of the adapters and ``batches`` batches of random token ids."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    vocab, batch, sequence = 48, 2, 8
+    config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=vocab, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = peft.get_peft_model(transformers.GPT2LMHeadModel(config), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0, init_lora_weights=False))
+
+    def loss_fn(m, x, y):
+        logits = m(input_ids=x).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
+
+    generator = torch.Generator().manual_seed(7)
+    data = [tuple(torch.randint(0, vocab, (batch, sequence), generator=generator) for _ in range(2))
+            for _ in range(batches)]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=torch.tensor(0.5))
+    return model, loss_fn, optimizer, data

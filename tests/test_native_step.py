@@ -18,7 +18,7 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from native_fixtures import SANITIZER_OPTIONS, STEPS, build_once, view_and_copy_step
+from native_fixtures import SANITIZER_OPTIONS, STEPS, build_once, gpt2_lora_parts, view_and_copy_step
 from onnx import helper
 from safetensors.numpy import load_file, save_file
 
@@ -95,34 +95,11 @@ def test_native_losses_and_state_are_the_python_runners_bit_for_bit(native, envi
                        torch.from_numpy(state[f"optimizer.{first}.momentum_buffer"]))
 
 
-def _gpt2_lora_parts(batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list[tuple[torch.Tensor, ...]]]:
-    """A one-layer GPT-2 with LoRA adapters on its attention (the base frozen), its loss, an SGD
-    optimizer of the adapters and ``batches`` batches of random token ids."""
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
-    vocab, batch, sequence = 48, 2, 8
-    config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=vocab, n_positions=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    torch.manual_seed(0)
-    model = peft.get_peft_model(transformers.GPT2LMHeadModel(config), peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0, init_lora_weights=False))
-
-    def loss_fn(m, x, y):
-        logits = m(input_ids=x).logits
-        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
-
-    generator = torch.Generator().manual_seed(7)
-    data = [tuple(torch.randint(0, vocab, (batch, sequence), generator=generator) for _ in range(2))
-            for _ in range(batches)]
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=torch.tensor(0.5))
-    return model, loss_fn, optimizer, data
-
-
 def _reference_parts(model: str, batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list]:
     """A reference model of torch_adreno.models as `python -m torch_adreno export` trains it (SGD,
     momentum 0.9, a tensor learning rate), and its batches."""
     if model == "gpt2_lora":
-        return _gpt2_lora_parts(batches)
+        return gpt2_lora_parts(batches)
     torch.manual_seed(0)
     spec = MODELS[model]
     module = spec.make()

@@ -5,10 +5,12 @@ loopback, which runs the steps: losses and state bit-identical to the same step 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from native_fixtures import gpt2_lora_parts
 from test_remote import Server, start_server, stop
 
 import torch_adreno
@@ -49,19 +51,26 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return F.cross_entropy(model(x), y)
 
 
+def _parts(name: str, batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list[tuple]]:
+    """A reference model (SGD with momentum) or the tiny GPT-2 LoRA, its loss, optimizer and batches."""
+    if name == "gpt2_lora":
+        return gpt2_lora_parts(batches)
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    model = spec.make()
+    generator = torch.Generator().manual_seed(1)
+    return (model, _loss, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            [spec.batch(generator) for _ in range(batches)])
+
+
 def _train(name: str, options: dict, steps: int, schedule: bool = False) -> tuple[list[int], dict, int]:
     """Bit patterns of the losses, the state after, and the steps run remotely (remote device) or
     replayed (local)."""
-    spec = MODELS[name]
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = spec.make()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, loss_fn, opt, batches = _parts(name, 4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps) if schedule else None
-    generator = torch.Generator().manual_seed(1)
-    batches = [spec.batch(generator) for _ in range(4)]
     losses = []
-    with torch_adreno.TrainingStep(model, _loss, opt, options=options) as step:
+    with torch_adreno.TrainingStep(model, loss_fn, opt, options=options) as step:
         for index in range(steps):
             losses.append(step(*batches[index % len(batches)]))
             if sched is not None:
@@ -74,16 +83,17 @@ def _train(name: str, options: dict, steps: int, schedule: bool = False) -> tupl
     return bits, state, replayed
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet", "transformer", pytest.param("resnet_mini", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["mlp", "lenet", "transformer", "resnet_mini", "gpt2_lora"])
 def test_remote_steps_are_the_local_replays_bit_for_bit(server, name: str) -> None:
+    """30 steps: losses and state_dict() as the same step replayed here."""
     remote = f"remote:127.0.0.1:{server.port}"
-    ours, state, replayed = _train(name, {"device": remote}, 12)
-    assert replayed >= 9, replayed
+    ours, state, replayed = _train(name, {"device": remote}, 30)
+    assert replayed == 28, replayed  # (the first two calls: compiled, then captured and shipped)
     # The same step replayed here, planned for the same target (the remote device's).
     local = select_device(None, use_environment=False)
     target = _target_of(server)
     expected, expected_state, _ = _train(name, {"device": local.label, "target": target, "replay_arena_kernels": False},
-                                         12)
+                                         30)
     assert ours == expected
     for key, value in expected_state.items():
         assert torch.equal(state[key], value), key
@@ -145,3 +155,32 @@ def test_the_benchmark_suite_runs_on_a_remote_device(server, tmp_path) -> None:
     assert [r["variant"] for r in records] == ["unfused", "fused+reuse"]
     assert all(r["remote"] == f"127.0.0.1:{server.port}" and r["median_ms"] > 0 and r["options"]["training_step"]
                for r in records)
+
+
+def test_a_profile_shows_the_remote_kernels_with_their_device_times(server) -> None:
+    """Within ``profile()``, a remote step's kernels are the local replay's, each timed on the
+    remote device (its own profiling events), and the step counts its launches."""
+    spec = MODELS["lenet"]
+    x, y = spec.batch(torch.Generator().manual_seed(1))
+
+    def profiled(device: str) -> torch_adreno.profile:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = spec.make()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        options = {"device": device} if device.startswith("remote:") else {
+            "device": device, "target": _target_of(server), "replay_arena_kernels": False}
+        with torch_adreno.TrainingStep(model, _loss, opt, options=options) as step:
+            step(x, y), step(x, y), step(x, y)
+            with torch_adreno.profile() as prof:
+                step(x, y)
+        return prof
+
+    remote = profiled(f"remote:127.0.0.1:{server.port}")
+    local = profiled(select_device(None, use_environment=False).label)
+    assert [s.kind for s in remote.steps] == ["replay"] and remote.replayed_steps == 1
+    # (the kernels' names number their graphs, which Dynamo counts per process)
+    assert [k.fx_nodes for k in remote.kernels] == [k.fx_nodes for k in local.kernels] and remote.kernel_launches > 5
+    assert remote.steps[0].launches == remote.kernel_launches
+    assert all(k.device_time_us is not None and k.device_time_us > 0 for k in remote.kernels)
+    assert remote.device_time_us > 0 and "conv" in remote.table(group_by="kernel")

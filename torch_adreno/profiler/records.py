@@ -47,7 +47,8 @@ class KernelRecord:
             modules=tuple(dict.fromkeys(o.module for o in k.origins if o.module)),
             source_lines=tuple(dict.fromkeys(o.source for o in k.origins if o.source)),
             bytes_read=k.bytes_read, bytes_written=k.bytes_written, flops=k.flops,
-            global_size=k.global_size, local_size=k.local_size, _event=record.event,
+            global_size=k.global_size, local_size=k.local_size, device_time_us=record.device_time_us,
+            _event=record.event,
         )
 
     @property

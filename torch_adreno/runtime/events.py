@@ -17,11 +17,13 @@ from torch_adreno.memory.footprint import DeviceFootprint
 
 @dataclass
 class LaunchRecord:
-    """One kernel launch; ``event`` times it when the queue has profiling enabled."""
+    """One kernel launch; ``event`` times it when the queue has profiling enabled, or
+    ``device_time_us`` holds its time measured elsewhere (on a remote device, by its own events)."""
 
     graph: str
     kernel: KernelSource
     event: cl.Event | None
+    device_time_us: float | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ serve`` (over ``adb forward``), or any machine's, with PyTorch only on the deskt
   once; a later call with that batch geometry sends the batch and returns the loss, while the
   capture's guard holds (it reads only host objects: the same checks as a local replay);
 - a changed scalar input (a schedule's learning rate, Adam's betas) is sent as a scalar;
-- ``synchronize()`` (and ``state_dict()``) read the remote state into the host tensors.
+- ``synchronize()`` (and ``state_dict()``) read the remote state into the host tensors;
+- within ``torch_adreno.profile()``, each remote step's kernels are reported with the times the
+  remote device's own profiling events measured (steps are loaded with profiling on: the remote
+  runtime reads one event per operation after the step's wait).
 
 Invariants: while a remote step holds the training state, the host copies (and the local
 device's) are out of date until :meth:`RemoteTraining.pull`; a call the remote step cannot serve
@@ -22,7 +25,7 @@ shipped again.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +33,13 @@ import numpy as np
 import torch
 
 from torch_adreno.errors import OptionError
-from torch_adreno.remote import RemoteDevice, RemoteStep, device_profile, parse_remote
+from torch_adreno.remote import RemoteDevice, RemoteError, RemoteStep, device_profile, parse_remote
 from torch_adreno.runtime.device import select_device
+from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.residency import Residency
 from torch_adreno.target.profiles import AdrenoTarget, target_of_device
 from torch_adreno.training import guards
+from torch_adreno.training.replay.capture import RecordedCopy
 from torch_adreno.training.replays import Replays
 
 
@@ -61,6 +66,7 @@ class RemoteTraining:
         self._model, self._optimizer = model, optimizer
         self._step: RemoteStep | None = None
         self._signature: Hashable | None = None
+        self._operations: list[Any] = []
         #: Per scalar input the remote step reads: its name there, its tensor, and the version sent.
         self._scalars: list[list[Any]] = []
         #: Steps the remote device ran, and captures shipped to it.
@@ -87,19 +93,41 @@ class RemoteTraining:
                 scalar[2] = tensor._version
         loss = self._step.step(*(_as_array(value, position) for position, value in enumerate(batch)))
         self.steps_run += 1
+        if BUS.active:
+            self._report_kernels()
         return torch.tensor(loss, dtype=torch.float32)
 
-    def ship(self, export: Callable[[str], Any], signature: Hashable) -> None:
+    @property
+    def kernel_launches(self) -> int:
+        """Kernels a step of the loaded remote step launches."""
+        return sum(1 for op in self._operations if not isinstance(op, RecordedCopy))
+
+    def _report_kernels(self) -> None:
+        """The last remote step's kernels to the profile, each with its device time there. The remote
+        operations are the shipped recording's, in order (one ONNX node each, named after its kernel)."""
+        assert self._step is not None
+        timed = self._step.profile(reset=True)["operations"]
+        for op, remote in zip(self._operations, timed, strict=False):
+            name = f"{op.graph}.copy" if isinstance(op, RecordedCopy) else op.source.name
+            if remote["name"] != name and not remote["name"].startswith(name + "#"):
+                raise RemoteError(f"the remote step's operation {remote['name']!r} is not the shipped step's {name!r}: "
+                                  "the server runs another step than this TrainingStep shipped")
+            if not isinstance(op, RecordedCopy):
+                runs = max(int(remote["runs"]), 1)
+                BUS.launch(LaunchRecord(op.graph, op.source, None, float(remote["milliseconds"]) * 1e3 / runs))
+
+    def ship(self, export: Callable[[str], Any], signature: Hashable, operations: Sequence[Any]) -> None:
         """Load the step just captured (exported by ``export``, with the state's current values) on
-        the remote device, where it serves ``signature`` from the next call on."""
+        the remote device, where it serves ``signature`` from the next call on; ``operations``: the
+        capture's recorded operations (the remote step's, in order)."""
         self.close_step()
         if not self.device.connected:  # (a server's connection holds one step: closing it closed the connection)
             self.device = RemoteDevice(*self._address)
         with tempfile.TemporaryDirectory(prefix="torch_adreno_remote_") as folder:
             path = str(Path(folder) / "step.onnx")
             export(path)
-            self._step = self.device.load_step(path)
-        self._signature = signature
+            self._step = self.device.load_step(path, profile=True)
+        self._signature, self._operations = signature, list(operations)
         self.shipped += 1
         inputs = {entry["name"] for entry in self._step.state_layout}
         names = _export_names(self._model, self._optimizer)
@@ -121,7 +149,7 @@ class RemoteTraining:
             for name, array in state.items():
                 target = tensors.get(name)
                 if target is not None:
-                    target.copy_(torch.from_numpy(np.asarray(array)).view(target.dtype).reshape(target.shape))
+                    target.copy_(torch.from_numpy(np.require(array, requirements="W")).view(target.dtype).reshape(target.shape))
         replays.accept_own_writes(before, only=self._signature)
         return sum(np.asarray(a).nbytes for a in state.values())
 
@@ -137,7 +165,7 @@ class RemoteTraining:
     def close_step(self) -> None:
         if self._step is not None:
             self._step.close()
-        self._step, self._signature, self._scalars = None, None, []
+        self._step, self._signature, self._scalars, self._operations = None, None, [], []
 
     def close(self) -> None:
         self.close_step()

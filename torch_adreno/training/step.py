@@ -244,7 +244,7 @@ class TrainingStep:
             remote_loss = self._remote.serve(batch, self._signature(batch), self._replays)
             if remote_loss is not None:
                 self.replayed_steps += 1
-                BUS.step(StepRecord("replay", time.perf_counter() - started, 0, None, None))
+                BUS.step(StepRecord("replay", time.perf_counter() - started, self._remote.kernel_launches, None, None))
                 return remote_loss
             self._remote.release(self._residency, self._replays)
         if self._replays:
@@ -277,8 +277,8 @@ class TrainingStep:
                     recorder, loss, batch, self.model, self.optimizer, self._residency, self._memory.heap_group,
                     self._replay_options))
                 kind, reason = ("capture", reason) if refused is None else (kind, refused)
-                if kind == "capture" and self._remote is not None:
-                    self._remote.ship(self.export, signature)
+                if kind == "capture" and self._remote is not None and (captured := self._replays.latest) is not None:
+                    self._remote.ship(self.export, signature, captured.recording.operations)
         if kind == "full" and signature is not None and self._replays.unreplayable(signature) is not None:
             reason = self._replays.unreplayable(signature)
         if signature is not None:
