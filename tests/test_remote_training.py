@@ -4,6 +4,7 @@ loopback, which runs the steps: losses and state bit-identical to the same step 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,3 +185,23 @@ def test_a_profile_shows_the_remote_kernels_with_their_device_times(server) -> N
     assert remote.steps[0].launches == remote.kernel_launches
     assert all(k.device_time_us is not None and k.device_time_us > 0 for k in remote.kernels)
     assert remote.device_time_us > 0 and "conv" in remote.table(group_by="kernel")
+
+
+def test_project_calibrates_by_the_kernels_measured_on_a_remote_device(server, capsys) -> None:
+    """``project --remote``: the fractions come from a step profiled on the remote device now; a
+    device of no Adreno profile needs its peaks, and peaks below what the kernels reached are refused."""
+    from torch_adreno.cli import main
+
+    where = f"127.0.0.1:{server.port}"
+    arguments = ["project", "--remote", where, "--model", "seed_mlp", "--target", "adreno740"]
+    assert main(arguments) == 2
+    assert "--remote-peaks" in capsys.readouterr().err
+    assert main([*arguments, "--remote-peaks", "0.001", "0.001"]) == 2
+    assert "faster than those peaks allow" in capsys.readouterr().err
+    assert main([*arguments, "--remote-peaks", "150", "20"]) == 0
+    out = capsys.readouterr().out
+    assert f"at {where}" in out and "one replayed step of seed_mlp profiled now" in out
+    measured = re.search(r"seed_mlp \(.*?calibration '(\w+)': (.*)", out)
+    assert measured is not None and "gemm" in measured.group(2), out
+    # (every kind's fraction measured there, none 0: the H200's stored figures are not these)
+    assert all(0 < float(f) <= 1 for f in re.findall(r" (\d\.\d{3})", measured.group(2)))

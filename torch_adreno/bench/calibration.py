@@ -33,8 +33,9 @@ CALIBRATION_FILE = Path(__file__).with_name("calibration_h200.json")
 #: measured the GPU's fixed per-kernel latency (a few microseconds), not a throughput.
 LATENCY_BOUND_US = 1.0
 #: The kind whose fraction a latency-bound kind takes: a batch norm's running statistics written back
-#: (``copies``) are element-wise copies, as pointwise kernels are.
-STAND_INS = {"copies": "pointwise"}
+#: (``copies``) are element-wise copies, as pointwise kernels are; a small reduction (a bias's
+#: gradient of a small batch) reads its elements once, as a pointwise kernel does.
+STAND_INS = {"copies": "pointwise", "reduction": "pointwise"}
 #: Kinds newer than the calibration's records, and the measured kind each is projected with: a fused
 #: attention kernel's FLOPs are its two matrix products (when the calibration was measured, attention ran as
 #: GEMM and softmax kernels, so its share is in the GEMMs').

@@ -154,12 +154,13 @@ class ModelProjection:
                 self.workload.items / (self.totals.calibrated_total_us * 1e-6) if self.totals.calibrated_total_us else 0.0)
 
 
-def profile_step(work: StepWorkload, target: AdrenoTarget, device: str | int | None = None) -> torch_adreno.profile:
+def profile_step(work: StepWorkload, target: AdrenoTarget | None, device: str | int | None = None) -> torch_adreno.profile:
     """One replayed TrainingStep (SGD, lr 0.01, the workload's momentum, its trainable parameters)
-    of ``work`` compiled for ``target``, profiled."""
+    of ``work`` compiled for ``target`` (None: the device's own limits; a remote device is its own
+    target), profiled."""
     model = work.make()
     x, y = work.batch(torch.Generator().manual_seed(0))
-    options: dict[str, Any] = {"target": target.name}
+    options: dict[str, Any] = {"target": target} if target is not None else {}
     if device is not None:
         options["device"] = device
     opt = make_optimizer("sgd", [p for p in model.parameters() if p.requires_grad], momentum=work.momentum)

@@ -20,11 +20,13 @@ from torch_adreno.bench.projection import (
     project_record,
     summary_row,
 )
-from torch_adreno.cli.arguments import DEVICE_HELP, bounded, device_spec, refuse_bad_device
+from torch_adreno.bench.remote_calibration import measure_calibration
+from torch_adreno.cli.arguments import DEVICE_HELP, address, bounded, device_spec, refuse_bad_device
 from torch_adreno.lowering import supported_ops
 from torch_adreno.opencl_drivers import load_failures
 from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
 from torch_adreno.remote.client import PREFIX as REMOTE_PREFIX
+from torch_adreno.remote.client import RemoteError
 from torch_adreno.remote.listing import print_remote_device
 from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
 from torch_adreno.target.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
@@ -57,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     project.add_argument("--calibration", type=Path, default=CALIBRATION_FILE,
                          help="the kernel kinds' achieved fractions of a GPU's roofline (default: the H200's, "
                               "made by benchmarks/calibrate_projection.py)")
+    project.add_argument("--remote", type=address, default=None, metavar="HOST:PORT",
+                         help="calibrate by our kernels' efficiency measured now on a step server's device "
+                              "(`torch-adreno-step serve`; adb forward for a phone) instead of --calibration: each "
+                              "model's step replayed there once, profiled by its own OpenCL events")
+    project.add_argument("--remote-peaks", nargs=2, type=bounded(float, "a number", 0.0), default=None,
+                         metavar=("GFLOPS", "GBS"),
+                         help="the remote device's fp32 peak (GFLOP/s) and memory bandwidth (GB/s) its fractions "
+                              "are of (default: its Adreno profile's; required for a device of no profile)")
     project.add_argument("--launch-us", type=bounded(float, "a number", 0.0), default=10.0,
                          help="assumed cost of one kernel launch on the target, microseconds (default: %(default)s)")
     project.add_argument("--kernels", action="store_true", help="also print each model's kernels by projected time")
@@ -123,12 +133,18 @@ def cmd_project(args: argparse.Namespace) -> int:
         return 2
     targets = [get_target(name) for name in args.target]
     models = args.model or list(DEFAULT_MODELS)
-    try:
-        calibration = load_calibration(args.calibration)
-    except ValueError as error:
-        print(f"error: --calibration: {error}", file=sys.stderr)
-        return 2
     workloads = step_workloads()
+    if args.remote is not None and args.records is not None:
+        print("error: --remote measures the models here named; --records projects recorded ones: give one",
+              file=sys.stderr)
+        return 2
+    try:
+        calibration = (load_calibration(args.calibration) if args.remote is None else measure_calibration(
+            f"remote:{args.remote}", [workloads[m] for m in models],
+            tuple(args.remote_peaks) if args.remote_peaks else None))
+    except (ValueError, RemoteError) as error:
+        print(f"error: {'--calibration' if args.remote is None else '--remote'}: {error}", file=sys.stderr)
+        return 2
     if args.profile_layers:
         low, high = args.profile_layers
         if low >= high:
@@ -160,7 +176,7 @@ def cmd_project(args: argparse.Namespace) -> int:
           f"bandwidth, FLOPs / fp32 peak); calibrated: they reach the share of it their kind reached on the "
           f"{calibration.device}; a copy reads and writes DRAM. Seed's figures: GPU GEMM {low:.0f}-"
           f"{high:.0f} GFLOP/s on Snapdragon 8-series; data movement {SEED_DATA_MOVEMENT_SHARE:.0%} of an MNN "
-          "training step. Nothing here was measured on an Adreno.")
+          "training step." + ("" if args.remote else " Nothing here was measured on an Adreno."))
     if args.jsonl:
         args.jsonl.parent.mkdir(parents=True, exist_ok=True)
         with args.jsonl.open("a") as f:
