@@ -1,8 +1,8 @@
-"""Regenerate the projection's calibration (torch_adreno/bench/calibration_h200.json) from H200 results.
+"""Regenerate the projection's calibration (torch_adreno/tools/bench/calibration_h200.json) from H200 results.
 
 Reads ``benchmarks/workloads.py`` records of our replayed step profiled on the H200 (``peer`` "ours",
 ``by_kind`` present, the profiled step replayed, full sizes), and for each workload and kernel kind
-computes the achieved fraction of the H200's roofline (:mod:`torch_adreno.bench.calibration`).
+computes the achieved fraction of the H200's roofline (:mod:`torch_adreno.tools.bench.calibration`).
 
 The H200's peaks:
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import RESULTS
 
-from torch_adreno.bench.calibration import CALIBRATION_FILE, calibration_data, load_calibration
+from torch_adreno.tools.bench.calibration import CALIBRATION_FILE, calibration_data, load_calibration
 
 REPOSITORY = RESULTS.parent.parent
 #: The records the stored calibration was made from (profiled steps of the three workloads; also the

@@ -76,19 +76,19 @@ _MARK = "COMPILE_BLOCKS_RESULT "
 #: (label, module, attribute): the functions whose inclusive time is a stage. ``Class.method``
 #: attributes wrap a method.
 STAGES = (
-    ("backend", "torch_adreno.backend", "trace_and_compile"),
-    ("compile_graph", "torch_adreno.backend", "compile_graph"),
-    ("lowering", "torch_adreno.backend", "lower_graph"),
-    ("fusion", "torch_adreno.backend", "fuse"),
-    ("memory_plan", "torch_adreno.backend", "plan_memory"),
-    ("rendering", "torch_adreno.backend", "render_program"),
+    ("backend", "torch_adreno.compiler.frontend", "trace_and_compile"),
+    ("compile_graph", "torch_adreno.compiler.frontend", "compile_graph"),
+    ("lowering", "torch_adreno.compiler.frontend", "lower_graph"),
+    ("fusion", "torch_adreno.compiler.frontend", "fuse"),
+    ("memory_plan", "torch_adreno.compiler.frontend", "plan_memory"),
+    ("rendering", "torch_adreno.compiler.frontend", "render_program"),
     ("bind", "torch_adreno.runtime.executable", "Executable.__init__"),
     ("tuning", "torch_adreno.runtime.executable", "tune_kernels"),
     ("graph_calls", "torch_adreno.runtime.executable", "Executable.__call__"),
     ("replay_setup", "torch_adreno.training.step", "build_replay"),
-    ("arena_kernels", "torch_adreno.training.replay.step", "arena_kernels"),
-    ("arena_kernels", "torch_adreno.training.replay.step", "merged_copies"),
-    ("replays", "torch_adreno.training.replay.step", "ReplayedStep.__call__"),
+    ("arena_kernels", "torch_adreno.replay.step", "arena_kernels"),
+    ("arena_kernels", "torch_adreno.replay.step", "merged_copies"),
+    ("replays", "torch_adreno.replay.step", "ReplayedStep.__call__"),
 )
 
 

@@ -45,9 +45,9 @@ from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainab
 from workloads import breakdown
 
 import torch_adreno
-import torch_adreno.backend as backend
+import torch_adreno.compiler.frontend as backend
+from torch_adreno.replay.capture import PERSISTENT
 from torch_adreno.runtime.frozen import FROZEN_COPIES
-from torch_adreno.training.replay.capture import PERSISTENT
 
 #: On PoCL: GPT-2's shape at a size a 2-core CPU compiles and runs in a few minutes.
 SMALL = GPT2Config(layers=4, d=256, heads=4, vocab=4096, positions=128, seq=128, batch=2)

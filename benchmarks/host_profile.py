@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import device_arg
 
 import torch_adreno
-from torch_adreno.bench.measure import _loss
 from torch_adreno.models import MODELS
+from torch_adreno.tools.bench.measure import _loss
 
 
 def main() -> None:

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
-from torch_adreno.bench.measure import _loss
 from torch_adreno.models import MODELS
 from torch_adreno.profiler.roofline import project_step
 from torch_adreno.target.profiles import get_target, target_names
+from torch_adreno.tools.bench.measure import _loss
 
 
 def profile_step(model_name: str, options: dict[str, Any]) -> torch_adreno.profile:

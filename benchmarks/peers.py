@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
-from torch_adreno.bench.measure import compare_variants, cuda_step
 from torch_adreno.models import MODELS
+from torch_adreno.tools.bench.measure import compare_variants, cuda_step
 
 
 def main() -> None:

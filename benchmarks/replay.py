@@ -17,7 +17,7 @@
   memory) against the same replay with its kernels as compiled, alternating step by step;
 - the replay's enqueue loop timed operation by operation (device held idle the same way): per
   launch, by argument count, and the flushes; and the launch list through the C loop
-  (:mod:`torch_adreno.training.replay.launch_list`) against the Python loop, alternating step by step;
+  (:mod:`torch_adreno.replay.launch_list`) against the Python loop, alternating step by step;
 - device time and launches of one replayed step; device bytes of the step's memory: the
   replay's whole-step plan next to what the compiled graphs hold (arenas + escaping peak).
 
@@ -45,9 +45,9 @@ from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
 from torch_adreno.models import MODELS
+from torch_adreno.replay import launch_list
+from torch_adreno.replay.launch_list import Flush, Launch, LaunchList
 from torch_adreno.runtime import get_runtime
-from torch_adreno.training.replay import launch_list
-from torch_adreno.training.replay.launch_list import Flush, Launch, LaunchList
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_adreno
+from torch_adreno.compiler.memory.intervals import AllocationLimitError, split_into_buffers
 from torch_adreno.errors import DeviceMemoryError
-from torch_adreno.memory.intervals import AllocationLimitError, split_into_buffers
 from torch_adreno.target import profiles
 
 #: The reduced profile's largest allocation: every tensor of the model below fits, its step's
@@ -168,7 +168,7 @@ def test_no_allocation_exceeds_the_targets_limit_and_the_split_arena_changes_no_
 @pytest.mark.device
 def test_a_footprint_above_the_targets_global_memory_is_refused_before_the_replay_allocates(
         derived_target, monkeypatch):
-    from torch_adreno.training.replay import step as replay_step
+    from torch_adreno.replay import step as replay_step
 
     state_bytes = 2 * sum(p.numel() * 4 for p in _model().parameters())  # parameters and momentum
     tight = derived_target("adreno740_tight", global_mem_bytes=state_bytes + (8 << 10))

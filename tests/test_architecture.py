@@ -1,11 +1,12 @@
-"""The layout is the architecture (issue 27): these hold of the source tree, without a device.
+"""The layout is the architecture: these hold of the source tree, without a device.
 
 - no import cycle among torch_adreno's modules, counting imports inside functions and under
   ``TYPE_CHECKING`` (a cycle there still couples the modules);
-- each stage imports only stages before it (:data:`LAYERS`);
+- every folder of the package, and every module at its root, has a layer (:data:`LAYERS`, one per
+  folder: no module of a folder sits elsewhere); a module imports only its own layer or lower ones;
 - no file over 600 lines, no class over 250;
-- no module after the kernels stage parses or edits OpenCL text: the only regular expressions
-  outside ``kernels/`` are the ones :data:`REGEX_USES` lists, with what they read.
+- no module after the code-generation stage parses or edits OpenCL text: the only regular
+  expressions outside ``compiler/codegen/`` are the ones :data:`REGEX_USES` lists, with what they read.
 """
 
 from __future__ import annotations
@@ -18,35 +19,36 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "torch_adreno"
 
-#: Each module's layer, by the longest matching prefix: a module may import modules of its own
-#: layer or lower ones. The pipeline's stages in order (a stage reads the data types of the ones
-#: before it), the training step above the runtime, the ONNX export above the recorded step it
-#: translates and below ``TrainingStep`` (whose ``export`` method calls it), the backend and the
-#: public surface on top, the tools above everything they drive.
+#: Each folder's layer (and each root module's): a module may import modules of its own layer or
+#: lower ones. The compiler's stages in pipeline order (a stage reads the data types of the ones
+#: before it), its frontend on top of them (it drives them for Dynamo); the runtime; the replayed
+#: step recorded on it; the ONNX export of a recorded step; training (TrainingStep, which exports);
+#: the public surface; the tools above everything they drive.
 LAYERS: dict[str, int] = {
-    "errors": 0, "target": 0, "data": 0, "models": 0, "runner": 0, "remote": 0, "opencl_drivers": 1, "config": 1,
-    "ir": 2,
-    "lowering": 3, "fusion": 3,
-    "memory": 4,
-    "kernels": 5,
+    "errors": 0, "target": 0, "data": 0, "models": 0, "runner": 0, "remote": 0,
+    "opencl_drivers": 1, "config": 1,
+    "compiler": 2, "compiler.ir": 2,
+    "compiler.lowering": 3, "compiler.fusion": 3,
+    "compiler.memory": 4,
+    "compiler.codegen": 5,
     "runtime": 6,
-    "profiler": 7, "training": 7,
+    "profiler": 7, "replay": 7,
     "export": 8,
-    "training.step": 9, "training.remote": 9,
-    "backend.donation": 10, "backend.decompositions": 10, "backend.debug": 10, "backend.compile_cache": 10,
-    "backend.saved_views": 10,
-    "backend": 11,
-    "_compiler": 12, "torch_patches": 12,
-    "": 13, "__main__": 16,
-    "testing": 13, "bench": 14, "federated": 14, "cli": 15,
+    "training": 9,
+    "compiler.frontend": 10,
+    "torch_patches": 11, "_compiler": 11,
+    "": 12,
+    "tools": 13, "tools.testing": 13, "tools.bench": 14, "federated": 14,
+    "cli": 15,
+    "__main__": 16,
 }
 
-#: Regular expressions outside kernels/, each with what it reads (none reads kernel source).
+#: Regular expressions outside compiler/codegen/, each with what it reads (none reads kernel source).
 REGEX_USES: dict[str, str] = {
     "runtime.tuning": "a device's name, made into a directory name",
     "target.profiles": "an OpenCL device's name, for the Adreno model number",
-    "lowering.context": "a Dynamo source path, for a parameter's name",
-    "testing.opinfo_errors": "eager's error messages, for the op they name",
+    "compiler.lowering.context": "a Dynamo source path, for a parameter's name",
+    "tools.testing.opinfo_errors": "eager's error messages, for the op they name",
 }
 
 
@@ -118,6 +120,16 @@ def _layer(name: str) -> int:
     return LAYERS[max(prefixes, key=len)]
 
 
+def test_the_layers_are_the_folders_and_the_root_modules_exactly():
+    """One layer per folder (a module's layer is its folder's; no module has one of its own) and
+    per module at the package's root."""
+    folders = {".".join(init.parent.relative_to(PACKAGE).parts) for init in PACKAGE.rglob("__init__.py")}
+    root_modules = {path.stem for path in PACKAGE.glob("*.py") if path.name != "__init__.py"}
+    assert set(LAYERS) == folders | root_modules, (
+        f"not layered: {sorted(folders | root_modules - set(LAYERS))}; "
+        f"neither a folder nor a root module: {sorted(set(LAYERS) - folders - root_modules)}")
+
+
 def test_every_module_imports_only_its_layer_or_lower_ones():
     wrong = [f"torch_adreno.{name} (layer {_layer(name)}) imports torch_adreno.{target} (layer {_layer(target)}) "
              f"at line {line}"
@@ -146,9 +158,9 @@ def _regex_calls(path: Path) -> list[int]:
 
 def test_no_module_after_the_kernels_stage_reads_kernel_text_with_regular_expressions():
     found = {name: lines for name, path in MODULES.items()
-             if not (name == "kernels" or name.startswith("kernels.")) and (lines := _regex_calls(path))}
+             if not (name == "compiler.codegen" or name.startswith("compiler.codegen.")) and (lines := _regex_calls(path))}
     unexplained = {name: lines for name, lines in found.items() if name not in REGEX_USES}
-    assert not unexplained, (f"regular expressions outside kernels/ (lines {unexplained}): kernels carry their "
+    assert not unexplained, (f"regular expressions outside compiler/codegen/ (lines {unexplained}): kernels carry their "
                              "parameters and symbols as records (KernelSource.arguments); read those, or list "
                              "the use in REGEX_USES with what it reads")
     assert set(REGEX_USES) <= set(found), f"REGEX_USES lists modules that no longer use one: {set(REGEX_USES) - set(found)}"

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_adreno
+from torch_adreno.replay.capture import PERSISTENT
 from torch_adreno.runtime.frozen import FROZEN_COPIES
-from torch_adreno.training.replay.capture import PERSISTENT
 
 VOCAB, D, RANK, BATCH, SEQ = 64, 48, 4, 2, 8
 BF16 = torch.bfloat16

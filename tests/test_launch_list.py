@@ -11,8 +11,8 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from torch_adreno.training.replay import launch_list
-from torch_adreno.training.replay.launch_list import Copy, Flush, Launch, LaunchError, LaunchList
+from torch_adreno.replay import launch_list
+from torch_adreno.replay.launch_list import Copy, Flush, Launch, LaunchError, LaunchList
 
 pytestmark = pytest.mark.device
 
@@ -96,7 +96,7 @@ def test_switched_off_the_python_loop_runs_the_same_list_and_warns_once(tmp_path
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import numpy as np\n"
         "from test_launch_list import _run\n"
-        "from torch_adreno.training.replay import launch_list\n"
+        "from torch_adreno.replay import launch_list\n"
         "assert launch_list.native_loop() is None, launch_list.native_loop_status()\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"

@@ -1,4 +1,4 @@
-"""PyTorch's module database in training mode (``torch_adreno.testing.modules``), a fast subset.
+"""PyTorch's module database in training mode (``torch_adreno.tools.testing.modules``), a fast subset.
 
 Every sample of the subset: forward, input and parameter gradients, one SGD step and a second
 forward against eager. The whole database runs as ``python -m torch_adreno modules --jsonl F``
@@ -13,8 +13,8 @@ import copy
 import pytest
 import torch
 
-from torch_adreno.testing import modules
-from torch_adreno.testing.opinfo import PASS, WRONG_RESULT
+from torch_adreno.tools.testing import modules
+from torch_adreno.tools.testing.opinfo import PASS, WRONG_RESULT
 
 pytest.importorskip("expecttest")  # PyTorch's test databases need it
 

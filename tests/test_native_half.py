@@ -3,7 +3,7 @@ which the test extra installs on x86-64 Linux): float16 kernels computing in ``h
 build, run and meet the float16 accuracy rule, on OpInfo float16 samples and in a training loop.
 
 The rule: within about one float16 ulp of eager float16, or at most 2x as far from a float64 run
-as eager float16 is (OpInfo samples: :mod:`torch_adreno.testing.opinfo`'s; the loop: its loss curve)."""
+as eager float16 is (OpInfo samples: :mod:`torch_adreno.tools.testing.opinfo`'s; the loop: its loss curve)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import torch_adreno
 from torch_adreno.runtime.device import list_devices
-from torch_adreno.testing.opinfo import claimed_opinfos, run_sample, samples
+from torch_adreno.tools.testing.opinfo import claimed_opinfos, run_sample, samples
 
 pytestmark = pytest.mark.device
 

@@ -9,7 +9,8 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from torch_adreno import ir
+from torch_adreno.compiler import ir
+from torch_adreno.compiler.ir import DType
 from torch_adreno.export.kernel_bodies import (
     ONNX_TYPE,
     Body,
@@ -18,7 +19,6 @@ from torch_adreno.export.kernel_bodies import (
     split_slices,
     translate_node,
 )
-from torch_adreno.ir import DType
 
 F32 = DType.F32
 

@@ -1,6 +1,6 @@
 """PyTorch's own OpInfo samples through the backend (a bounded subset; the full sweep is
 ``python -m torch_adreno opinfo``, see README). A sample fails the test only when it fails and is
-not listed, with its reason, in ``torch_adreno.testing.opinfo.EXPECTED_FAILURES``."""
+not listed, with its reason, in ``torch_adreno.tools.testing.opinfo.EXPECTED_FAILURES``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from torch_adreno.testing import opinfo
+from torch_adreno.tools.testing import opinfo
 
 #: One or two OpInfo entries per op family the backend claims; the first samples of each.
 CI_SUBSET = [
@@ -72,7 +72,7 @@ ERROR_SUBSET = ["mm", "addmm", "nn.functional.linear", "index_put", "softmax", "
 
 
 def test_known_disagreements_name_claimed_entries_and_give_reasons():
-    from torch_adreno.testing.opinfo_errors import KNOWN_DISAGREEMENTS
+    from torch_adreno.tools.testing.opinfo_errors import KNOWN_DISAGREEMENTS
 
     claimed = {opinfo._opinfo_name(op) for op in opinfo.claimed_opinfos()}
     for (name, _case), reason in KNOWN_DISAGREEMENTS.items():
@@ -85,7 +85,7 @@ def test_known_disagreements_name_claimed_entries_and_give_reasons():
 def test_refuses_what_eager_refuses(name):
     """OpInfo's error inputs and mixed-dtype operands: where eager raises, ours raises the same
     exception type (never a value); where eager computes, ours matches it or refuses clearly."""
-    from torch_adreno.testing.opinfo_errors import error_sweep
+    from torch_adreno.tools.testing.opinfo_errors import error_sweep
 
     outcomes = [o for report in error_sweep([name]) for o in report]
     assert outcomes, f"no error or dtype case for {name}"
@@ -133,8 +133,8 @@ def _mm_case(monkeypatch, raise_in_compile=None):
 
     import torch
 
-    from torch_adreno import backend
-    from torch_adreno.testing.opinfo_errors import _Sample, run_case
+    from torch_adreno.compiler import frontend as backend
+    from torch_adreno.tools.testing.opinfo_errors import _Sample, run_case
 
     if raise_in_compile is not None:
         def failing(*args, **kwargs):
@@ -149,7 +149,7 @@ def _mm_case(monkeypatch, raise_in_compile=None):
 @pytest.mark.device
 def test_our_own_eager_error_agrees_with_eagers(monkeypatch):
     """The lowering's check raises eager's type with eager's message: agreement."""
-    from torch_adreno.testing.opinfo_errors import SAME_ERROR
+    from torch_adreno.tools.testing.opinfo_errors import SAME_ERROR
 
     outcome = _mm_case(monkeypatch)
     assert outcome.kind == SAME_ERROR and "expected m1 and m2 to have the same dtype" in outcome.detail, outcome
@@ -160,9 +160,9 @@ def test_our_own_eager_error_agrees_with_eagers(monkeypatch):
 def test_eagers_error_from_a_graph_not_compiled_for_the_device_is_no_agreement(monkeypatch):
     """The graph handed back to run eagerly raises eager's very error, with eager's message: it
     still is not ours."""
-    from torch_adreno.testing.opinfo_errors import NOT_ON_DEVICE
+    from torch_adreno.tools.testing.opinfo_errors import NOT_ON_DEVICE
 
-    monkeypatch.setattr("torch_adreno.backend.compile_graph", lambda gm, *args, **kwargs: gm)
+    monkeypatch.setattr("torch_adreno.compiler.frontend.compile_graph", lambda gm, *args, **kwargs: gm)
     outcome = _mm_case(monkeypatch)
     assert outcome.kind == NOT_ON_DEVICE and not outcome.agrees, outcome
 
@@ -175,10 +175,10 @@ def test_internal_errors_and_other_messages_never_count_as_eagers(monkeypatch, e
     backend's own (BackendCompilerFailed), eager's type with another message."""
     import pyopencl as cl
 
+    from torch_adreno.compiler.lowering.checks import eager_error_type
     from torch_adreno.errors import KernelBuildError
-    from torch_adreno.lowering.checks import eager_error_type
     from torch_adreno.runtime import get_runtime
-    from torch_adreno.testing.opinfo_errors import INTERNAL, OTHER_ERROR
+    from torch_adreno.tools.testing.opinfo_errors import INTERNAL, OTHER_ERROR
 
     def pyopencl_error():
         try:
@@ -204,8 +204,8 @@ def test_a_result_not_computed_on_the_device_is_no_agreement(monkeypatch):
 
     import torch
 
-    from torch_adreno import backend
-    from torch_adreno.testing.opinfo_errors import NOT_ON_DEVICE, SAME_RESULT, _Sample, run_case
+    from torch_adreno.compiler import frontend as backend
+    from torch_adreno.tools.testing.opinfo_errors import NOT_ON_DEVICE, SAME_RESULT, _Sample, run_case
 
     op = types.SimpleNamespace(name="mm", variant_test_name="", op=torch.mm)
     sample = _Sample(torch.randn(2, 3), (torch.randn(3, 2),), {})

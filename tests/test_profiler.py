@@ -118,7 +118,7 @@ def test_chrome_trace_has_kernel_and_copy_lanes(lenet_profile, tmp_path):
 
 
 def test_suite_runs_end_to_end_on_a_tiny_configuration(tmp_path):
-    from torch_adreno.bench.suite import run_suite, summary_table
+    from torch_adreno.tools.bench.suite import run_suite, summary_table
 
     records = run_suite(["mlp"], steps=2, out_dir=tmp_path, variants=["eager", "unfused", "fused+reuse"],
                         progress=False)

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from torch_adreno.bench.calibration import (
+from torch_adreno.profiler.roofline import project_step
+from torch_adreno.target.profiles import get_target
+from torch_adreno.tools.bench.calibration import (
     CALIBRATION_FILE,
     POOLED,
     Calibration,
@@ -21,10 +23,8 @@ from torch_adreno.bench.calibration import (
     calibration_data,
     load_calibration,
 )
-from torch_adreno.bench.projected_workloads import step_workloads
-from torch_adreno.bench.projection import step_totals
-from torch_adreno.profiler.roofline import project_step
-from torch_adreno.target.profiles import get_target
+from torch_adreno.tools.bench.projected_workloads import step_workloads
+from torch_adreno.tools.bench.projection import step_totals
 
 #: ``benchmarks/workloads.py`` records of our replayed step profiled on the H200 (2026-12-02): the input
 #: the stored calibration was made from (``python benchmarks/calibrate_projection.py``).

@@ -18,7 +18,7 @@ from helpers import eager_training_step as _eager_step
 
 import torch_adreno
 from torch_adreno.models import MODELS
-from torch_adreno.training.replay.memory import plan_step_memory
+from torch_adreno.replay.memory import plan_step_memory
 
 pytestmark = pytest.mark.device
 
@@ -375,7 +375,7 @@ def test_step_memory_plan_shares_only_disjoint_lifetimes() -> None:
 
 
 def test_plan_step_memory_packs_by_lifetime() -> None:
-    from torch_adreno.training.replay.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
+    from torch_adreno.replay.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
 
     recorder = StepRecorder.__new__(StepRecorder)
     recorder.identities = [MemoryIdentity(i, INTERNAL, n, None, f"b{i}") for i, n in enumerate([400, 100, 300, 50])]
@@ -394,9 +394,9 @@ def test_the_step_verifier_accepts_the_planned_layout_and_rejects_one_sharing_li
     """Issue 25: the whole-step layout is proven against the recorded reads and writes."""
     from types import SimpleNamespace
 
-    from torch_adreno.memory.verify import MemoryPlanError
-    from torch_adreno.training.replay.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
-    from torch_adreno.training.replay.memory import ArenaLayout, verify_step_memory
+    from torch_adreno.compiler.memory.verify import MemoryPlanError
+    from torch_adreno.replay.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
+    from torch_adreno.replay.memory import ArenaLayout, verify_step_memory
 
     recorder = StepRecorder.__new__(StepRecorder)
     recorder.identities = [MemoryIdentity(i, INTERNAL, 256, None, f"b{i}") for i in range(3)]
@@ -451,7 +451,7 @@ def test_two_steps_interleaved_keep_their_buffers_alive() -> None:
 
 
 def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -> None:
-    from torch_adreno.training.replay.batch import BatchMode
+    from torch_adreno.replay.batch import BatchMode
 
     batches = _batches(5)
     for options, mode in (({}, BatchMode.IN_PLACE), (COPY, BatchMode.UPLOADED)):
@@ -475,7 +475,7 @@ def test_batch_is_bound_in_place_on_unified_memory_and_uploaded_in_copy_mode() -
 def test_staged_batch_upload_is_bit_identical(monkeypatch, dropout) -> None:
     """Pinned staging is what a device with memory of its own uses; forced here on PoCL. The batch
     and the dropout seeds go up in one write from one pinned buffer."""
-    from torch_adreno.training.replay import step as replay_module
+    from torch_adreno.replay import step as replay_module
 
     monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
     batches = _batches(8)
@@ -494,7 +494,7 @@ def _counting_copies(monkeypatch) -> list[int]:
     bytes of each copy it is given."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from torch_adreno.training.replay import batch as batch_module
+    from torch_adreno.replay import batch as batch_module
 
     copies: list[int] = []
     pool = ThreadPoolExecutor(2)
@@ -512,7 +512,7 @@ def _counting_copies(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-seeds", "dropout-seeds"])
 def test_a_staged_batch_is_copied_while_the_guard_runs_and_stays_bit_identical(monkeypatch, dropout) -> None:
-    from torch_adreno.training.replay import step as replay_module
+    from torch_adreno.replay import step as replay_module
 
     monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
     copies = _counting_copies(monkeypatch)
@@ -533,9 +533,9 @@ def test_a_prestaged_batch_is_being_copied_before_the_guard_starts(monkeypatch) 
     (else they began only after it)."""
     import time
 
-    from torch_adreno.training import guards
-    from torch_adreno.training.replay import batch as batch_module
-    from torch_adreno.training.replay import step as replay_module
+    from torch_adreno.replay import batch as batch_module
+    from torch_adreno.replay import guards
+    from torch_adreno.replay import step as replay_module
 
     monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
     _counting_copies(monkeypatch)
@@ -564,7 +564,7 @@ def test_a_prestaged_batch_is_being_copied_before_the_guard_starts(monkeypatch) 
 
 
 def test_a_prestaged_batch_whose_guard_fails_runs_the_full_step(monkeypatch) -> None:
-    from torch_adreno.training.replay import step as replay_module
+    from torch_adreno.replay import step as replay_module
 
     monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
     copies = _counting_copies(monkeypatch)
@@ -680,7 +680,7 @@ def _train_unprofiled(batches, replay: bool):
 
 
 def test_replay_through_the_c_loop_is_bit_identical_to_the_compiled_graphs() -> None:
-    from torch_adreno.training.replay import launch_list
+    from torch_adreno.replay import launch_list
 
     if launch_list.native_loop() is None:
         pytest.fail(f"the C loop is not available here: {launch_list.native_loop_status()}")

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from torch_adreno.bench.calibration import load_calibration
 from torch_adreno.cli import main
 from torch_adreno.profiler.roofline import project_step
 from torch_adreno.target.profiles import get_target
+from torch_adreno.tools.bench.calibration import load_calibration
 
 ADRENO740 = get_target("adreno740")  # 63 GB/s, 3700 GFLOP/s fp32
 
@@ -79,7 +79,7 @@ def test_devices_shows_the_matched_profile_and_the_targets(capsys):
 
 @pytest.mark.device
 def test_project_profiles_a_replayed_step_compiled_for_the_target(capsys, tmp_path, monkeypatch):
-    from torch_adreno.bench import projection
+    from torch_adreno.tools.bench import projection
 
     profiled = []
     profile_step = projection.profile_step

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from helpers import capture_graphs
 
+from torch_adreno.compiler.codegen import launch_candidates, render_program
+from torch_adreno.compiler.codegen.generated import GROUP_SIZE
+from torch_adreno.compiler.fusion import fuse
+from torch_adreno.compiler.lowering import lower_graph
+from torch_adreno.compiler.memory import plan_memory
 from torch_adreno.config import Config
-from torch_adreno.fusion import fuse
-from torch_adreno.kernels import launch_candidates, render_program
-from torch_adreno.kernels.generated import GROUP_SIZE
-from torch_adreno.lowering import lower_graph
-from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import tuning
 from torch_adreno.target import REFERENCE_PROFILE
 

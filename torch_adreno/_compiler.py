@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torch_adreno import torch_patches
-from torch_adreno.backend import adreno_backend
+from torch_adreno.compiler.frontend import adreno_backend
 from torch_adreno.config import BACKEND_NAME, OPTIONS, Config
 from torch_adreno.errors import (
     AdrenoError,

@@ -9,7 +9,7 @@
 
 /* Operation counts after which a run flushes the queue: early, then at doubling intervals, so that
  * the device computes while the host enqueues the rest (some drivers submit only at a flush or a
- * blocking call). The replay's FLUSH_AFTER (torch_adreno/training/replay/step.py). */
+ * blocking call). The replay's FLUSH_AFTER (torch_adreno/replay/step.py). */
 static const size_t FLUSH_AFTER[] = {4, 16, 48, 112, 240, 496, 1008};
 
 static double milliseconds_now(void) {

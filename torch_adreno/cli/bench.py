@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from torch_adreno.bench.measure import SUITE_VARIANTS
-from torch_adreno.bench.suite import run_suite, summary_table
 from torch_adreno.cli.arguments import (
     DEVICE_HELP,
     address,
@@ -16,6 +14,8 @@ from torch_adreno.cli.arguments import (
     refuse_bad_device,
 )
 from torch_adreno.models import MODELS
+from torch_adreno.tools.bench.measure import SUITE_VARIANTS
+from torch_adreno.tools.bench.suite import run_suite, summary_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

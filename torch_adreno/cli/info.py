@@ -9,9 +9,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torch_adreno.bench.calibration import CALIBRATION_FILE, Calibration, load_calibration, usable_record
-from torch_adreno.bench.projected_workloads import DEFAULT_MODELS, SEED_MLP, step_workloads
-from torch_adreno.bench.projection import (
+from torch_adreno.cli.arguments import DEVICE_HELP, address, bounded, device_spec, refuse_bad_device
+from torch_adreno.compiler.lowering import supported_ops
+from torch_adreno.opencl_drivers import load_failures
+from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
+from torch_adreno.remote.client import PREFIX as REMOTE_PREFIX
+from torch_adreno.remote.client import RemoteError
+from torch_adreno.remote.listing import print_remote_device
+from torch_adreno.replay.launch_list import native_loop_status
+from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
+from torch_adreno.target.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
+from torch_adreno.tools.bench.calibration import (
+    CALIBRATION_FILE,
+    Calibration,
+    load_calibration,
+    usable_record,
+)
+from torch_adreno.tools.bench.projected_workloads import DEFAULT_MODELS, SEED_MLP, step_workloads
+from torch_adreno.tools.bench.projection import (
     ModelProjection,
     calibration_lines,
     format_table,
@@ -20,17 +35,7 @@ from torch_adreno.bench.projection import (
     project_record,
     summary_row,
 )
-from torch_adreno.bench.remote_calibration import measure_calibration
-from torch_adreno.cli.arguments import DEVICE_HELP, address, bounded, device_spec, refuse_bad_device
-from torch_adreno.lowering import supported_ops
-from torch_adreno.opencl_drivers import load_failures
-from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
-from torch_adreno.remote.client import PREFIX as REMOTE_PREFIX
-from torch_adreno.remote.client import RemoteError
-from torch_adreno.remote.listing import print_remote_device
-from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
-from torch_adreno.target.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
-from torch_adreno.training.replay.launch_list import native_loop_status
+from torch_adreno.tools.bench.remote_calibration import measure_calibration
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -2,7 +2,7 @@
 
 Forward, input and parameter gradients, one SGD step and a second forward against eager; a sample
 that does not pass runs under ``aot_eager`` too, so that PyTorch's own limits are told from ours
-(:mod:`torch_adreno.testing.modules`). Needs ``expecttest`` (the ``test`` extra)."""
+(:mod:`torch_adreno.tools.testing.modules`). Needs ``expecttest`` (the ``test`` extra)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import json
 
-from torch_adreno.testing.modules import ModuleOutcome, format_outcomes, summary, sweep
+from torch_adreno.tools.testing.modules import ModuleOutcome, format_outcomes, summary, sweep
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """``opinfo``: PyTorch's OpInfo samples (and error inputs) of every claimed op through the backend.
 
-The harness (:mod:`torch_adreno.testing`) reads PyTorch's OpInfo database when a sweep starts,
+The harness (:mod:`torch_adreno.tools.testing`) reads PyTorch's OpInfo database when a sweep starts,
 which needs ``expecttest`` (the ``test`` extra)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import json
 
-from torch_adreno.testing.opinfo import (
+from torch_adreno.tools.testing.opinfo import (
     INTERNAL_ERROR,
     SWEEP_DTYPES,
     WRONG_RESULT,
@@ -17,7 +17,7 @@ from torch_adreno.testing.opinfo import (
     format_reports,
     sweep,
 )
-from torch_adreno.testing.opinfo_errors import ErrorOutcome, error_sweep, format_error_reports
+from torch_adreno.tools.testing.opinfo_errors import ErrorOutcome, error_sweep, format_error_reports
 
 
 def register(sub: argparse._SubParsersAction) -> None:

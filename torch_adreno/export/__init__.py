@@ -4,7 +4,7 @@
     step(x, y); step(x, y)          # the second call captures the step
     step.export("step.onnx")
 
-The model is the launch list of the step's replay (:mod:`torch_adreno.training.replay.step`), each
+The model is the launch list of the step's replay (:mod:`torch_adreno.replay.step`), each
 launch a node calling a model-local function (domain ``torch_adreno``) whose body is the standard
 ONNX ops of what the kernel fused (:mod:`.kernel_bodies`), each node carrying the kernel's OpenCL
 source, launch geometry and buffers, and the step's memory plan in the model's metadata. So
@@ -29,7 +29,8 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from torch_adreno import ir
+from torch_adreno.compiler import ir
+from torch_adreno.compiler.codegen.program import KernelSource, assemble
 from torch_adreno.config import VERSION
 from torch_adreno.export.attention_bodies import attention_body
 from torch_adreno.export.kernel_bodies import (
@@ -40,10 +41,9 @@ from torch_adreno.export.kernel_bodies import (
     split_slices,
     translate_node,
 )
-from torch_adreno.kernels.program import KernelSource, assemble
+from torch_adreno.replay.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
+from torch_adreno.replay.guards import state_tensors
 from torch_adreno.runner import format as fmt
-from torch_adreno.training.guards import state_tensors
-from torch_adreno.training.replay.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
 
 __all__ = ["ExportError", "export_step", "load_state", "step_model"]
 
@@ -86,8 +86,8 @@ class Prediction:
 def record_prediction(step: Any, example: torch.Tensor) -> Prediction:
     """Record the forward of ``step.model`` on ``example`` in eval mode without gradients (compiled
     for the step's device); the model's train/eval mode is restored after."""
-    from torch_adreno.training.replay.capture import StepRecorder, recording_of
-    from torch_adreno.training.replay.memory import plan_step_memory
+    from torch_adreno.replay.capture import StepRecorder, recording_of
+    from torch_adreno.replay.memory import plan_step_memory
 
     model = step.model
     runtime = step._residency.runtime

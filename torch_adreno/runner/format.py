@@ -42,7 +42,7 @@ KERNEL_ATTRIBUTES = (
     "graph",           # the compiled graph the kernel belongs to
     "index_checks",    # 1: after ``buffers`` the kernel takes an index error record (4 x int32, zeroed)
                        # and an int32 token >= 1 naming the launch; a value indexing out of range is
-                       # replaced by 0 and recorded there (torch_adreno/kernels/index_check.cl)
+                       # replaced by 0 and recorded there (torch_adreno/compiler/codegen/index_check.cl)
     "extensions",      # the OpenCL extensions the kernel enables (the device must have them); [""]: none
 )
 COPY_ATTRIBUTES = ("destination", "source", "nbytes")

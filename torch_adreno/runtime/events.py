@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 import pyopencl as cl
 
-from torch_adreno.kernels import KernelSource
-from torch_adreno.memory.footprint import DeviceFootprint
+from torch_adreno.compiler.codegen import KernelSource
+from torch_adreno.compiler.memory.footprint import DeviceFootprint
 
 
 @dataclass
@@ -76,7 +76,7 @@ class StepRecord:
     launches: int
     reason: str | None = None
     #: The step's device memory against its limits, once captured (a
-    #: :class:`~torch_adreno.memory.footprint.DeviceFootprint`; None before).
+    #: :class:`~torch_adreno.compiler.memory.footprint.DeviceFootprint`; None before).
     footprint: DeviceFootprint | None = None
 
 

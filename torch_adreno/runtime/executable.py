@@ -16,10 +16,10 @@ from typing import Any
 import pyopencl as cl
 import torch
 
-from torch_adreno import ir
-from torch_adreno.ir.torch_dtypes import IR_TO_TORCH
-from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
-from torch_adreno.memory import StorageKind
+from torch_adreno.compiler import ir
+from torch_adreno.compiler.codegen import HostStep, KernelProgram, KernelSource
+from torch_adreno.compiler.ir.torch_dtypes import IR_TO_TORCH
+from torch_adreno.compiler.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned, own_tensor
@@ -51,7 +51,7 @@ class Executable:
         by one right before every call because this graph updates them in place; taken only for
         inputs the graph does update (``graph.mutations``).
         ``verify_memory``: check the memory plan against each new pattern of inputs sharing memory
-        (:func:`torch_adreno.memory.verify.verify_program`) before a call with it enqueues anything."""
+        (:func:`torch_adreno.compiler.memory.verify.verify_program`) before a call with it enqueues anything."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True

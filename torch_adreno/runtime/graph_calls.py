@@ -3,7 +3,7 @@
 An :class:`~torch_adreno.runtime.executable.Executable` call reports a :class:`GraphCall` to the
 observer active on its thread (:func:`observing`), after it enqueued everything and before it
 returns. The runtime knows nothing of who observes (a training step's capture,
-:mod:`torch_adreno.training.replay.capture`): the dependency points from the training step to the
+:mod:`torch_adreno.replay.capture`): the dependency points from the training step to the
 runtime, never back. With no observer the cost of a call is one context-variable read.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyopencl as cl
 import torch
 
-from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
+from torch_adreno.compiler.codegen import HostStep, KernelProgram, KernelSource
 
 if TYPE_CHECKING:
     from torch_adreno.runtime.device import DeviceRuntime

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from torch_adreno.replay.capture import StepRecorder
 from torch_adreno.runtime.residency import Residency, StepContext
 from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.gradients import gradient_clipper
-from torch_adreno.training.replay.capture import StepRecorder
 from torch_adreno.training.scaler import DeviceGradScaling
 from torch_adreno.training.state import recompile_limit_message
 

@@ -12,7 +12,7 @@ Three places hold it there:
   the largest allocation;
 - a capture's replay splits its arena into buffers within the largest allocation and refuses a
   footprint above the global memory before it allocates anything
-  (:mod:`torch_adreno.training.replay.step`).
+  (:mod:`torch_adreno.replay.step`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from torch_adreno.memory.footprint import MemoryLimits, check_state_fits
+from torch_adreno.compiler.memory.footprint import MemoryLimits, check_state_fits
 from torch_adreno.runtime.heap import HeapGroup
 from torch_adreno.target import DeviceProfile
 

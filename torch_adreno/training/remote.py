@@ -34,12 +34,12 @@ import torch
 
 from torch_adreno.errors import OptionError
 from torch_adreno.remote import RemoteDevice, RemoteError, RemoteStep, device_profile, parse_remote
+from torch_adreno.replay import guards
+from torch_adreno.replay.capture import RecordedCopy
 from torch_adreno.runtime.device import select_device
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.residency import Residency
 from torch_adreno.target.profiles import AdrenoTarget, target_of_device
-from torch_adreno.training import guards
-from torch_adreno.training.replay.capture import RecordedCopy
 from torch_adreno.training.replays import Replays
 
 

@@ -2,7 +2,7 @@
 makes of its model, optimizer and batch.
 
 A geometry's first step compiles (and warms) the graphs; its second runs them under a recorder
-and becomes a :class:`~torch_adreno.training.replay.step.ReplayedStep` with its guard; later steps
+and becomes a :class:`~torch_adreno.replay.step.ReplayedStep` with its guard; later steps
 replay while the guard holds. Invariants: at most ``limit`` replays are kept (the oldest goes
 first); a geometry whose capture could not be replayed is never captured again, and its reason is
 kept; a replay whose guard fails is dropped (the step runs the compiled graphs and captures again).
@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
+from torch_adreno.replay import guards
+from torch_adreno.replay.capture import StepRecorder
+from torch_adreno.replay.step import CaptureError, ReplayedStep, ReplayOptions
 from torch_adreno.runtime import host_writes
 from torch_adreno.runtime.residency import Residency
-from torch_adreno.training import guards
 from torch_adreno.training.gradients import GradientOnDevice
-from torch_adreno.training.replay.capture import StepRecorder
-from torch_adreno.training.replay.step import CaptureError, ReplayedStep, ReplayOptions
 
 _log = logging.getLogger("torch_adreno")
 

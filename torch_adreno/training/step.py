@@ -46,13 +46,16 @@ from typing import Any
 
 import torch
 
+from torch_adreno.compiler.memory.footprint import DeviceFootprint
 from torch_adreno.config import Config
-from torch_adreno.memory.footprint import DeviceFootprint
+from torch_adreno.replay import guards
+from torch_adreno.replay.capture import StepRecorder
+from torch_adreno.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.events import BUS, StepRecord
 from torch_adreno.runtime.residency import StepContext
 from torch_adreno.target.profiles import profile_for
-from torch_adreno.training import guards, host_sync
+from torch_adreno.training import host_sync
 from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.compiled_step import CompiledStep
 from torch_adreno.training.gradients import (
@@ -65,8 +68,6 @@ from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.progress import reported, slow_work
 from torch_adreno.training.remote import RemoteTraining, remote_spec
-from torch_adreno.training.replay.capture import StepRecorder
-from torch_adreno.training.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
 from torch_adreno.training.state import (
     REMEMBERED_SIGNATURES,
@@ -127,8 +128,8 @@ class TrainingStep:
         """``max_grad_norm``/``norm_type``: clip the gradients' norm on the device, between backward
         and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
         geometry on, run the step as the launch list recorded from the step before (see
-        :mod:`torch_adreno.training.replay.step`), not through Dynamo, AOTAutograd and autograd, while the
-        guards of :mod:`torch_adreno.training.guards` hold. ``grad_scaler``: a
+        :mod:`torch_adreno.replay.step`), not through Dynamo, AOTAutograd and autograd, while the
+        guards of :mod:`torch_adreno.replay.guards` hold. ``grad_scaler``: a
         ``torch.amp.GradScaler("cpu")`` for float16 autocast; the step scales, unscales, skips
         overflowing steps and updates the scale itself (:mod:`torch_adreno.training.scaler`); such
         steps are not replayed yet (the skip is decided on the host after the backward).
