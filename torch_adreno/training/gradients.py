@@ -11,6 +11,7 @@ gradient" (``clip_grad_norm_`` returns 0).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -104,6 +105,36 @@ def clear_gradient_markers(params: list[torch.Tensor]) -> None:
     for p in params:
         if type(p.grad) is GradientOnDevice:
             p.grad = None
+
+
+_GRAD = operator.attrgetter("grad")
+
+
+class GradientMarkers:
+    """The ``.grad`` of a step's parameters while their gradients live on the device: a marker each
+    (:class:`GradientOnDevice`), which a read of the gradient on the host resolves. Invariant after
+    :meth:`mark` and :meth:`keep`: every parameter that requires grad has its marker as ``.grad``."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self._params = params
+        self._markers: dict[int, GradientOnDevice] = {}
+        #: Each parameter's ``.grad`` as last marked (None: not marked since the last clear).
+        self._marked: tuple[Any, ...] | None = None
+
+    def clear(self) -> None:
+        """Before a backward through autograd, which would accumulate into the markers."""
+        clear_gradient_markers(self._params)
+        self._marked = None
+
+    def mark(self) -> None:
+        mark_gradients_on_device(self._params, self._markers)
+        self._marked = tuple(map(_GRAD, self._params))
+
+    def keep(self) -> None:
+        """After a replay: the markers are still there unless ``zero_grad()`` removed them (compared
+        in one pass in C), restored only where one is gone."""
+        if self._marked is None or not all(map(operator.is_, map(_GRAD, self._params), self._marked)):
+            self.mark()
 
 
 def check_norm_type(norm_type: float) -> float:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import operator
 import time
 import weakref
 from collections.abc import Callable, Hashable, Mapping
@@ -58,12 +57,7 @@ from torch_adreno.target.profiles import profile_for
 from torch_adreno.training import host_sync
 from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.compiled_step import CompiledStep
-from torch_adreno.training.gradients import (
-    GradientOnDevice,
-    check_norm_type,
-    clear_gradient_markers,
-    mark_gradients_on_device,
-)
+from torch_adreno.training.gradients import GradientMarkers, check_norm_type
 from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.progress import reported, slow_work
@@ -74,8 +68,6 @@ from torch_adreno.training.state import (
     batch_shapes,
     name_of,
 )
-
-_GRAD = operator.attrgetter("grad")
 
 
 def _with_scaled(loss: torch.Tensor, accumulation: GradientAccumulation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,9 +148,7 @@ class TrainingStep:
                                       max_grad_norm, norm_type, grad_scaler)
         #: Whether the last call ran the optimizer step (every call, unless accumulating).
         self.stepped_optimizer = False
-        self._gradient_markers: dict[int, GradientOnDevice] = {}
-        #: Each parameter's ``.grad`` as the last replay left it (its marker; None: frozen).
-        self._marked: tuple[Any, ...] | None = None
+        self._gradients = GradientMarkers(self._params)
         self._residency = get_residency(get_runtime(config.device), config.zero_copy)
         self._memory = StepMemory(profile_for(self._residency.runtime.profile, config.target))
         #: The largest allocation and global memory this step is held to (the target's, else the device's).
@@ -299,11 +289,7 @@ class TrainingStep:
         try:
             loss = replay(batch, started)
         finally:
-            # The captured step's markers are still there unless zero_grad() removed them: compared
-            # in one pass in C, restored only where one is gone (also when the replay raised).
-            if self._marked is None or not all(map(operator.is_, map(_GRAD, self._params), self._marked)):
-                mark_gradients_on_device(self._params, self._gradient_markers)
-                self._marked = tuple(map(_GRAD, self._params))
+            self._gradients.keep()  # (also when the replay raised)
             if self._residency.has_deferred:  # host reads of out-of-date copies synchronize first
                 host_sync.arm(self._residency)
         self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
@@ -313,7 +299,7 @@ class TrainingStep:
     def _compiled_step(self, batch: tuple[Any, ...], recorder: StepRecorder | None) -> torch.Tensor:
         """The step through the compiled graphs (Dynamo, AOTAutograd, autograd), recorded when
         ``recorder`` is given."""
-        clear_gradient_markers(self._params)  # left by the previous step; autograd would accumulate into them
+        self._gradients.clear()  # left by the previous step
         versions_before = self._residency.deferred_versions()
         try:
             return self._compiled.run(batch, self._residency, self._step_context, recorder,
@@ -324,7 +310,7 @@ class TrainingStep:
             raise
         finally:
             # The gradients' host copies were never filled in: nobody may read them.
-            mark_gradients_on_device(self._params, self._gradient_markers)
+            self._gradients.mark()
             if self._residency.deferred_tensors:
                 host_sync.arm(self._residency)  # the first read of an out-of-date host copy synchronizes
 
