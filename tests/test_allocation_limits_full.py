@@ -85,7 +85,7 @@ def _assert_within(step: Any, made: dict[str, list[int]], target: str) -> None:
     global memory (the limits the step was held to are the profile's, or the present device's where
     they are smaller: PoCL reports part of the host's memory, 5.4 GB of 24 GiB on one CI machine,
     below adreno740's 5.8 GB)."""
-    profile = profiles.profile_for(step._residency.runtime.profile, target)
+    profile = profiles.compile_profile(step._residency.runtime.profile, profiles.get_target(target))
     limits = step.memory_limits
     assert (limits.max_allocation_bytes, limits.global_memory_bytes) == (profile.max_alloc_bytes,
                                                                          profile.global_mem_bytes)
