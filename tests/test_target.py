@@ -33,6 +33,7 @@ from torch_adreno.target.profiles import (
     get_target,
     match_device,
     profile_for,
+    target_of_device,
 )
 
 REQUIRED = ("adreno640", "adreno650", "adreno660", "adreno730", "adreno740", "adreno750", "adreno830")
@@ -339,3 +340,13 @@ def test_a_graph_compiled_for_one_target_is_not_served_for_another(tmp_path, mon
     assert run("adreno640") == 0  # another target: another program, a miss
     assert run(None) == 0
     assert run("adreno740") == 1  # positive control: the first one again hits
+
+
+def test_a_remote_cpu_device_is_planned_as_a_cpu_and_a_remote_gpu_as_a_gpu():
+    """A remote device's target keeps its device type: a CPU's step gets the CPU code paths (GPU
+    tiles on a CPU device ran its LeNet step 4x slower), a GPU's the GPU ones."""
+    cpu = dataclasses.replace(REFERENCE_PROFILE, is_gpu=False, name="a CPU")
+    for device in (cpu, REFERENCE_PROFILE):
+        target = target_of_device(f"remote {device.name}", device)
+        assert compile_profile(cpu, target).is_gpu is device.is_gpu
+        assert target.sources["is_gpu"].startswith("reported by the device's driver")

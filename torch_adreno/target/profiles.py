@@ -72,6 +72,9 @@ class AdrenoTarget:
     peak_fp32_gflops: float
     peak_fp16_gflops: float
     bandwidth_gbs: float
+    #: Whether the device is a GPU: the GPU code paths (local-memory GEMM tiles, GPU work-group
+    #: shapes) are planned for it (False: a remote CPU device, planned as one).
+    is_gpu: bool = True
     #: Per field name, where its value comes from (a :data:`SOURCES` key plus detail) or
     #: ``"estimate: <reasoning>"``.
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -94,6 +97,7 @@ _EXT_7XX = (*_EXT_COMMON, "cl_qcom_large_buffer")
 
 # Sources shared by every profile; a profile overrides those it has a better one for.
 _COMMON_SOURCES = {
+    "is_gpu": "qcom-guide (the Adreno is the Snapdragon's GPU)",
     "max_work_group_size": "clinfo-750 (1024); clpeak-x1 (1024 on Adreno X1); assumed the same on 6xx",
     "max_work_item_sizes": "clinfo-750 (1024x1024x1024); estimate for the others: same family driver",
     "local_mem_bytes": "qcom-guide and clinfo-6xx (32768 bytes)",
@@ -221,8 +225,8 @@ def target_of_device(name: str, device: DeviceProfile) -> AdrenoTarget:
         image2d_max=(device.image2d_max_width, device.image2d_max_height),
         image_from_buffer_max_pixels=0, wave_sizes=waves, extensions=extensions,
         unified_memory=device.unified_memory, prefers_images=device.prefers_images,
-        peak_fp32_gflops=0.0, peak_fp16_gflops=0.0, bandwidth_gbs=0.0,
-        sources=dict.fromkeys(("compute_units", "max_work_group_size", "max_work_item_sizes", "local_mem_bytes",
+        peak_fp32_gflops=0.0, peak_fp16_gflops=0.0, bandwidth_gbs=0.0, is_gpu=device.is_gpu,
+        sources=dict.fromkeys(("is_gpu", "compute_units", "max_work_group_size", "max_work_item_sizes", "local_mem_bytes",
                                "max_alloc_bytes", "global_mem_bytes", "base_addr_align_bytes",
                                "max_parameter_bytes", "image2d_max", "wave_sizes", "extensions",
                                "unified_memory"), reported)
@@ -282,7 +286,7 @@ def compile_profile(device: DeviceProfile, target: AdrenoTarget | None) -> Devic
     on_target = match_device(device.name, device.opencl_version) is target
     return dataclasses.replace(
         device,
-        is_gpu=True,
+        is_gpu=target.is_gpu,
         compute_units=device.compute_units if on_target else target.compute_units,
         max_work_group_size=min(device.max_work_group_size, target.max_work_group_size),
         max_work_item_sizes=tuple(min(a, b) for a, b in zip(device.max_work_item_sizes, target.max_work_item_sizes,
