@@ -129,12 +129,11 @@ def _replayed_export(folder: Path, model: str, device: str | None, steps: int) -
 @pytest.mark.parametrize("model", ["resnet_mini", "gpt2_lora"])
 def test_resnet_mini_and_a_gpt2_lora_train_30_steps_as_the_replay_and_the_python_runner(
         native, environment, platforms, tmp_path, model) -> None:
-    """Issue 48's models beyond the MLP and LeNet, in CI: 30 steps bit for bit with the replay and
-    the Python runner, the state after them the replay's and loading into PyTorch. The GPT-2 LoRA
-    on both CPU runtimes; resnet_mini on the first found only (its 30 steps, thrice: CI time)."""
+    """The models beyond the MLP and LeNet, in CI on both CPU runtimes: 30 steps bit for bit with
+    the replay and the Python runner, the state after them the replay's and loading into PyTorch."""
     from safetensors.torch import load_file as load_torch
 
-    for device in platforms if model == "gpt2_lora" else platforms[:1]:
+    for device in platforms:
         folder = tmp_path / device.replace(" ", "_")
         folder.mkdir()
         step, data, replayed, after = _replayed_export(folder, model, device, 30)
