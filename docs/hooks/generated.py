@@ -223,11 +223,31 @@ def intel_module_db() -> str:
         f"on {head['device']}.")
 
 
+def intel_native_step() -> str:
+    file = "intel-cpu/native_step.jsonl"
+    records = list(_last(_records(file), "model").values())
+    rows = [[r["model"], _f(r["replay_ms"], ".1f"), _f(r["python_runner_ms"], ".1f"), _f(r["native_ms"], ".1f"),
+             _f(r["native_over_replay"], ".3f")] for r in records]
+    return _table(["model", "replay ms", "Python runner ms", "native ms", "native / replay, per round"], rows) + (
+        _provenance("python benchmarks/native_step.py", [file], records))
+
+
+def intel_remote_step() -> str:
+    file = "intel-cpu/remote_step.jsonl"
+    records = list(_last(_records(file), "model").values())
+    rows = [[r["model"], _f(r["replay_ms"], ".1f"), _f(r["remote_ms"], ".1f"),
+             _f(r.get("training_step_remote_ms"), ".1f"), _f(r["budget_ms"], ".1f")] for r in records]
+    return _table(["model", "local replay ms", "remote step ms (client)", "remote TrainingStep ms",
+                   "bound: 1.1 x replay + batch at 1 GB/s"], rows) + _provenance(
+        "python benchmarks/remote_step.py", [file], records)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "h200-workloads": h200_workloads, "h200-reference-models": h200_reference_models, "h200-sgemm": h200_sgemm,
     "h200-attention": h200_attention, "pocl-reference-models": pocl_reference_models,
     "pocl-compile-time": pocl_compile_time, "intel-cpu-training-loops": intel_training_loops,
     "intel-cpu-native-half": intel_native_half, "intel-cpu-module-db": intel_module_db,
+    "intel-cpu-native-step": intel_native_step, "intel-cpu-remote-step": intel_remote_step,
 }
 
 
