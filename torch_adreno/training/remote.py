@@ -107,7 +107,10 @@ class RemoteTraining:
         operations are the shipped recording's, in order (one ONNX node each, named after its kernel)."""
         assert self._step is not None
         timed = self._step.profile(reset=True)["operations"]
-        for op, remote in zip(self._operations, timed, strict=False):
+        if len(timed) < len(self._operations):
+            raise RemoteError(f"the remote step reported the times of {len(timed)} operations; the shipped step has "
+                              f"{len(self._operations)}: was it loaded without profiling?")
+        for op, remote in zip(self._operations, timed, strict=False):  # (a prediction's operations follow)
             name = f"{op.graph}.copy" if isinstance(op, RecordedCopy) else op.source.name
             if remote["name"] != name and not remote["name"].startswith(name + "#"):
                 raise RemoteError(f"the remote step's operation {remote['name']!r} is not the shipped step's {name!r}: "
