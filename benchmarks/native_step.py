@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,28 +72,46 @@ def native_cli_median(executable: Path, path: Path, data: Path, device: str, ste
     return statistics.median(times[WARMUP:])
 
 
-def measure(model: str, device: str, steps: int, work: Path, library: Path, executable: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ExportedStep:
+    """A reference model's training step exported (``python -m torch_adreno export``, SGD, lr 0.05)
+    with a data file of ``steps`` batches: the file, the data, and batch ``i`` (in turn) as arrays."""
+
+    path: Path
+    data: Path
+    batches: dict[str, Any]
+
+    def row(self, i: int) -> list[Any]:
+        names = sorted(self.batches)
+        return [self.batches[name][i % len(self.batches[names[0]])] for name in names]
+
+
+def export_step(model: str, device: str, steps: int, work: Path) -> ExportedStep:
     torch._dynamo.reset()  # (each model's export and replay compile optimizers of their own)
     path, data = work / f"{model}.onnx", work / f"{model}.safetensors"
     assert cli_main(["export", str(path), "--model", model, "--lr", "0.05", "--device", device,
                      "--data-out", str(data), "--data-steps", str(steps)]) == 0
-    batches = load_batches(data)
-    names = sorted(batches)
-    rows = len(batches[names[0]])
+    torch._dynamo.reset()
+    return ExportedStep(path, data, load_batches(data))
 
-    def row(i: int) -> list[Any]:
-        return [batches[name][i % rows] for name in names]
 
+def training_step(model: str, options: dict[str, Any]) -> TrainingStep:
+    """The exported step's model and optimizer, fresh, as a TrainingStep with ``options``."""
     module = (LeNet if model == "digits" else MODELS[model].make)()
     optimizer = make_optimizer("sgd", module.parameters(), lr=torch.tensor(0.05))
 
     def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(m(x), y)
 
-    torch._dynamo.reset()
+    return TrainingStep(module, loss_fn, optimizer, options)
+
+
+def measure(model: str, device: str, steps: int, work: Path, library: Path, executable: Path) -> dict[str, Any]:
+    exported = export_step(model, device, steps, work)
+    path, data, row = exported.path, exported.data, exported.row
     runner = StepRunner.load(path, choose_device(device))
     phases: list[dict[str, float]] = []
-    with TrainingStep(module, loss_fn, optimizer, {"device": device}) as replay, \
+    with training_step(model, {"device": device}) as replay, \
             NativeStep(library, path, device=device, cache_dir=work / "cache") as native:
         def native_step(i: int) -> None:
             native.step(*row(i))

@@ -25,21 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import DEVICE, RESULTS, append_jsonl, run_context
-from native_step import WARMUP, interleaved
+from native_step import WARMUP, export_step, interleaved, training_step
 
-from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import build_native, opencl_environment
 from torch_adreno.data import digits_split
-from torch_adreno.export.data_file import load_batches
-from torch_adreno.models import MODELS, LeNet
+from torch_adreno.models import MODELS
 from torch_adreno.remote import NativeStep, RemoteDevice
-from torch_adreno.training.optimizers import make_optimizer
-from torch_adreno.training.step import TrainingStep
 
 #: The bound: a remote step <= 1.1 x the local replay's + the batch's bytes at this rate.
 BUDGET_FACTOR, BUDGET_BYTES_PER_SECOND = 1.1, 1e9
@@ -59,31 +54,13 @@ def start_server(executable: Path, device: str, cache: Path) -> tuple[subprocess
 
 def measure(model: str, device: str, steps: int, work: Path, library: Path, port: int,
             step_port: int) -> dict[str, Any]:
-    torch._dynamo.reset()  # (each model's export and replay compile optimizers of their own)
-    path, data = work / f"{model}.onnx", work / f"{model}.safetensors"
-    assert cli_main(["export", str(path), "--model", model, "--lr", "0.05", "--device", device,
-                     "--data-out", str(data), "--data-steps", str(steps)]) == 0
-    torch._dynamo.reset()
-    batches = load_batches(data)
-    names = sorted(batches)
-    rows = len(batches[names[0]])
-
-    def row(i: int) -> list[Any]:
-        return [batches[name][i % rows] for name in names]
-
-    module = (LeNet if model == "digits" else MODELS[model].make)()
-    optimizer = make_optimizer("sgd", module.parameters(), lr=torch.tensor(0.05))
-    remote_module = (LeNet if model == "digits" else MODELS[model].make)()
-    remote_optimizer = make_optimizer("sgd", remote_module.parameters(), lr=torch.tensor(0.05))
-
-    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(m(x), y)
+    exported = export_step(model, device, steps, work)
+    path, row = exported.path, exported.row
 
     server_phases: list[float] = []
     with RemoteDevice("127.0.0.1", port) as remote_device, \
-            TrainingStep(module, loss_fn, optimizer, {"device": device}) as replay, \
-            TrainingStep(remote_module, loss_fn, remote_optimizer,
-                         {"device": f"remote:127.0.0.1:{step_port}"}) as remote_training, \
+            training_step(model, {"device": device}) as replay, \
+            training_step(model, {"device": f"remote:127.0.0.1:{step_port}"}) as remote_training, \
             NativeStep(library, path, device=device, cache_dir=work / "cache") as native:
         remote = remote_device.load_step(path)
         losses: dict[str, list[float]] = {"native": [], "remote": []}
