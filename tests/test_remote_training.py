@@ -155,6 +155,7 @@ def test_the_benchmark_suite_runs_on_a_remote_device(server, tmp_path) -> None:
     records = [json.loads(line) for line in (out / "suite.jsonl").read_text().splitlines()]
     assert [r["variant"] for r in records] == ["unfused", "fused+reuse"]
     assert all(r["remote"] == f"127.0.0.1:{server.port}" and r["median_ms"] > 0 and r["options"]["training_step"]
+               and r["options"]["device"] == f"remote:127.0.0.1:{server.port}"
                for r in records)
 
 
