@@ -44,6 +44,7 @@ from torch_adreno.compiler.frontend.frozen_casts import (
 )
 from torch_adreno.compiler.frontend.fused_cross_entropy import DECOMPOSITIONS as FUSED_HEAD_DECOMPOSITIONS
 from torch_adreno.compiler.frontend.fused_cross_entropy import fuse_head_and_loss
+from torch_adreno.compiler.frontend.gradient_layout import gradient_strides
 from torch_adreno.compiler.frontend.saved_views import recompute_saved_views
 from torch_adreno.compiler.fusion import fuse, max_kernel_buffers
 from torch_adreno.compiler.lowering import lower_graph
@@ -166,13 +167,17 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
 def compile_graph(gm: GraphModule, config: Config, name: str, num_host_outputs: int | None,
                   static_inputs: Sequence[int] = (), donation: Donation = NO_DONATION,
                   version_bumped_inputs: Sequence[int] = (), resident_outputs: bool = False,
-                  frozen_copies: FrozenCopyInputs = NO_FROZEN_COPIES) -> CompiledGraph:
+                  frozen_copies: FrozenCopyInputs = NO_FROZEN_COPIES,
+                  output_strides: Sequence[tuple[int, ...] | None] = ()) -> CompiledGraph:
     """One FX graph compiled and bound to the device, as AOTAutograd calls it; its outputs come
-    back with the strides eager gives them (as traced: the output node's example values).
+    back with the strides eager gives them (as traced: the output node's example values), or
+    where ``output_strides`` names strides for an output, with those.
     ``frozen_copies``: the inputs after the caller's that the call fills with frozen copies."""
     program = compile_program(gm, config, name, num_host_outputs, donation, resident_outputs)
-    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs, _traced_output_strides(gm),
-                             frozen_copies)
+    traced = _traced_output_strides(gm)
+    strides = [asked if asked is not None else eager
+               for eager, asked in itertools.zip_longest(traced, output_strides[:len(traced)])]
+    compiled = CompiledGraph(program, config, static_inputs, version_bumped_inputs, strides, frozen_copies)
     compiled.bind()
     return compiled
 
@@ -249,11 +254,14 @@ class PartitionedGraph:
     """What the partition decided of one forward or backward graph, handed to its compiler:
     ``num_host_outputs`` (forward: its outputs beyond these are saved for the backward and stay on
     the device), ``donation`` (backward: saved tensors whose bytes may serve it after their last
-    read) and ``frozen_copies`` (the inputs after the caller's that frozen copies fill)."""
+    read), ``frozen_copies`` (the inputs after the caller's that frozen copies fill) and
+    ``output_strides`` (backward: each gradient's strides under autograd's layout contract,
+    :mod:`~torch_adreno.compiler.frontend.gradient_layout`)."""
 
     frozen_copies: FrozenCopyInputs = NO_FROZEN_COPIES
     num_host_outputs: int | None = None
     donation: Donation = NO_DONATION
+    output_strides: tuple[tuple[int, ...] | None, ...] = ()
 
 
 def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any]], Any]:
@@ -269,7 +277,8 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
         # (in the graphs' meta: AOTAutograd may hand a compiler a copy of the graph it was given,
         # and carries the meta along)
         fw.meta[PARTITION_KEY] = PartitionedGraph(fw_copies, num_host_outputs=kwargs["num_fwd_outputs"])
-        bw.meta[PARTITION_KEY] = PartitionedGraph(bw_copies, donation=donatable_saved_tensors(fw, bw, kwargs["num_fwd_outputs"]))
+        bw.meta[PARTITION_KEY] = PartitionedGraph(bw_copies, donation=donatable_saved_tensors(fw, bw, kwargs["num_fwd_outputs"]),
+                                                  output_strides=gradient_strides(joint, bw))
         return fw, bw
 
     def forward_compiler(gm: GraphModule, example_inputs: list[Any]) -> CompiledGraph:
@@ -282,7 +291,8 @@ def make_backend(config: Config, region: int) -> Callable[[GraphModule, list[Any
     def backward_compiler(gm: GraphModule, example_inputs: list[Any]) -> Any:
         decided = gm.meta.get(PARTITION_KEY, PartitionedGraph())
         compiled = compile_graph(gm, config, f"backward_{region}", None, donation=decided.donation,
-                                 resident_outputs=True, frozen_copies=decided.frozen_copies)
+                                 resident_outputs=True, frozen_copies=decided.frozen_copies,
+                                 output_strides=decided.output_strides)
         # Autograd runs the backward outside Dynamo's reach; Dynamo must not trace it either.
         return torch._dynamo.disable(compiled, reason="do not trace generated backwards pass")
 
