@@ -21,8 +21,16 @@ Several OpenCL buffers may stand for one identity: with zero-copy, a gradient wr
 backward into host memory is bound by the optimizer through another buffer over that memory.
 
 Invariant: a recording is complete or marked :attr:`StepRecorder.unsupported` with the reason (a
-graph ran an op on the host, a device tensor came from outside the step, ...); an unsupported
-recording is never replayed.
+graph ran an op on the host, a device tensor came from outside the step, a value the step made
+on the host reached a graph, ...); an unsupported recording is never replayed.
+
+Values made on the host during the step are what a replay cannot see: it reruns the graphs'
+device work only. An input whose memory no graph of the step wrote is taken for persistent state
+(the replay binds the buffer the capture bound), so one that is really a per-step value must be
+told apart: a host copy a graph call returned in place of its output (an output in eager's
+strides) stands for that output, whose values it holds, as long as the host left it unchanged;
+a parameter's gradient that is neither (autograd's own copy, a hook's result) makes the
+recording unsupported.
 """
 
 from __future__ import annotations
@@ -103,6 +111,8 @@ class StepRecorder:
 
     runtime: DeviceRuntime
     batch: tuple[Any, ...]
+    #: The parameters the step trains: their gradients are values of the step, never persistent.
+    parameters: tuple[torch.Tensor, ...] = ()
     identities: list[MemoryIdentity] = field(default_factory=list)
     operations: list[RecordedLaunch | RecordedCopy] = field(default_factory=list)
     #: Persistent identities the step updates (parameters, optimizer state), with their tensors.
@@ -120,6 +130,9 @@ class StepRecorder:
     #: The identity holding each output a graph returned, by the host address of the tensor.
     _outputs: dict[int, int] = field(default_factory=dict)
     _host_outputs: list[torch.Tensor] = field(default_factory=list)
+    #: Host copies graph calls returned in place of outputs, by address: (the copy, its version
+    #: when made, the output's identity).
+    _host_copies: dict[int, tuple[torch.Tensor, int, int]] = field(default_factory=dict)
     _held_buffers: list[cl.Buffer] = field(default_factory=list)
     _observing: Any = None
 
@@ -190,11 +203,29 @@ class StepRecorder:
             index = self._by_host_memory[value.data_ptr()]
             self._map_buffer(buffer, index)
             return index
+        copied = self._host_copies.get(value.data_ptr()) if value.numel() else None
+        if copied is not None:
+            copy, version, index = copied
+            if copy is value and value._version == version:
+                # Bound through its row-major elements: the output's own values.
+                self._map_buffer(buffer, index)
+                return index
+            self.unsupported = f"{label} is a host copy of {self.identities[index].label} that the host changed"
         view = self._batch_view(value)
         if view is not None:
             return self._new(BATCH, buffer, value.numel() * value.element_size(), label, tensor=value,
                              batch_position=view[0], view=view[1])
+        if self._is_gradient(value):
+            self.unsupported = (f"{label}, a parameter's gradient ({list(value.shape)}), was made on the host during "
+                                "the step, not by a graph: a replay cannot recompute it")
         return self._new(PERSISTENT, buffer, buffer.size, label, tensor=value, copy_of=FROZEN_COPIES.source_of(value))
+
+    def _is_gradient(self, value: torch.Tensor) -> bool:
+        if not value.numel():
+            return False
+        storage = value.untyped_storage().data_ptr()
+        return any(p.grad is not None and p.grad.numel() and p.grad.untyped_storage().data_ptr() == storage
+                   for p in self.parameters)
 
     # -- what an Executable call reports ----------------------------------------------------
 
@@ -235,9 +266,12 @@ class StepRecorder:
                 self.updated.append((tensor, identity[target]))
             elif kind is not INTERNAL:  # memory made in the step (gradients clipped in place) is fine
                 self.unsupported = f"{graph.name} updates {target} in place, a {kind} input of the step"
-        for out, value in zip(graph.outputs, call.outputs, strict=True):
+        for position, (out, value) in enumerate(zip(graph.outputs, call.outputs, strict=True)):
             if out.buffer is not None and isinstance(value, torch.Tensor) and value.numel():
                 self._outputs[value.data_ptr()] = identity[out.buffer]
+                if position in call.host_copies:
+                    self._host_copies[value.data_ptr()] = (value, value._version, identity[out.buffer])
+                    self._host_outputs.append(value)
 
     def watched_tensors(self) -> list[torch.Tensor]:
         """The host tensors a replay of this recording reads, directly or through a copy: each

@@ -44,14 +44,19 @@ class Executable:
 
     def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
                  static_inputs: Sequence[int] = (), tune: bool = False,
-                 version_bumped_inputs: Sequence[int] = (), verify_memory: bool = False) -> None:
+                 version_bumped_inputs: Sequence[int] = (), verify_memory: bool = False,
+                 restrided_outputs: Sequence[tuple[int, tuple[int, ...]]] = ()) -> None:
         """``tune``: launch each kernel as tuned on this device (see :mod:`torch_adreno.runtime.tuning`;
         cached on disk) instead of with the kernels stage's heuristic geometry.
         ``version_bumped_inputs``: positions whose version counter the caller (AOTAutograd) bumps
         by one right before every call because this graph updates them in place; taken only for
         inputs the graph does update (``graph.mutations``).
         ``verify_memory``: check the memory plan against each new pattern of inputs sharing memory
-        (:func:`torch_adreno.compiler.memory.verify.verify_program`) before a call with it enqueues anything."""
+        (:func:`torch_adreno.compiler.memory.verify.verify_program`) before a call with it enqueues anything.
+        ``restrided_outputs``: (position, strides) of host outputs returned in eager's layout rather
+        than our row-major one: each is downloaded (never left deferred to the device), then copied
+        on the host into a tensor of those strides, and the call reports it as a host copy
+        (:attr:`GraphCall.host_copies`)."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True
@@ -112,6 +117,7 @@ class Executable:
         self._last_images: list[Any] = []
         self.verify_memory = verify_memory
         self._donors = DonatedInputs(program, self._input_positions, verify_memory)
+        self._restrided = dict(restrided_outputs)
 
     @property
     def kernel_launches(self) -> int:
@@ -199,12 +205,18 @@ class Executable:
         self.runtime.index_errors.launches += self._checking_launches
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)
+        dense = {position: outputs[position] for position in self._restrided}
+        for position, strides in self._restrided.items():
+            value = outputs[position]
+            if isinstance(value, torch.Tensor) and value.stride() != strides:
+                outputs[position] = torch.empty_strided(value.shape, strides, dtype=value.dtype).copy_(value)
         observer = active_observer()
         if observer is not None:
             observer.graph_called(GraphCall(
                 self.runtime, self.program, args, storage, host_outputs, outputs,
                 tuple((s.kernel, s.source) for s in self._steps if isinstance(s, _Launch) and not s.empty),
-                tuple(s for s in self._steps if isinstance(s, HostStep)), self._input_positions))
+                tuple(s for s in self._steps if isinstance(s, HostStep)), self._input_positions,
+                {position: dense[position] for position in self._restrided if outputs[position] is not dense[position]}))
         self.residency.finish_transfers()
         self._last_call = storage
         self._last_images = images
@@ -228,7 +240,7 @@ class Executable:
                          host_outputs: dict[str, torch.Tensor], blocks: dict[str, Any]) -> list[Any]:
         outputs: list[Any] = []
         pending: list[cl.Event] = []
-        for out in self.graph.outputs:
+        for position, out in enumerate(self.graph.outputs):
             if out.buffer is None:
                 outputs.append(None)
                 continue
@@ -250,7 +262,8 @@ class Executable:
                              copied=not self.runtime.profile.unified_memory)
                 outputs.append(own_tensor(host_outputs[out.buffer], tuple(shape)))
                 continue
-            if self.residency.deferring and not self.residency.zero_copy and out.buffer in blocks:
+            if self.residency.deferring and not self.residency.zero_copy and out.buffer in blocks \
+                    and position not in self._restrided:
                 # A gradient inside a TrainingStep: the optimizer graph reads the device copy and the
                 # step clears the gradient after it, so its host copy is never filled in. (With
                 # zero-copy, graphs read host memory itself: there the download is the copy they use.)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyopencl as cl
@@ -33,7 +33,9 @@ class GraphCall:
     empty range are left out. ``host_steps`` are the ops it ran on the host instead. ``storage``
     holds the device buffer bound to each IR buffer of the graph (inputs included);
     ``host_outputs`` the host tensors some of them were read back into; ``input_positions`` the
-    position of each named input in ``args``."""
+    position of each named input in ``args``; ``host_copies``, by output position, the tensor over
+    the output's own memory where ``outputs`` holds a host copy of it instead (an output returned
+    in eager's strides)."""
 
     runtime: DeviceRuntime
     program: KernelProgram
@@ -44,6 +46,7 @@ class GraphCall:
     launches: tuple[tuple[cl.Kernel, KernelSource], ...]
     host_steps: tuple[HostStep, ...]
     input_positions: Mapping[str, int]
+    host_copies: Mapping[int, torch.Tensor] = field(default_factory=dict)
 
 
 class GraphCallObserver(Protocol):

@@ -36,6 +36,7 @@ class CompiledStep:
                  params: list[torch.nn.Parameter], options: Mapping[str, Any], accumulation: GradientAccumulation,
                  max_grad_norm: float | None, norm_type: float, grad_scaler: torch.amp.GradScaler | None) -> None:
         self._params = params
+        self._loss_gradients: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
         self.accumulation = accumulation
         # Accumulating, the compiled loss also returns the loss scaled for the backward.
         self._loss: Callable[..., Any] = torch.compile(
@@ -50,6 +51,15 @@ class CompiledStep:
         self.scaling = (DeviceGradScaling(grad_scaler, loss_fn, model, options)
                         if grad_scaler is not None and grad_scaler.is_enabled() else None)
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` from a gradient this step owns: autograd would make a new tensor of
+        ones each call, a value made on the host that a recorded step would bind as if it were
+        persistent state."""
+        key = (tuple(loss.shape), loss.dtype)
+        if key not in self._loss_gradients:
+            self._loss_gradients[key] = torch.ones_like(loss)
+        loss.backward(self._loss_gradients[key])
+
     def run(self, batch: tuple[Any, ...], residency: Residency, step: StepContext, recorder: StepRecorder | None,
             signatures: list[Hashable]) -> torch.Tensor:
         """One call through the compiled graphs, as part of ``step`` (recorded when ``recorder`` is
@@ -62,13 +72,13 @@ class CompiledStep:
             try:
                 if self.scaling is not None:
                     loss, scaled = self.scaling.forward(batch)
-                    scaled.backward()
+                    self._backward(scaled)
                 elif self.accumulation.count > 1:
                     loss, scaled = self._loss(*batch)
-                    scaled.backward()
+                    self._backward(scaled)
                 else:
                     loss = self._loss(*batch)
-                    loss.backward()
+                    self._backward(loss)
                 stage = "optimizer step"
                 self.accumulation.gather()
                 stepped = self.accumulation.steps_optimizer and (self.scaling is None or self._unscaled_finite())

@@ -256,7 +256,7 @@ class TrainingStep:
         signature = self._signature(batch) if self._replay_enabled else None
         self._before_step(batch)
         capture = signature is not None and self._replays.should_capture(signature)
-        recorder = StepRecorder(self._residency.runtime, batch) if capture else None
+        recorder = StepRecorder(self._residency.runtime, batch, tuple(self._params)) if capture else None
         versions = self._replays.watched_versions()
         work = slow_work(signature is None or self._replays.is_warm(signature), recorder is not None)
         kind = "full"

@@ -343,7 +343,7 @@ class CompiledGraph(OutputCode):
             self.executable = Executable(self.program, runtime, get_residency(runtime, self.zero_copy),
                                          self.static_inputs, tune=self.tune,
                                          version_bumped_inputs=self.version_bumped_inputs,
-                                         verify_memory=self.verify_memory)
+                                         verify_memory=self.verify_memory, restrided_outputs=self.restrided_outputs)
         return self.executable
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
@@ -352,12 +352,7 @@ class CompiledGraph(OutputCode):
             # Held until the next call: the copies live as long as a graph that reads them.
             self._held_copies = inputs[self.frozen_copies.first:]
         # Boxed: the very list AOTAutograd passes, which the Executable may clear as it goes.
-        outputs = self.bind()(inputs)  # type: ignore[arg-type]
-        for position, strides in self.restrided_outputs:
-            dense = outputs[position]
-            if isinstance(dense, torch.Tensor) and dense.stride() != strides:
-                outputs[position] = torch.empty_strided(dense.shape, strides, dtype=dense.dtype).copy_(dense)
-        return outputs
+        return self.bind()(inputs)  # type: ignore[arg-type]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "executable": None, "_held_copies": []}
