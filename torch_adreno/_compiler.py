@@ -10,6 +10,7 @@ from torch_adreno.errors import (
     DeviceNotFoundError,
     LoweringError,
     OptionError,
+    ReplayMismatchError,
     ShapeLimitError,
     UnsupportedOpError,
 )
@@ -22,7 +23,7 @@ from torch_adreno.training.step import TrainingStep
 
 __all__ = [
     "OPTIONS", "AdrenoError", "Buckets", "Config", "DeviceNotFoundError", "DeviceTensor", "FrozenWeights", "LoweringError",
-    "OptionError", "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "freeze", "list_devices",
+    "OptionError", "ReplayMismatchError", "ShapeLimitError", "TrainingStep", "UnsupportedOpError", "adreno_backend", "freeze", "list_devices",
     "mark_changed", "profile",
 ]
 

@@ -69,6 +69,16 @@ def _auto_bool_or_count(value: Any) -> str | bool | int:
         raise ValueError(f"must be 'auto', True, False or a positive number of tokens, got {value!r}") from None
 
 
+def _count(value: Any) -> int:
+    """A number of steps: an int >= 0."""
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+        raise ValueError(f"must be a whole number of steps (0: off), got {value!r}")
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"must be a whole number of steps (0: off), got {value!r}")
+    return number
+
+
 def _fraction(value: Any) -> float:
     try:
         number = float(value)
@@ -183,6 +193,13 @@ OPTIONS: dict[str, OptionSpec] = {
             "suite turns it on)",
         ),
         OptionSpec(
+            "verify_replay", _count, 0, "TORCH_ADRENO_VERIFY_REPLAY",
+            "a TrainingStep also runs each of its first N replayed steps through the compiled graphs (as "
+            "captured) from the same state, batch and random numbers, and compares loss and updated state "
+            "bit for bit; a mismatch raises ReplayMismatchError naming the first kernel whose output "
+            "differs from its reference (default 0: off; for when a replayed step's results are in doubt)",
+        ),
+        OptionSpec(
             "replay_arena_kernels", _auto_bool, "auto", "TORCH_ADRENO_REPLAY_ARENA_KERNELS",
             "a replayed TrainingStep rebuilds its kernels to reach the step's memory and the persistent "
             "tensors at offsets of a few slabs, each one argument (fewer arguments per enqueue: 3-8% "
@@ -264,6 +281,7 @@ class Config:
     native_half: bool = False
     compile_cache: bool = True
     verify_memory: bool = False
+    verify_replay: int = 0
     replay_arena_kernels: str | bool = "auto"
     replay_merge_copies: bool = True
     heap_copies: bool = True

@@ -62,3 +62,8 @@ class KernelBuildError(AdrenoError):
 
 class DeviceMemoryError(AdrenoError, MemoryError):
     """A buffer does not fit the device's limits."""
+
+
+class ReplayMismatchError(AdrenoError):
+    """A replayed training step computed other results than the same step run through the compiled
+    graphs (option ``verify_replay``); the message names the first kernel whose output differs."""

@@ -235,6 +235,9 @@ class StepRecorder:
             self.unsupported = f"{call.program.graph.name} ran on another device than the step's"
             return
         graph, plan, args, storage = call.program.graph, call.program.plan, call.args, call.storage
+        if graph.float64_inputs:
+            self.unsupported = (f"{graph.name} takes a Python float as an input ({', '.join(sorted(graph.float64_inputs))}), "
+                                "a new value each call that a replay would not see")
         self.graphs.append(graph.name)
         self.programs[graph.name] = call.program
         first_seed = len(args) - len(graph.random_seeds)

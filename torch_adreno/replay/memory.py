@@ -61,10 +61,11 @@ class StepMemoryPlan:
         return sum(self.slot_bytes)
 
 
-def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemoryPlan:
+def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int], shared: bool = True) -> StepMemoryPlan:
     """Lifetimes of the step's internal identities over its operations, packed into slots by the
     memory stage's packer (:func:`~torch_adreno.compiler.memory.intervals.pack_intervals`), as a compiled
-    graph's buffers are."""
+    graph's buffers are. ``shared`` False: each identity a slot of its own (a reference that no
+    reuse of memory can disturb)."""
     lifetimes: dict[int, tuple[int, int]] = {}
     end = len(recorder.operations)
     for position, op in enumerate(recorder.operations):
@@ -80,6 +81,9 @@ def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int]) -> StepMemor
     packing = pack_intervals([Interval(i, recorder.identities[i].nbytes, *lifetimes[i], rank=i) for i in internal])
     slot_of = {i: packing.packed_slot(i) for i in internal}
     sizes = list(packing.sizes)
+    if not shared:
+        slot_of = {i: slot for slot, i in enumerate(internal)}
+        sizes = [recorder.identities[i].nbytes for i in internal]
     arenas = {i for i in internal if recorder.identities[i].arena}
     escaping = [i for i in internal if i not in arenas]
     peak = max((sum(recorder.identities[i].nbytes for i in escaping

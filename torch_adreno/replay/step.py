@@ -41,7 +41,7 @@ geometry, the same tensors, hyperparameters, modes) is checked by its owner befo
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,15 +94,18 @@ class ReplayOptions:
     sub-buffers of the arena: benchmarks/replay.py measures both, tests check they agree bit for
     bit); ``merge_copies`` does runs of copies between heap regions with one kernel each;
     ``verify_memory`` proves the arena layout against the recorded operations first
-    (:func:`verify_step_memory`); ``limits``: the largest allocation and global memory the replay
+    (:func:`verify_step_memory`); ``share_memory`` False gives every identity made during the step
+    memory of its own; ``limits``: the largest allocation and global memory the replay
     is held to (a target's; None: the present device's)."""
 
     def __init__(self, arena_kernels: bool = True, merge_copies: bool = True, verify_memory: bool = False,
-                 limits: MemoryLimits | None = None) -> None:
+                 limits: MemoryLimits | None = None, share_memory: bool = True) -> None:
         self.arena_kernels = arena_kernels
         self.merge_copies = merge_copies
         self.verify_memory = verify_memory
         self.limits = limits
+        #: False: every identity made during the step gets memory of its own (a reference replay).
+        self.share_memory = share_memory
 
 
 class ReplayedStep:
@@ -124,7 +127,7 @@ class ReplayedStep:
         self.runtime = recorder.runtime
         self.residency = residency
         self.graphs = tuple(recorder.graphs)
-        self.memory = plan_step_memory(recorder, {loss_identity})
+        self.memory = plan_step_memory(recorder, {loss_identity}, options.share_memory)
         #: The recorded step without its internal buffers (what an export translates).
         self.recording = recording_of(recorder, loss_identity)
         # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue
@@ -174,7 +177,9 @@ class ReplayedStep:
         #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
         self._offset_arguments: list[int] = []
-        listed, described = self._bind_operations(recorder, kernels, copies, bindings)
+        listed, described, covered = self._bind_operations(recorder, kernels, copies, bindings)
+        #: Per operation of the launch list, the positions of the recorded operations it does.
+        self.covered = covered
         own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
         self.footprint = step_footprint(recorder, self.arena, list(own_images.values()), limits, residency.name_of)
         #: The step's device operations on the replay's own queue (the C loop where available).
@@ -204,11 +209,22 @@ class ReplayedStep:
         self.loss_read_at = 0.0
 
     def _bind_operations(self, recorder: StepRecorder, kernels: list[ReplayKernel], copies: MergedCopies,
-                         batch_of: dict[int, BatchBinding]) -> tuple[list[Operation], list[tuple[str, Any] | None]]:
+                         batch_of: dict[int, BatchBinding]
+                         ) -> tuple[list[Operation], list[tuple[str, Any] | None], list[tuple[int, ...]]]:
         """The step's device work in order, every kernel argument bound once: the operations of a
-        launch list, and per operation the (graph, source) a profile reports (None: a copy, a flush)."""
+        launch list, per operation the (graph, source) a profile reports (None: a copy, a flush),
+        and per operation the positions of the recorded operations it does (a merged run of
+        copies: several; a flush or an image refresh: none)."""
         listed: list[Operation] = []
         described: list[tuple[str, Any] | None] = []
+        covered: list[tuple[int, ...]] = []
+
+        def merged_run(first: int) -> tuple[int, ...]:
+            """The positions of the run of copies merged into the kernel at ``first``."""
+            end = first + 1
+            while end in copies.by_position and copies.by_position[end] is None:
+                end += 1
+            return tuple(range(first, end))
         launched = iter(kernels)
         buffers = self._buffers
 
@@ -218,18 +234,25 @@ class ReplayedStep:
             else:
                 kernel.set_arg(position, buffer)
 
-        def launch(graph: str, kernel: cl.Kernel, source: Any, offsets: int = 0) -> None:
+        def launch(graph: str, kernel: cl.Kernel, source: Any, positions: tuple[int, ...], offsets: int = 0) -> None:
             self._launches.append((graph, source, kernel))
             self._offset_arguments.append(offsets)
             listed.append(Launch(kernel, source.global_size, source.local_size, source.name))
             described.append((graph, source))
+            covered.append(positions)
+
+        def other(operation: Operation) -> None:
+            listed.append(operation)
+            described.append(None)
+            covered.append(())
 
         for position, op in enumerate(recorder.operations):
             if isinstance(op, RecordedCopy):
                 if position in copies.by_position:
                     merged = copies.by_position[position]
                     if merged is not None:
-                        launch(REPLAY_GRAPH, merged[0], merged[1])
+                        # (the run it starts: every position merged into this one kernel)
+                        launch(REPLAY_GRAPH, merged[0], merged[1], merged_run(position))
                     continue
                 try:
                     (destination, at), (source_buffer, start) = buffers.place(op.destination), buffers.place(op.source)
@@ -237,6 +260,7 @@ class ReplayedStep:
                     raise CaptureError(str(err)) from None
                 listed.append(Copy(source_buffer, destination, start, at, op.nbytes))
                 described.append(None)
+                covered.append((position,))
                 continue
             replay_kernel = next(launched)
             kernel, slabs, source = replay_kernel.kernel, replay_kernel.slabs, op.source
@@ -255,20 +279,18 @@ class ReplayedStep:
                     for image in image_views(self.runtime).bind(kernel, source, by_param.__getitem__, in_arena.get):
                         self._images.append(image)
                         if not image.shared:
-                            listed.append(image.refresh)
-                            described.append(None)
+                            other(image.refresh)
             else:  # (its slabs and offsets bound already)
                 for argument, index in enumerate(kept, start=replay_kernel.first_argument):
                     bind_or_defer(kernel, argument, index, buffers.buffers[index])
             if source.checks_indices:  # the device's index error record and the launch's token, after those
                 self.runtime.index_errors.bind(kernel, source, replay_kernel.first_argument + len(kept))
-            launch(op.graph, kernel, source, len(replay_kernel.offsets))
+            launch(op.graph, kernel, source, (position,), len(replay_kernel.offsets))
             if len(self._launches) in FLUSH_AFTER:
                 # Hand what is enqueued to the device now, so that it computes while the host enqueues
                 # the rest (some drivers submit only at a flush or a blocking call).
-                listed.append(Flush())
-                described.append(None)
-        return listed, described
+                other(Flush())
+        return listed, described, covered
 
     @property
     def kernel_launches(self) -> int:
@@ -333,6 +355,42 @@ class ReplayedStep:
             index_errors.raise_if_set(queue)
         del keep  # the batch's memory and the seeds were in use until the blocking read above
         return torch.from_numpy(loss).view(self._loss_torch_dtype)  # (bfloat16 is read as its bits)
+
+    def run_stepwise(self, batch: tuple[Any, ...], after: Callable[[tuple[int, ...]], None]) -> torch.Tensor:
+        """Run the step on ``batch`` as :meth:`__call__` does, one operation at a time on the
+        runtime's queue, calling ``after(positions)`` once each has finished, with the positions
+        of the recorded operations it did (:attr:`covered`); returns the loss. For checking a
+        replay against a reference (:mod:`torch_adreno.replay.verify`), not for speed."""
+        keep: list[Any] = []
+        queue = self.runtime.queue
+        self.runtime.queue.finish()
+        self.batch_input.bind(batch, queue, keep)
+        self.batch_input.upload_seeds(queue, keep)
+        self._scalar_inputs.upload(queue, keep)
+        for operation, positions in zip(self._profiled_operations, self.covered, strict=True):
+            operation()
+            queue.finish()
+            if positions:
+                after(positions)
+        loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
+        read_buffer(queue, self._loss_buffer, loss, self._loss_offset, blocking=True)
+        self._defer_updates()
+        del keep
+        return torch.from_numpy(loss).view(self._loss_torch_dtype)
+
+    def identity_bytes(self, index: int) -> np.ndarray:
+        """The bytes identity ``index`` holds now (where this replay keeps it), read blocking."""
+        buffer, offset = self._buffers.place(index)
+        data = np.empty(self.recording.identities[index].nbytes, dtype=np.uint8)
+        if data.size:
+            read_buffer(self.runtime.queue, buffer, data, offset, blocking=True)
+        return data
+
+    def write_identity(self, index: int, data: np.ndarray) -> None:
+        """Put ``data`` (as :meth:`identity_bytes` read it) back into identity ``index``, blocking."""
+        buffer, offset = self._buffers.place(index)
+        if data.size:
+            cl.enqueue_copy(self.runtime.queue, buffer, data, dst_offset=offset, is_blocking=True)
 
     @property
     def scalar_inputs(self) -> list[torch.Tensor]:

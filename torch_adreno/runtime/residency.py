@@ -50,11 +50,13 @@ _ALL_RESIDENCIES: list[weakref.ref[Residency]] = []
 @dataclass(frozen=True)
 class StepContext:
     """What a :class:`~torch_adreno.TrainingStep`'s graph calls are told about the step they are part
-    of (:meth:`Residency.in_step`): its heap group, and whether its parameter copies are heap regions
-    (its ``heap_copies`` option)."""
+    of (:meth:`Residency.in_step`): its heap group, whether its parameter copies are heap regions
+    (its ``heap_copies`` option), and whether it keeps values on the device (``defers``: False
+    where host code runs between its graphs and reads their outputs and the parameters)."""
 
     heap_group: Any = None
     heap_copies: bool = True
+    defers: bool = True
 
 
 #: The residency and step the graph calls of this context belong to (None: no step).
@@ -105,7 +107,8 @@ class Residency:
         """Inside a TrainingStep's step (:meth:`in_step`): updated inputs are not written back and
         gradients are not downloaded; the device copies are the current values until
         :meth:`synchronize`."""
-        return self._step() is not None
+        step = self._step()
+        return step is not None and step.defers
 
     @property
     def heap_group(self) -> Any:

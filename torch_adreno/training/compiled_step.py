@@ -12,6 +12,7 @@ break that ran part of the step on the host is an error, not host copies quietly
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch_adreno.replay.capture import StepRecorder
 from torch_adreno.runtime.residency import Residency, StepContext
 from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.gradients import gradient_clipper
+from torch_adreno.training.pieces import CompiledFunction, LossInPieces
 from torch_adreno.training.scaler import DeviceGradScaling
 from torch_adreno.training.state import recompile_limit_message
 
@@ -39,17 +41,25 @@ class CompiledStep:
         self._loss_gradients: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
         self.accumulation = accumulation
         # Accumulating, the compiled loss also returns the loss scaled for the backward.
-        self._loss: Callable[..., Any] = torch.compile(
+        self._loss = CompiledFunction(
             (lambda *batch: loss_fn(model, *batch)) if accumulation.count == 1 else
-            (lambda *batch: _with_scaled(loss_fn(model, *batch), accumulation)),
-            backend="adreno", options=dict(options), dynamic=False, fullgraph=True)
+            (lambda *batch: _with_scaled(loss_fn(model, *batch), accumulation)), options, "the loss",
+            restart_in_pieces=True)
         # Static: a hyperparameter left a float and changed (momentum, weight decay) is a recompile
         # specialised to the new value, not a float64 graph input; learning rates are tensors
         # (StepHyperparameters), read as inputs.
+        # (Not one graph: torch.optim's step breaks the graph around its update on purpose, and only
+        # to set the grad mode, so its graphs run back to back with no host code between them.)
         self._step = torch.compile(optimizer.step, backend="adreno", options=dict(options), dynamic=False)
         self._clip = None if max_grad_norm is None else gradient_clipper(max_grad_norm, norm_type, options)
         self.scaling = (DeviceGradScaling(grad_scaler, loss_fn, model, options)
                         if grad_scaler is not None and grad_scaler.is_enabled() else None)
+
+    @property
+    def pieces_reason(self) -> str | None:
+        """Why the step runs in pieces, host code between its graphs (None: each part is one graph);
+        such a step is never replayed (:mod:`torch_adreno.training.pieces`)."""
+        return self._loss.pieces_reason
 
     def _backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` from a gradient this step owns: autograd would make a new tensor of
@@ -64,7 +74,18 @@ class CompiledStep:
             signatures: list[Hashable]) -> torch.Tensor:
         """One call through the compiled graphs, as part of ``step`` (recorded when ``recorder`` is
         given); returns the loss. ``signatures``: the batch geometries seen, for the message of a
-        recompile limit."""
+        recompile limit. A step in pieces keeps nothing on the device between its graphs: the host
+        code between them reads their outputs and the parameters."""
+        if self.pieces_reason is not None:
+            return self._run(batch, residency, dataclasses.replace(step, defers=False), recorder, signatures)
+        try:
+            return self._run(batch, residency, step, recorder, signatures)
+        except LossInPieces:
+            # Met before anything of the step ran (Dynamo refused the whole graph while tracing it).
+            return self._run(batch, residency, dataclasses.replace(step, defers=False), recorder, signatures)
+
+    def _run(self, batch: tuple[Any, ...], residency: Residency, step: StepContext, recorder: StepRecorder | None,
+             signatures: list[Hashable]) -> torch.Tensor:
         # An eager fallback of the optimizer step would read gradients that never reached the host.
         with residency.in_step(step), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
@@ -88,7 +109,8 @@ class CompiledStep:
             except torch._dynamo.exc.FailOnRecompileLimitHit as err:
                 raise RuntimeError(recompile_limit_message(stage, signatures)) from err
         # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
-        updated = [p for p in self._params if p.grad is not None] if not residency.zero_copy and stepped else []
+        updated = [p for p in self._params if p.grad is not None] if step.defers and not residency.zero_copy \
+            and stepped else []
         if updated and not all(residency.is_deferred(p) for p in updated):
             raise RuntimeError(
                 "the optimizer step did not run on the device (Dynamo ran some of it as host code), so it "

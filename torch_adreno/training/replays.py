@@ -70,6 +70,10 @@ class Replays:
     def unreplayable(self, signature: Hashable) -> str | None:
         return self._unreplayable.get(signature)
 
+    def refuse(self, signature: Hashable, reason: str) -> None:
+        """Never capture ``signature``: its step cannot be replayed, for ``reason``."""
+        self._unreplayable.setdefault(signature, reason)
+
     def add(self, signature: Hashable, build: Callable[[], Replay]) -> str | None:
         """Keep the replay ``build`` makes for ``signature``; if the capture cannot be replayed,
         remember why and return the reason."""

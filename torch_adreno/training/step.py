@@ -25,8 +25,8 @@ state such as ``num_batches_tracked`` carries no mark); a change made there to a
 copy is an error at the next step or sync point, naming the tensor (``2.bias``,
 ``state['exp_avg'] of 0.weight``), and is discarded for the device's values.
 
-What it requires, checked with a clear error: the loss compiles into one graph (``fullgraph``: an
-eager op between graphs would read gradients that never reach the host); every parameter that
+A loss with a graph break runs in pieces, the code between them on the host, and is not replayed
+(:mod:`torch_adreno.training.pieces`). What it requires, checked with a clear error: every parameter that
 requires grad is in the optimizer, without gradient hooks; the optimizer step
 runs on the device (if Dynamo would fall back to eager code -- a recompile limit hit, say -- the
 step raises instead, naming the cause it sees: batches of changing shapes, or the optimizer's).
@@ -62,6 +62,7 @@ from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.progress import reported, slow_work
 from torch_adreno.training.remote import RemoteTraining, remote_spec
+from torch_adreno.training.replay_check import ReplayCheck, reference_options
 from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
 from torch_adreno.training.state import (
     REMEMBERED_SIGNATURES,
@@ -170,6 +171,8 @@ class TrainingStep:
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
         self._replays = Replays(MAX_REPLAYS)
+        #: Option verify_replay: the replayed steps still to run as captured too, and compare.
+        self._replay_check = ReplayCheck(config.verify_replay) if config.verify_replay else None
 
     @property
     def remote(self) -> RemoteTraining | None:
@@ -187,6 +190,11 @@ class TrainingStep:
         capture; one that does not fit is refused, a :class:`~torch_adreno.errors.DeviceMemoryError`)."""
         replay = self._replays.latest
         return None if replay is None else replay.footprint
+
+    @property
+    def replays_verified(self) -> int:
+        """Replayed steps checked against the compiled graphs so far (option ``verify_replay``)."""
+        return 0 if self._replay_check is None else self._replay_check.checked
 
     @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
@@ -244,6 +252,8 @@ class TrainingStep:
             # torch functions off instead of taking the mode off the stack and putting it back.
             with torch._C.DisableTorchFunction():
                 replay, loss, reason = self._replayed(batch, started)
+            if replay is not None and loss is not None and self._replay_check is not None:
+                loss = self._replay_check.after(replay, batch, loss, lambda: self._run_compiled(batch))
             if replay is not None and loss is not None:
                 after = time.perf_counter() - replay.loss_read_at
                 replay.last_phases["after"] = after
@@ -263,10 +273,11 @@ class TrainingStep:
         with reported(work, signature) if work is not None else contextlib.nullcontext():
             loss = self._compiled_step(batch, recorder)
             self._replays.accept_own_writes(versions)
+            if self._compiled.pieces_reason is not None and signature is not None:
+                self._replays.refuse(signature, self._compiled.pieces_reason)
+                recorder = None
             if recorder is not None and signature is not None:
-                refused = self._replays.add(signature, lambda: build_replay(
-                    recorder, loss, batch, self.model, self.optimizer, self._residency, self._memory.heap_group,
-                    self._replay_options))
+                refused = self._replays.add(signature, lambda: self._build_replay(recorder, loss, batch))
                 kind, reason = ("capture", reason) if refused is None else (kind, refused)
                 if kind == "capture" and self._remote is not None and (captured := self._replays.latest) is not None:
                     self._remote.ship(self.export, signature, captured.recording.operations)
@@ -286,6 +297,8 @@ class TrainingStep:
         replay, reason = self._replays.valid_for(batch, self._signature(batch))
         if replay is None:
             return None, None, reason
+        if self._replay_check is not None:
+            self._replay_check.before(replay)
         try:
             loss = replay(batch, started)
         finally:
@@ -295,6 +308,25 @@ class TrainingStep:
         self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
         self.replayed_steps += 1
         return replay, loss, None
+
+    def _build_replay(self, recorder: StepRecorder, loss: torch.Tensor, batch: tuple[Any, ...]) -> Any:
+        """The replay of a capture and its guard; with ``verify_replay``, also its reference."""
+        built = build_replay(recorder, loss, batch, self.model, self.optimizer, self._residency,
+                             self._memory.heap_group, self._replay_options)
+        if self._replay_check is not None and self._replay_check.remaining > 0:
+            self._replay_check.add_reference(built[0], ReplayedStep(
+                recorder, loss, self._residency, heap_group=self._memory.heap_group,
+                options=reference_options(self._replay_options), inputs=built[0].scalar_inputs))
+        return built
+
+    def _run_compiled(self, batch: tuple[Any, ...]) -> torch.Tensor:
+        """The step through the compiled graphs, not recorded (a replay is checked against it)."""
+        host_sync.suspend(self._residency)
+        self._before_step(batch)
+        versions = self._replays.watched_versions()
+        loss = self._compiled_step(batch, None)
+        self._replays.accept_own_writes(versions)
+        return loss
 
     def _compiled_step(self, batch: tuple[Any, ...], recorder: StepRecorder | None) -> torch.Tensor:
         """The step through the compiled graphs (Dynamo, AOTAutograd, autograd), recorded when

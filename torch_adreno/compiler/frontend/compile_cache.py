@@ -56,7 +56,7 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 
 #: Options that do not change a compiled graph (``debug_dir`` turns the cache off instead, so that
 #: every compile writes its debug files).
-_OPTIONS_OUTSIDE_KEY = ("debug_dir",)
+_OPTIONS_OUTSIDE_KEY = ("debug_dir", "verify_replay")
 
 
 def source_files() -> list[Path]:
@@ -333,6 +333,11 @@ class CompiledGraph(OutputCode):
         self.static_inputs = (*static_inputs, *frozen_copies.positions)
         self.version_bumped_inputs = tuple(version_bumped_inputs)
         self.restrided_outputs = _outputs_to_restride(program, output_strides)
+        graph = program.graph
+        # Python floats as 0-dim float64 tensors: computed in float32 (lowering.context.ir_dtype).
+        self.float64_inputs = tuple(pos for pos, name in enumerate(graph.inputs) if name in graph.float64_inputs)
+        self.float64_outputs = tuple(pos for pos in sorted(graph.float64_outputs)
+                                     if graph.outputs[pos].role is OutputRole.HOST)
         self.executable: Executable | None = None
         self._held_copies: list[Any] = []
 
@@ -352,7 +357,14 @@ class CompiledGraph(OutputCode):
             # Held until the next call: the copies live as long as a graph that reads them.
             self._held_copies = inputs[self.frozen_copies.first:]
         # Boxed: the very list AOTAutograd passes, which the Executable may clear as it goes.
-        return self.bind()(inputs)  # type: ignore[arg-type]
+        if self.float64_inputs:
+            inputs = [value.to(torch.float32) if position in self.float64_inputs and type(value) is torch.Tensor
+                      and value.dtype == torch.float64 else value for position, value in enumerate(inputs)]
+        outputs = self.bind()(inputs)  # type: ignore[arg-type]
+        for position in self.float64_outputs:
+            if isinstance(outputs[position], torch.Tensor):
+                outputs[position] = outputs[position].to(torch.float64)
+        return outputs
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "executable": None, "_held_copies": []}

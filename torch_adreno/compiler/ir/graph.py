@@ -253,6 +253,10 @@ class Graph:
     #: buffer's shape and dtype, never changed). The runtime binds each after the caller's arguments
     #: and before the seed, as a pinned host tensor: its device copy is made once and stays resident.
     constants: dict[str, Any] = field(default_factory=dict)
+    #: Inputs (by name) and outputs (by position) the caller holds in double precision: scalars
+    #: only, computed here in float32 (``lowering.context.ir_dtype``); the caller converts them.
+    float64_inputs: set[str] = field(default_factory=set)
+    float64_outputs: set[int] = field(default_factory=set)
 
     def input_buffers(self) -> set[str]:
         return {b for b in self.inputs if b is not None}

@@ -83,7 +83,10 @@ def _lower_placeholder(ctx: LoweringContext, node: Node) -> Value:
                 f"graph input {node.name} has a symbolic shape {tuple(val.shape)}; the adreno backend "
                 "compiles static shapes: call torch.compile(..., dynamic=False)"
             )
-        return ctx.add_input(tuple(val.shape), ir_dtype(val.dtype, f"graph input {node.name}"), node.name)
+        view = ctx.add_input(tuple(val.shape), ir_dtype(val.dtype, f"graph input {node.name}", val.numel()), node.name)
+        if val.dtype == torch.float64:
+            ctx.graph.float64_inputs.add(node.name)
+        return view
     if isinstance(val, (int, float, bool)) or val is None:
         ctx.graph.inputs.append(None)
         return val
@@ -211,6 +214,9 @@ def _lower_outputs(ctx: LoweringContext, node: Node, env: dict[Node, Value], num
     for pos, result in enumerate(results):
         role = ir.OutputRole.HOST if num_host_outputs is None or pos < num_host_outputs else ir.OutputRole.DEVICE
         value = env[result] if isinstance(result, Node) else result
+        traced = result.meta.get("val") if isinstance(result, Node) else None
+        if isinstance(traced, torch.Tensor) and traced.dtype == torch.float64:
+            ctx.graph.float64_outputs.add(pos)
         if value is None:
             ctx.graph.outputs.append(ir.GraphOutput(None, role))
             continue

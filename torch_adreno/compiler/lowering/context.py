@@ -48,7 +48,15 @@ def supported_ops() -> list[str]:
     return sorted(str(op) for op in LOWERINGS)
 
 
-def ir_dtype(dtype: torch.dtype, what: str = "tensor") -> ir.DType:
+def ir_dtype(dtype: torch.dtype, what: str = "tensor", numel: int | None = None) -> ir.DType:
+    """The IR type of a tensor of ``dtype`` (``numel`` elements, where known).
+
+    A float64 scalar (``numel`` at most 1) is computed in float32: it is a Python float that
+    Dynamo passes as a 0-dim float64 tensor (a value read by ``.item()`` between two graphs, a
+    number that changes between calls), and OpenCL GPUs such as Adreno have no double precision.
+    A larger float64 tensor is refused: its precision would be lost silently."""
+    if dtype == torch.float64 and numel is not None and numel <= 1:
+        return ir.DType.F32
     try:
         return _TORCH_TO_IR[dtype]
     except KeyError:
@@ -126,7 +134,7 @@ class LoweringContext:
         if not isinstance(val, torch.Tensor):
             raise LoweringError(f"FX node {getattr(node, 'name', node)} carries no tensor metadata")
         return TensorMeta(
-            tuple(int(s) for s in val.shape), ir_dtype(val.dtype, f"FX node {node.name}"), val.dtype
+            tuple(int(s) for s in val.shape), ir_dtype(val.dtype, f"FX node {node.name}", val.numel()), val.dtype
         )
 
     # -- buffers and nodes ---------------------------------------------------------------------

@@ -62,10 +62,11 @@ def _meta_value(arg: Any) -> Any:
 def promoted_dtype(ctx: LoweringContext, *fx_args: Any) -> ir.DType:
     """The dtype PyTorch computes an op in: type promotion over the FX arguments."""
     vals = [_meta_value(a) for a in fx_args]
+    numel = max((int(v.numel()) for v in vals if isinstance(v, torch.Tensor)), default=1)
     if len(vals) == 1:
         v = vals[0]
-        return ir_dtype(v.dtype if isinstance(v, torch.Tensor) else torch.tensor(v).dtype)
-    return ir_dtype(torch.result_type(vals[0], vals[1]))
+        return ir_dtype(v.dtype if isinstance(v, torch.Tensor) else torch.tensor(v).dtype, numel=numel)
+    return ir_dtype(torch.result_type(vals[0], vals[1]), numel=numel)
 
 
 def elementwise(ctx: LoweringContext, op: str, args: list[Any], compute: ir.DType | None = None) -> ir.View:
@@ -309,6 +310,11 @@ def _to_copy(ctx: LoweringContext, node: Node, x: Value, **kwargs: Any) -> Value
     if widened is not None:
         return widened
     return ctx.pointwise(out.shape, out.dtype, lambda idx: ir.cast(x.load(idx), out.dtype))
+
+
+@register(torch.ops.prims.convert_element_type.default)
+def _convert_element_type(ctx: LoweringContext, node: Node, x: Value, dtype: torch.dtype) -> Value:
+    return _to_copy(ctx, node, x)
 
 
 def _widened_reduction(ctx: LoweringContext, node: Node, x: ir.View, dtype: ir.DType) -> ir.View | None:
