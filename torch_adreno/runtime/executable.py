@@ -205,18 +205,13 @@ class Executable:
         self.runtime.index_errors.launches += self._checking_launches
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)
-        dense = {position: outputs[position] for position in self._restrided}
-        for position, strides in self._restrided.items():
-            value = outputs[position]
-            if isinstance(value, torch.Tensor) and value.stride() != strides:
-                outputs[position] = torch.empty_strided(value.shape, strides, dtype=value.dtype).copy_(value)
+        host_copies = restride(outputs, self._restrided)
         observer = active_observer()
         if observer is not None:
             observer.graph_called(GraphCall(
                 self.runtime, self.program, args, storage, host_outputs, outputs,
                 tuple((s.kernel, s.source) for s in self._steps if isinstance(s, _Launch) and not s.empty),
-                tuple(s for s in self._steps if isinstance(s, HostStep)), self._input_positions,
-                {position: dense[position] for position in self._restrided if outputs[position] is not dense[position]}))
+                tuple(s for s in self._steps if isinstance(s, HostStep)), self._input_positions, host_copies))
         self.residency.finish_transfers()
         self._last_call = storage
         self._last_images = images
@@ -291,6 +286,18 @@ class Executable:
         if pending or host_outputs:
             self.runtime.index_errors.raise_if_set(self.runtime.queue)
         return outputs
+
+
+def restride(outputs: list[Any], strides_of: dict[int, tuple[int, ...]]) -> dict[int, torch.Tensor]:
+    """Replace each output at a position of ``strides_of`` (downloaded: a host tensor with current
+    values) by a host copy with those strides; returns, by position, the tensors replaced."""
+    replaced = {}
+    for position, strides in strides_of.items():
+        value = outputs[position]
+        if isinstance(value, torch.Tensor) and value.stride() != strides:
+            replaced[position] = value
+            outputs[position] = torch.empty_strided(value.shape, strides, dtype=value.dtype).copy_(value)
+    return replaced
 
 
 def run_host_step(runtime: DeviceRuntime, graph: ir.Graph, step: HostStep, storage: dict[str, Any]) -> None:
