@@ -18,12 +18,14 @@ import torch
 
 from torch_adreno.compiler import ir
 from torch_adreno.compiler.codegen import HostStep, KernelProgram, KernelSource
+from torch_adreno.compiler.codegen.fills import fill_schedule
 from torch_adreno.compiler.ir.torch_dtypes import IR_TO_TORCH
 from torch_adreno.compiler.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned, own_tensor
 from torch_adreno.runtime.donated_inputs import DonatedInputs
+from torch_adreno.runtime.enqueue import enqueue_fill
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
 from torch_adreno.runtime.graph_calls import GraphCall, active_observer
 from torch_adreno.runtime.images import image_views
@@ -45,7 +47,8 @@ class Executable:
     def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
                  static_inputs: Sequence[int] = (), tune: bool = False,
                  version_bumped_inputs: Sequence[int] = (), verify_memory: bool = False,
-                 restrided_outputs: Sequence[tuple[int, tuple[int, ...]]] = ()) -> None:
+                 restrided_outputs: Sequence[tuple[int, tuple[int, ...]]] = (),
+                 fill_uninitialized_memory: bool = False) -> None:
         """``tune``: launch each kernel as tuned on this device (see :mod:`torch_adreno.runtime.tuning`;
         cached on disk) instead of with the kernels stage's heuristic geometry.
         ``version_bumped_inputs``: positions whose version counter the caller (AOTAutograd) bumps
@@ -56,7 +59,11 @@ class Executable:
         ``restrided_outputs``: (position, strides) of host outputs returned in eager's layout rather
         than our row-major one: each is downloaded (never left deferred to the device), then copied
         on the host into a tensor of those strides, and the call reports it as a host copy
-        (:attr:`GraphCall.host_copies`)."""
+        (:attr:`GraphCall.host_copies`).
+        ``fill_uninitialized_memory``: each call fills the memory it makes (arena slots, per-call and
+        host blocks, donated bytes) with the fill pattern right before the first launch that touches
+        it (:func:`~torch_adreno.compiler.codegen.fills.fill_schedule`), so that a read of bytes
+        nothing wrote in this call shows as NaN or an index error."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True
@@ -116,7 +123,9 @@ class Executable:
         self._images = image_views(runtime)
         self._last_images: list[Any] = []
         self.verify_memory = verify_memory
-        self._donors = DonatedInputs(program, self._input_positions, verify_memory)
+        self._donors = DonatedInputs(program, self._input_positions, verify_memory, fill_uninitialized_memory)
+        #: Per step, the regions filled right before it (None: no fills).
+        self._fills = fill_schedule(program) if fill_uninitialized_memory else None
         self._restrided = dict(restrided_outputs)
 
     @property
@@ -186,7 +195,11 @@ class Executable:
             unshared = plan.unshared_bytes + plan.per_call_bytes + plan.host_bytes
             BUS.graph(GraphRunRecord(self.graph.name, plan.planned_peak_bytes, unshared,
                                      self.allocated_bytes + plan.per_call_bytes, plan.per_call_bytes))
-        for step in self._steps:
+        fills = self._fills
+        for index, step in enumerate(self._steps):
+            if fills is not None:
+                for region in fills[index]:
+                    enqueue_fill(queue, storage[region.buffer], region.offset, region.nbytes)
             if isinstance(step, HostStep):
                 run_host_step(self.runtime, self.graph, step, storage)
                 continue
