@@ -9,7 +9,6 @@ and a read of bytes nothing but a fill wrote still is one."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-
 from dataclasses import dataclass
 
 from torch_adreno.compiler.codegen.fills import fill_schedule
