@@ -36,6 +36,7 @@ from torch_adreno.runner import StepRunner, UnsupportedStepFile, choose_device
 from torch_adreno.runner import format as fmt
 
 FILL = {"fill_uninitialized_memory": True}
+COPY = {"zero_copy": False}
 
 
 # -- the pattern and the option ------------------------------------------------------------------
@@ -194,11 +195,15 @@ def _assert_every_internal_identity_is_filled_before_its_first_use(step) -> None
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])
-def test_fills_change_no_bit_of_a_replayed_reference_model(name) -> None:
+@pytest.mark.parametrize(("name", "options"), [
+    ("mlp", {}), ("lenet", {}), ("resnet_mini", {}), ("transformer", COPY),
+    pytest.param("lenet", {**COPY, "replay_arena_kernels": True}, id="lenet-arena-kernels")])
+def test_fills_change_no_bit_of_a_replayed_reference_model(name, options) -> None:
+    """With memory of its own (copy) and unified (zero-copy: host outputs filled too), and with the
+    kernels rebuilt to reach the arena at offsets (fills then land in a heap slab's region)."""
     steps = 5 if name in ("mlp", "lenet") else 3
-    plain = _train(name, steps, None)
-    filled = _train(name, steps, FILL)
+    plain = _train(name, steps, options)
+    filled = _train(name, steps, {**options, **FILL})
     launched = [o for o in filled[2].replay._operations.operations if isinstance(o, Fill)]
     assert launched and not any(isinstance(o, Fill) for o in plain[2].replay._operations.operations)
     _assert_every_internal_identity_is_filled_before_its_first_use(filled[2])
@@ -210,7 +215,7 @@ def test_fills_change_no_bit_of_a_replayed_reference_model(name) -> None:
 @pytest.mark.device
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mobilenet_mini", "lstm"])
-@pytest.mark.parametrize("options", [{}, {"zero_copy": False}], ids=["default", "copy"])
+@pytest.mark.parametrize("options", [{}, COPY], ids=["default", "copy"])
 def test_fills_change_no_bit_of_the_other_reference_models(name, options) -> None:
     plain = _train(name, 4, options)
     filled = _train(name, 4, {**options, **FILL})
@@ -222,7 +227,7 @@ def test_fills_change_no_bit_of_the_other_reference_models(name, options) -> Non
 @pytest.mark.device
 def test_the_environment_variable_turns_fills_on_in_a_training_step(monkeypatch) -> None:
     monkeypatch.setenv(fmt.FILL_VARIABLE, "1")
-    _, _, step = _train("mlp", 3, {"zero_copy": False})
+    _, _, step = _train("mlp", 3, COPY)
     assert any(isinstance(o, Fill) for o in step.replay._operations.operations)
 
 
@@ -248,7 +253,7 @@ def test_an_exported_step_runs_bit_for_bit_with_its_fills(tmp_path) -> None:
     without, and the prediction too."""
     import onnx
 
-    _, _, step = _train("mlp", 3, {"zero_copy": False})
+    _, _, step = _train("mlp", 3, COPY)
     path = tmp_path / "mlp.onnx"
     x, _ = MODELS["mlp"].batch(torch.Generator().manual_seed(5))
     step.export(path, predict=x)

@@ -60,10 +60,9 @@ class Executable:
         than our row-major one: each is downloaded (never left deferred to the device), then copied
         on the host into a tensor of those strides, and the call reports it as a host copy
         (:attr:`GraphCall.host_copies`).
-        ``fill_uninitialized_memory``: each call fills the memory it makes (arena slots, per-call and
-        host blocks, donated bytes) with the fill pattern right before the first launch that touches
-        it (:func:`~torch_adreno.compiler.codegen.fills.fill_schedule`), so that a read of bytes
-        nothing wrote in this call shows as NaN or an index error."""
+        ``fill_uninitialized_memory``: each call fills the memory it makes with NaN words right before
+        the first launch that touches it (:func:`~torch_adreno.compiler.codegen.fills.fill_schedule`),
+        so that a read of bytes nothing wrote in this call shows."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True
@@ -132,23 +131,13 @@ class Executable:
     def kernel_launches(self) -> int:
         return sum(1 for s in self._steps if isinstance(s, _Launch) and not s.empty)
 
-    def _check_input(self, name: str, value: Any) -> None:
-        buf = self.graph.buffers[name]
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{self.graph.name}: input {name} expected a tensor, got {type(value).__name__}")
-        if tuple(value.shape) != buf.shape or value.dtype != IR_TO_TORCH[buf.dtype]:
-            raise ValueError(
-                f"{self.graph.name}: input {name} was compiled for {IR_TO_TORCH[buf.dtype]}{list(buf.shape)}, "
-                f"got {value.dtype}{list(value.shape)}"
-            )
-
     def _bind_inputs(self, args: Sequence[Any]) -> dict[str, Any]:
         bound: dict[str, Any] = {}
         for pos, name in enumerate(self.graph.inputs):
             if name is None:
                 continue
             value = args[pos]
-            self._check_input(name, value)
+            check_input(self.graph, name, value)
             if isinstance(value, DeviceTensor):
                 value.check_live()
                 if value.runtime is not self.runtime:
@@ -160,14 +149,10 @@ class Executable:
                                                         version_bumped=pos in self.version_bumped_inputs)
         return bound
 
-    def _draw_random_seeds(self) -> list[torch.Tensor]:
-        # From torch's default generator: torch.manual_seed(n) makes every random op repeat.
-        return [torch.randint(0, 2**62, (), dtype=torch.int64) for _ in self.graph.random_seeds]
-
     def __call__(self, args: list[Any]) -> list[Any]:
         self.runtime.graph_calls += 1
         if self._constants or self.graph.random_seeds:
-            args = [*args, *self._constants, *self._draw_random_seeds()]
+            args = [*args, *self._constants, *draw_random_seeds(self.graph)]
         storage = dict(self._static)
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
@@ -304,6 +289,24 @@ class Executable:
         if pending or host_outputs:
             self.runtime.index_errors.raise_if_set(self.runtime.queue)
         return outputs
+
+
+def check_input(graph: ir.Graph, name: str, value: Any) -> None:
+    """Refuse an argument for input ``name`` that is not a tensor of the shape and dtype compiled for."""
+    buf = graph.buffers[name]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{graph.name}: input {name} expected a tensor, got {type(value).__name__}")
+    if tuple(value.shape) != buf.shape or value.dtype != IR_TO_TORCH[buf.dtype]:
+        raise ValueError(
+            f"{graph.name}: input {name} was compiled for {IR_TO_TORCH[buf.dtype]}{list(buf.shape)}, "
+            f"got {value.dtype}{list(value.shape)}"
+        )
+
+
+def draw_random_seeds(graph: ir.Graph) -> list[torch.Tensor]:
+    """A seed for each of the graph's random ops, from torch's default generator: torch.manual_seed(n)
+    makes every random op repeat."""
+    return [torch.randint(0, 2**62, (), dtype=torch.int64) for _ in graph.random_seeds]
 
 
 def run_host_step(runtime: DeviceRuntime, graph: ir.Graph, step: HostStep, storage: dict[str, Any]) -> None:
