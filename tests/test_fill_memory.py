@@ -196,7 +196,8 @@ def _assert_every_internal_identity_is_filled_before_its_first_use(step) -> None
 
 @pytest.mark.device
 @pytest.mark.parametrize(("name", "options"), [
-    ("mlp", {}), ("lenet", {}), ("resnet_mini", {}), ("transformer", COPY),
+    pytest.param("mlp", {}, id="mlp"), pytest.param("lenet", {}, id="lenet"),
+    pytest.param("resnet_mini", {}, id="resnet_mini"), pytest.param("transformer", COPY, id="transformer-copy"),
     pytest.param("lenet", {**COPY, "replay_arena_kernels": True}, id="lenet-arena-kernels")])
 def test_fills_change_no_bit_of_a_replayed_reference_model(name, options) -> None:
     """With memory of its own (copy) and unified (zero-copy: host outputs filled too), and with the

@@ -235,7 +235,7 @@ class StepRunner:
         self._checking_launches: list[str] = []
         fills = self._fills(origin, {int(e["index"]): e for e in self.plan["identities"]}, slots) \
             if fill_uninitialized_memory else {}
-        #: Per operation, the position of its first enqueue (fills before it count as its own).
+        # Per operation, the position of its first enqueue (the fills before it count as its own).
         starts = []
         for position, op in enumerate(self.operations):
             starts.append(len(enqueue))
