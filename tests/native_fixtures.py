@@ -158,3 +158,58 @@ def gpt2_lora_parts(batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Opt
             for _ in range(batches)]
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=torch.tensor(0.5))
     return model, loss_fn, optimizer, data
+
+
+PARTIAL_WRITE_KERNELS = {
+    "k0": "__kernel void k0(__global const float* restrict x, __global float* restrict a) {\n"
+          "  int i = get_global_id(0); a[i] = x[i] * 2.0f; }",
+    "k1": "__kernel void k1(__global const float* restrict a, __global float* restrict b) {\n"
+          "  int i = get_global_id(0); b[i] = a[i] + 1.0f; }",
+    "k2": "__kernel void k2(__global const float* restrict x, __global float* restrict c) {\n"
+          "  int i = get_global_id(0); c[i] = x[i]; }",
+    "k3": "__kernel void k3(__global const float* restrict c, __global const float* restrict b,\n"
+          "                 __global float* restrict w, __global float* restrict loss) {\n"
+          "  float s = w[0]; for (int i = 0; i < 4; i++) s += c[i] + b[i]; loss[0] = s; w[0] = w[0] + 1.0f; }",
+}
+
+
+def partial_write_step(fills: bool = True) -> onnx.ModelProto:
+    """A step file made by hand whose last kernel reads memory no operation of the step wrote: k0
+    writes ``a = 2x`` (identity 1, slot 0), k1 ``b = a + 1`` (identity 2), then k2 writes ``c = x``
+    into slot 0 again (identity 1 holds a new value, as a compiled graph's slot does) for 2 of its
+    4 elements only, and k3 reads all 4: loss = w + sum(c) + sum(b), each step incrementing w.
+    Without fills the last two elements of ``c`` are ``a``'s stale values (a plausible, finite
+    loss); with the plan's fills (``fills``: listed; False: a file exported before fills were
+    listed) slot 0 is filled again before k2, and the loss is NaN."""
+    sizes = {"k0": 4, "k1": 4, "k2": 2, "k3": 1}
+    arguments = {"k0": [0, 1], "k1": [1, 2], "k2": [0, 1], "k3": [1, 2, 3, 4]}
+
+    def kernel(name: str) -> onnx.NodeProto:
+        return helper.make_node(name, [], [f"{name}_out"], domain=fmt.DOMAIN, name=name, kernel_name=name,
+                                opencl_source=PARTIAL_WRITE_KERNELS[name], build_options=[""],
+                                global_size=[sizes[name]], local_size=[sizes[name]], buffers=arguments[name],
+                                parameters=[""], fx_nodes=[""], graph="g", index_checks=0, extensions=[""])
+
+    functions = [helper.make_function(fmt.DOMAIN, name, [], ["out"], [helper.make_node(
+        "Constant", [], ["out"], value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))],
+        [helper.make_opsetid("", fmt.OPSET)], attributes=list(fmt.KERNEL_ATTRIBUTES)) for name in sizes]
+    graph = helper.make_graph(
+        [kernel(name) for name in sizes], "step",
+        [helper.make_tensor_value_info("batch_0", onnx.TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+        initializer=[onnx.numpy_helper.from_array(np.array([0.5], np.float32), "w")])
+    model = helper.make_model(graph, functions=functions, producer_name=fmt.PRODUCER,
+                              opset_imports=[helper.make_opsetid("", fmt.OPSET), helper.make_opsetid(fmt.DOMAIN, 1)])
+    plan: dict[str, Any] = {"identities": [
+        {"index": 0, "kind": "batch", "nbytes": 16, "position": 0, "view": None},
+        {"index": 1, "kind": "internal", "nbytes": 16, "slot": 0},
+        {"index": 2, "kind": "internal", "nbytes": 16, "slot": 1},
+        {"index": 3, "kind": "persistent", "nbytes": 4, "input": "w", "shape": [1], "output": "w.new"},
+        {"index": 4, "kind": "internal", "nbytes": 4, "slot": 2}],
+        "slots": [16, 16, 4], "batch": [{"input": "batch_0", "position": 0, "shape": [4], "dtype": "float32"}],
+        "loss": {"identity": 4, "dtype": "float32", "shape": []}}
+    if fills:
+        plan[fmt.FILLS_KEY] = [[0, 1, 0, 16], [1, 2, 0, 16], [2, 1, 0, 16], [3, 4, 0, 4]]
+    helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
+    return model

@@ -112,3 +112,30 @@ def test_switched_off_the_python_loop_runs_the_same_list_and_warns_once(tmp_path
     assert "off (TORCH_ADRENO_NATIVE_LOOP=0)" in result.stdout
     first, second, _ = _run(False)
     assert np.array_equal(np.load(out), np.concatenate([first, second]))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["C-loop", "Python-loop"])
+def test_fills_write_the_pattern_in_order_and_a_fill_past_the_buffer_is_refused(native: bool) -> None:
+    from torch_adreno.replay.launch_list import Fill
+    from torch_adreno.runner.format import FILL_PATTERN
+
+    if native and launch_list.native_loop() is None:
+        pytest.fail(f"the C loop is not available here: {launch_list.native_loop_status()}")
+    context = cl.create_some_context(interactive=False)
+    queue = cl.CommandQueue(context)
+    kernel = cl.Kernel(cl.Program(context, _SOURCE).build(), "affine")
+    buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(64, np.float32))
+    kernel.set_arg(0, buffer)
+    fills = Fill.of(buffer, 8, 13)  # 12 bytes of the pattern, then its first byte alone
+    assert [(f.offset, f.nbytes, f.pattern) for f in fills] == [(8, 12, FILL_PATTERN), (20, 1, FILL_PATTERN[:1])]
+    # The launch runs before the fills (2 * 0 + 1 everywhere), then the fills overwrite bytes 8-20.
+    LaunchList(queue, [Launch(kernel, (64,), None), *fills], native=native)()
+    out = np.empty(64 * 4, np.uint8)
+    cl.enqueue_copy(queue, out, buffer)
+    ones = np.full(64, 1.0, np.float32).view(np.uint8)
+    assert bytes(out[8:21]) == (FILL_PATTERN * 7)[:13]
+    assert np.array_equal(out[:8], ones[:8]) and np.array_equal(out[21:], ones[21:])
+    with pytest.raises(LaunchError, match=r"operation 1 of a launch list \(fill\)"):
+        LaunchList(queue, [Flush(), Fill(buffer, 256, 2)], native=native)()
+    with pytest.raises(ValueError, match="multiples of its length"):
+        Fill(buffer, 1, 2)

@@ -39,6 +39,38 @@ def test_module_db_samples_train_like_eager(name: str) -> None:
     assert any(o.kind == PASS for o in outcomes), "no sample of a claimed module passed"
 
 
+#: The subset run again with fill_uninitialized_memory (the transformer layers' samples, the slowest,
+#: in the whole sweep below).
+FILLED_SUBSET = {name: count for name, count in SUBSET.items() if "Transformer" not in name}
+FILL = {"fill_uninitialized_memory": True}
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("name", sorted(FILLED_SUBSET))
+def test_module_db_samples_train_like_eager_with_memory_filled_before_its_first_write(name: str) -> None:
+    """A kernel reading memory nothing wrote in its call would read NaN here and fail against eager."""
+    (info,) = modules.module_infos([name])
+    outcomes = [modules.run_sample(info, index, sample, FILL) for index, sample in modules.samples(info, SUBSET[name])]
+    problems = [f"[{o.index}] {o.desc}: {o.kind}: {o.reason} (aot_eager: {o.control})" for o in outcomes
+                if o.kind not in (PASS, modules.SHARED)]
+    assert not problems, "\n".join(problems)
+    assert any(o.kind == PASS for o in outcomes), "no sample of a claimed module passed"
+
+
+@pytest.mark.device
+@pytest.mark.slow
+def test_the_whole_module_db_fails_no_sample_with_memory_filled_that_passes_without() -> None:
+    """Every sample of module_db with fill_uninitialized_memory: each passes, or fails as it does
+    without fills (a sample that passes only without them reads memory nothing wrote)."""
+    new_failures = []
+    for info in modules.module_infos():
+        for index, sample in modules.samples(info):
+            filled = modules.run_sample(info, index, sample, FILL, control=False)
+            if filled.kind != PASS and modules.run_sample(info, index, sample, control=False).kind == PASS:
+                new_failures.append(f"{info.name}[{index}] {filled.desc}: {filled.kind}: {filled.reason}")
+    assert not new_failures, "\n".join(new_failures)
+
+
 @pytest.mark.device
 def test_a_module_with_as_many_tokens_as_heads_trains_like_eager() -> None:
     """nn.TransformerEncoderLayer(8, 8) on 8-token sequences: ten AdamW steps follow eager under

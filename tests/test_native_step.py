@@ -18,7 +18,14 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from native_fixtures import SANITIZER_OPTIONS, STEPS, build_once, gpt2_lora_parts, view_and_copy_step
+from native_fixtures import (
+    SANITIZER_OPTIONS,
+    STEPS,
+    build_once,
+    gpt2_lora_parts,
+    partial_write_step,
+    view_and_copy_step,
+)
 from onnx import helper
 from safetensors.numpy import load_file, save_file
 
@@ -265,6 +272,33 @@ def test_batch_views_copies_and_state_updates_run_as_in_the_python_runner(native
         assert float(load_file(str(out))["w"][0]) == float(state["w"][0]) == 3.5
 
 
+def test_fills_make_an_unwritten_read_nan_and_change_no_bit_of_a_trained_step(native, environment, platforms,
+                                                                             exported, tmp_path) -> None:
+    """``--fill-uninitialized-memory`` (or its environment variable): the hand-made step whose last
+    kernel reads two elements nothing wrote gives NaN, and the stale values' loss without it; the
+    exported MLP trains to the Python runner's losses and state bit for bit with it."""
+    planted, planted_data, unlisted = tmp_path / "partial.onnx", tmp_path / "partial.safetensors", tmp_path / "old.onnx"
+    onnx.save(partial_write_step(), str(planted))
+    onnx.save(partial_write_step(fills=False), str(unlisted))
+    save_batches(planted_data, [(np.arange(4, dtype=np.float32),)])
+    step, data = exported("mlp")
+    for device in platforms:
+        out = tmp_path / "state.safetensors"
+        assert native_losses(train(native, environment, planted, planted_data, device, out, 2, "--no-cache")) == [27.5, 28.5]
+        filled = train(native, environment, planted, planted_data, device, out, 2, "--no-cache", "--fill-uninitialized-memory")
+        assert all(np.isnan(native_losses(filled))) and len(native_losses(filled)) == 2, device
+        by_variable = train(native, dict(environment, **{fmt.FILL_VARIABLE: "1"}), planted, planted_data, device, out, 1,
+                            "--no-cache")
+        assert np.isnan(native_losses(by_variable)).all(), device
+        refused = train(native, environment, unlisted, planted_data, device, out, 1, "--no-cache", "--fill-uninitialized-memory")
+        assert refused.returncode == 2 and "lists no fills" in refused.stderr, refused.stderr
+        done = train(native, environment, step, data, device, out, STEPS, "--no-cache", "--fill-uninitialized-memory")
+        ours, state = python_runner(step, data, device, list(range(STEPS)))
+        assert bits(native_losses(done)) == bits(ours), device
+        written = load_file(str(out))
+        assert all(np.array_equal(written[name], value) for name, value in state.items()), device
+
+
 # -- bad input: one clear error, never a crash (under the sanitizers) -------------------------------
 
 def _edited(step: Path, folder: Path, edit) -> Path:
@@ -309,6 +343,11 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
         plan["slots"][0] = 1 << 50
         _with_props(m, **{fmt.PLAN_KEY: json.dumps(plan)})
 
+    def fill_outside_its_slot(m):
+        plan = json.loads({p.key: p.value for p in m.metadata_props}[fmt.PLAN_KEY])
+        plan[fmt.FILLS_KEY][0][3] = 1 << 40
+        _with_props(m, **{fmt.PLAN_KEY: json.dumps(plan)})
+
     return {
         "truncated": (truncated, r"is not a valid ONNX model \(.*\): truncated or corrupted\? export it again"),
         "not onnx": (text, r"is not a valid ONNX model"),
@@ -322,6 +361,8 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
         "attribute": (_edited(step, folder, unknown_attribute), r"attributes this runner does not know: tiling"),
         "work-group": (_edited(step, folder, too_wide), r"cannot run this step: kernel \S+ needs work-groups of"),
         "extension": (_edited(step, folder, imaginary_extension), r"needs the OpenCL extension cl_vendor_imaginary"),
+        "fill": (_edited(step, folder, fill_outside_its_slot),
+                 r"step plan of .* is malformed: fill 0 is not inside the slot of an internal identity"),
         "allocation": (_edited(step, folder, huge_slot),
                        r"cannot run this step: a buffer of 1125899906842624 bytes \(device allocations: at most"),
     }
@@ -369,11 +410,12 @@ def test_bad_files_end_in_one_clear_error_under_the_sanitizers(sanitized, enviro
 def test_the_sanitized_build_trains_the_mlp_bit_for_bit(sanitized, environment, platforms, exported,
                                                        tmp_path) -> None:
     step, data = exported("mlp")
-    done = train(sanitized, environment, step, data, platforms[0], tmp_path / "out.safetensors", 3, "--cache-dir",
-                 str(tmp_path / "cache"), sanitized=True)
-    assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr[-3000:]
     ours, _ = python_runner(step, data, platforms[0], [0, 1, 2])
-    assert bits(native_losses(done)) == bits(ours)
+    for fill in ((), ("--fill-uninitialized-memory",)):
+        done = train(sanitized, environment, step, data, platforms[0], tmp_path / "out.safetensors", 3, "--cache-dir",
+                     str(tmp_path / "cache"), *fill, sanitized=True)
+        assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr[-3000:]
+        assert bits(native_losses(done)) == bits(ours), fill
 
 
 def test_fuzzed_step_and_safetensors_files_never_crash_the_readers(sanitized, exported, tmp_path) -> None:

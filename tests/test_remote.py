@@ -214,6 +214,8 @@ def test_30_remote_steps_are_the_native_librarys_and_the_python_runners_bit_for_
     with NativeStep(native.library, step, device=platforms[0]) as local:
         ours = [local.step(*batch) for batch in batches]
         local_state = local.read_state()
+    with NativeStep(native.library, step, device=platforms[0], fill_uninitialized_memory=True) as filled:
+        assert bits([filled.step(*batch) for batch in batches]) == bits(ours)  # (fills change no bit)
     runner = StepRunner.load(step, choose_device(platforms[0]))
     python = [runner.step(*batch) for batch in batches]
     assert bits(theirs) == bits(ours) == bits(python)

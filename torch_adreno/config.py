@@ -200,6 +200,14 @@ OPTIONS: dict[str, OptionSpec] = {
             "differs from its reference (default 0: off; for when a replayed step's results are in doubt)",
         ),
         OptionSpec(
+            "fill_uninitialized_memory", _bool, False, "TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY",
+            "fill every device buffer a compiled graph or a replayed step makes (arena slots, per-call "
+            "blocks, donated bytes, the replay's arena) before its first write: 0x7FFF repeated, NaN as "
+            "float32, float16 and bfloat16 and an out-of-range index as int32 and int64, so that a read "
+            "of memory nothing wrote shows as NaN or an index error instead of stale or zero values "
+            "(default False; results of a correct step are bit-identical either way)",
+        ),
+        OptionSpec(
             "replay_arena_kernels", _auto_bool, "auto", "TORCH_ADRENO_REPLAY_ARENA_KERNELS",
             "a replayed TrainingStep rebuilds its kernels to reach the step's memory and the persistent "
             "tensors at offsets of a few slabs, each one argument (fewer arguments per enqueue: 3-8% "
@@ -282,6 +290,7 @@ class Config:
     compile_cache: bool = True
     verify_memory: bool = False
     verify_replay: int = 0
+    fill_uninitialized_memory: bool = False
     replay_arena_kernels: str | bool = "auto"
     replay_merge_copies: bool = True
     heap_copies: bool = True

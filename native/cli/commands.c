@@ -7,7 +7,7 @@
 #include "cli.h"
 
 enum { OPTION_DATA = 1, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR, OPTION_CACHE,
-       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP };
+       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL };
 
 typedef struct run_options {
     common_options common;
@@ -15,6 +15,7 @@ typedef struct run_options {
     const char *lr;
     long print_every, warmup;
     int no_cache;
+    int fill;  /* tas_open_options.fill_uninitialized_memory: 1 with the flag, else 0 (the variable) */
     char cache_buffer[1024];
 } run_options;
 
@@ -27,7 +28,8 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         {"state", required_argument, NULL, OPTION_STATE},   {"lr", required_argument, NULL, OPTION_LR},
         {"cache-dir", required_argument, NULL, OPTION_CACHE}, {"no-cache", no_argument, NULL, OPTION_NO_CACHE},
         {"print-every", required_argument, NULL, OPTION_PRINT_EVERY},
-        {"warmup", required_argument, NULL, OPTION_WARMUP}, {NULL, 0, NULL, 0},
+        {"warmup", required_argument, NULL, OPTION_WARMUP},
+        {"fill-uninitialized-memory", no_argument, NULL, OPTION_FILL}, {NULL, 0, NULL, 0},
     };
     memset(options, 0, sizeof *options);
     options->print_every = 1;
@@ -50,6 +52,7 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         case OPTION_LR: options->lr = optarg; break;
         case OPTION_CACHE: options->common.cache_dir = optarg; break;
         case OPTION_NO_CACHE: options->no_cache = 1; break;
+        case OPTION_FILL: options->fill = 1; break;
         case OPTION_PRINT_EVERY: if (!parse_count(optarg, "--print-every", &options->print_every)) return 0; break;
         case OPTION_WARMUP: if (!parse_count(optarg, "--warmup", &options->warmup)) return 0; break;
         default: break;
@@ -67,7 +70,7 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
 }
 
 static int open_step(const run_options *options, int profile, tas_step **step) {
-    tas_open_options open_options = {options->common.device, NULL, options->common.cache_dir, profile};
+    tas_open_options open_options = {options->common.device, NULL, options->common.cache_dir, profile, options->fill};
     tas_status status = tas_step_open(options->common.step_path, &open_options, step);
     if (status != TAS_OK) return report(*step, status);
     tas_step_summary summary;
@@ -139,7 +142,7 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
 
 int command_train(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR,
-                                  OPTION_CACHE, OPTION_NO_CACHE, OPTION_PRINT_EVERY};
+                                  OPTION_CACHE, OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_FILL};
     run_options options;
     if (!parse(argc, argv, "train", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     if (!options.common.data_path || !options.common.steps || !options.out_path) {
@@ -202,7 +205,7 @@ static int bench(tas_step *step, const run_options *options, batch_source *batch
 
 int command_bench(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_DEVICE, OPTION_CACHE, OPTION_NO_CACHE,
-                                  OPTION_WARMUP};
+                                  OPTION_WARMUP, OPTION_FILL};
     run_options options;
     if (!parse(argc, argv, "bench", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     tas_step *step = NULL;

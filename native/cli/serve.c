@@ -9,7 +9,7 @@
 #include "server.h"
 
 enum { OPTION_PORT = 1, OPTION_HOST, OPTION_TOKEN, OPTION_DEVICE, OPTION_CACHE, OPTION_NO_CACHE, OPTION_LIBRARY,
-       OPTION_MAX_MESSAGE, OPTION_MAX_STEPS, OPTION_IO_TIMEOUT, OPTION_IDLE_TIMEOUT, OPTION_MAX_CLIENTS };
+       OPTION_MAX_MESSAGE, OPTION_MAX_STEPS, OPTION_IO_TIMEOUT, OPTION_IDLE_TIMEOUT, OPTION_MAX_CLIENTS, OPTION_FILL };
 
 /* An integer option in [low, high]; 0 with a message otherwise. */
 static int parse_range(const char *text, const char *option, long low, long high, long *value) {
@@ -34,9 +34,10 @@ int command_serve(int argc, char **argv) {
         {"max-steps-per-run", required_argument, NULL, OPTION_MAX_STEPS},
         {"io-timeout-s", required_argument, NULL, OPTION_IO_TIMEOUT},
         {"idle-timeout-s", required_argument, NULL, OPTION_IDLE_TIMEOUT},
-        {"max-clients", required_argument, NULL, OPTION_MAX_CLIENTS}, {NULL, 0, NULL, 0},
+        {"max-clients", required_argument, NULL, OPTION_MAX_CLIENTS},
+        {"fill-uninitialized-memory", no_argument, NULL, OPTION_FILL}, {NULL, 0, NULL, 0},
     };
-    server_config config = {NULL, -1, getenv(TOKEN_VARIABLE), NULL, NULL, NULL, 1024ull << 20, 4096, 30000, 0, 0};
+    server_config config = {NULL, -1, getenv(TOKEN_VARIABLE), NULL, NULL, NULL, 1024ull << 20, 4096, 30000, 0, 0, 0};
     char cache_buffer[1024];
     int no_cache = 0;
     long value = 0;
@@ -51,6 +52,7 @@ int command_serve(int argc, char **argv) {
         case OPTION_CACHE: config.cache_dir = optarg; break;
         case OPTION_NO_CACHE: no_cache = 1; break;
         case OPTION_LIBRARY: config.opencl_library = optarg; break;
+        case OPTION_FILL: config.fill_uninitialized_memory = 1; break;
         case OPTION_MAX_MESSAGE:
             if (!parse_range(optarg, "--max-message-mib", 1, 1L << 20, &value)) return EXIT_BAD_INPUT;
             config.max_message_bytes = (uint64_t)value << 20;

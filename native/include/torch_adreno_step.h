@@ -76,6 +76,14 @@ typedef struct tas_open_options {
     const char *cache_dir;
     /* Nonzero: time every launch with OpenCL profiling events (tas_step_kernel_time). */
     int profile;
+    /* Positive: before each step's operations, fill the memory they make with the word 0x7FFF
+     * repeated (NaN as float32, float16 and bfloat16, an out-of-range index as int32 and int64)
+     * before its first write, where the file lists it, so that a kernel reading memory nothing wrote
+     * gives NaN or an index error instead of stale values; a correct step's results are the same
+     * bits. Negative: never. 0: as the environment variable TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY
+     * says (1/true/yes/on; default off). A file exported before fills were listed is refused with
+     * filling on. */
+    int fill_uninitialized_memory;
 } tas_open_options;
 
 typedef struct tas_step tas_step;

@@ -25,6 +25,7 @@ typedef struct server_config {
     int io_timeout_ms;          /* a message's bytes must keep coming, and a reply be taken, within this */
     int idle_timeout_ms;        /* between messages; 0: a client may stay idle for ever */
     long max_clients;           /* exit after serving this many clients; 0: serve for ever */
+    int fill_uninitialized_memory; /* tas_open_options.fill_uninitialized_memory of the steps it opens */
 } server_config;
 
 /* One client's session: its step and where it is in the protocol. */

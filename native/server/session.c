@@ -91,7 +91,8 @@ static int load_step(session *s, wire_reader *reader, wire_writer *reply, uint16
     s->profile = (int)(flags & 1u);
     char origin[160];
     snprintf(origin, sizeof origin, "the step file from %s", s->peer);
-    tas_open_options options = {s->config->device, s->config->opencl_library, s->config->cache_dir, s->profile};
+    tas_open_options options = {s->config->device, s->config->opencl_library, s->config->cache_dir, s->profile,
+                                s->config->fill_uninitialized_memory};
     tas_status status = tas_step_open_memory(bytes, size, origin, &options, &s->step);
     if (status != TAS_OK) {
         session_error(reply, reply_type, (uint32_t)status, "%s", tas_step_error(s->step));

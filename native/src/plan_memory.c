@@ -250,6 +250,36 @@ static tas_status read_outputs(json_reading *reading, const cJSON *root, step_pl
                        &plan->prediction);
 }
 
+/* [before, identity, offset, nbytes] each: an internal identity placed in a slot, inside the slot,
+ * at an even offset, in operation order (the operation count is checked once the nodes are read). */
+static tas_status read_fills(json_reading *reading, const cJSON *list, step_plan *plan) {
+    if (list == NULL) return TAS_OK;
+    if (!cJSON_IsArray(list)) return malformed(reading, "%s is not a list", STEP_FILLS_KEY);
+    int count = cJSON_GetArraySize(list);
+    plan->fills = calloc((size_t)count + 1, sizeof *plan->fills);
+    if (plan->fills == NULL) return fail(reading->error, TAS_ERROR_MEMORY, "out of memory");
+    plan->has_fills = 1;
+    for (int i = 0; i < count; i++) {
+        const cJSON *entry = cJSON_GetArrayItem(list, i);
+        int64_t before, identity, offset, nbytes;
+        if (!cJSON_IsArray(entry) || cJSON_GetArraySize(entry) != 4 ||
+            !integer_value(cJSON_GetArrayItem(entry, 0), 0, INT64_C(1) << 31, &before) ||
+            !integer_value(cJSON_GetArrayItem(entry, 1), 0, MAX_IDENTITY, &identity) ||
+            !integer_value(cJSON_GetArrayItem(entry, 2), 0, INT64_C(1) << 53, &offset) ||
+            !integer_value(cJSON_GetArrayItem(entry, 3), 0, INT64_C(1) << 53, &nbytes))
+            return malformed(reading, "fill %d is not [before, identity, offset, nbytes]", i);
+        const plan_identity *filled = plan_identity_of(plan, identity);
+        if (filled == NULL || filled->kind != MEMORY_INTERNAL || filled->slot < 0 || offset % 2 ||
+            (uint64_t)(offset + nbytes) > plan->slots[filled->slot])
+            return malformed(reading, "fill %d is not inside the slot of an internal identity", i);
+        if (i > 0 && (size_t)before < plan->fills[i - 1].before)
+            return malformed(reading, "fill %d comes before the fill ahead of it", i);
+        plan->fills[i] = (plan_fill){(size_t)before, identity, (uint64_t)offset, (uint64_t)nbytes};
+        plan->fill_count += 1;
+    }
+    return TAS_OK;
+}
+
 tas_status plan_read_memory(const char *json, const char *origin, step_plan *plan, error_record *error) {
     json_reading reading = {origin, error};
     cJSON *root = cJSON_Parse(json);
@@ -263,6 +293,7 @@ tas_status plan_read_memory(const char *json, const char *origin, step_plan *pla
     if (status == TAS_OK) status = read_batch_inputs(&reading, cJSON_GetObjectItemCaseSensitive(root, "batch"), plan);
     if (status == TAS_OK) status = read_identities(&reading, cJSON_GetObjectItemCaseSensitive(root, "identities"), plan);
     if (status == TAS_OK) status = read_outputs(&reading, root, plan);
+    if (status == TAS_OK) status = read_fills(&reading, cJSON_GetObjectItemCaseSensitive(root, STEP_FILLS_KEY), plan);
     cJSON_Delete(root);
     return status;
 }

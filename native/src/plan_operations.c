@@ -192,6 +192,9 @@ tas_status plan_read_operations(const onnx_model *model, const char *origin, ste
     if (plan->has_prediction && plan->prediction_operations > plan->operation_count)
         return fail(error, TAS_ERROR_FORMAT, "%s says its prediction is its last %zu operations; it has %zu", origin,
                     plan->prediction_operations, plan->operation_count);
+    if (plan->fill_count && plan->fills[plan->fill_count - 1].before >= plan->operation_count)
+        return fail(error, TAS_ERROR_FORMAT, "%s lists a fill before operation %zu; it has %zu operations", origin,
+                    plan->fills[plan->fill_count - 1].before, plan->operation_count);
     return TAS_OK;
 }
 
@@ -222,5 +225,6 @@ void plan_free(step_plan *plan) {
     free(plan->batch);
     for (size_t i = 0; i < plan->operation_count; i++) free(plan->operations[i].launch.options);
     free(plan->operations);
+    free(plan->fills);
     memset(plan, 0, sizeof *plan);
 }

@@ -1,6 +1,7 @@
 /* Opening a step: the file read and checked, the device chosen and checked, the plan's memory
  * allocated, every program built and every kernel argument bound once (as torch_adreno's Python
  * runner does in StepRunner.__init__). */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,6 +268,45 @@ static tas_status build_and_bind(tas_step *step, const char *cache_dir) {
     return status;
 }
 
+/* Whether to fill memory before its first write: the option, else the environment variable (the
+ * words torch_adreno's options take, in any case). */
+static tas_status fill_requested(tas_step *step, int option, int *fill) {
+    *fill = option > 0;
+    const char *value = getenv(FILL_VARIABLE);
+    if (option != 0 || value == NULL) return TAS_OK;
+    char word[8] = "";
+    size_t length = strlen(value);
+    for (size_t i = 0; i < length && length < sizeof word; i++) word[i] = (char)tolower((unsigned char)value[i]);
+    static const char *const WORDS[] = {"", "0", "false", "no", "off", "1", "true", "yes", "on"};
+    for (size_t i = 0; i < sizeof WORDS / sizeof WORDS[0] && length < sizeof word; i++)
+        if (strcmp(word, WORDS[i]) == 0) {
+            *fill = i >= 5;
+            return TAS_OK;
+        }
+    return fail(&step->error, TAS_ERROR_ARGUMENT,
+                "environment variable %s: must be 1 or 0 (true/false, yes/no, on/off), got '%s'", FILL_VARIABLE, value);
+}
+
+/* With filling on, where each operation's fills start (step->fills_before). */
+static tas_status prepare_fills(tas_step *step, int option) {
+    int fill;
+    tas_status status = fill_requested(step, option, &fill);
+    if (status != TAS_OK || !fill) return status;
+    const step_plan *plan = &step->plan;
+    if (!plan->has_fills)
+        return fail(&step->error, TAS_ERROR_FORMAT,
+                    "%s lists no fills (metadata " STEP_PLAN_KEY " has no '" STEP_FILLS_KEY "'): export the step again to "
+                    "run it with fill_uninitialized_memory", step->origin);
+    step->fills_before = calloc(plan->operation_count + 1, sizeof *step->fills_before);
+    if (step->fills_before == NULL) return fail(&step->error, TAS_ERROR_MEMORY, "out of memory");
+    size_t next = 0;
+    for (size_t i = 0; i <= plan->operation_count; i++) {
+        while (next < plan->fill_count && plan->fills[next].before < i) next++;
+        step->fills_before[i] = next;
+    }
+    return TAS_OK;
+}
+
 static tas_status create_queue(tas_step *step, int profile) {
     cl_int code = CL_SUCCESS;
     step->context = step->api.CreateContext(NULL, 1, &step->device.id, NULL, NULL, &code);
@@ -281,7 +321,7 @@ static tas_status create_queue(tas_step *step, int profile) {
 /* Opens the step file at `path`, or the `size` bytes at `bytes` (then `path` names them). */
 static tas_status step_prepare(tas_step *step, const char *path, const void *bytes, size_t size,
                                const tas_open_options *options) {
-    static const tas_open_options DEFAULTS = {NULL, NULL, NULL, 0};
+    static const tas_open_options DEFAULTS = {NULL, NULL, NULL, 0, 0};
     if (options == NULL) options = &DEFAULTS;
     step->origin = copy_text(path, strlen(path));
     if (step->origin == NULL) return fail(&step->error, TAS_ERROR_MEMORY, "out of memory");
@@ -299,6 +339,7 @@ static tas_status step_prepare(tas_step *step, const char *path, const void *byt
         return fail_context(&step->error, "the program cache");
     if ((status = allocate(step)) != TAS_OK) return status;
     if ((status = build_and_bind(step, options->cache_dir)) != TAS_OK) return status;
+    if ((status = prepare_fills(step, options->fill_uninitialized_memory)) != TAS_OK) return status;
     step->training_operations = step->plan.operation_count - step->plan.prediction_operations;
     if (options->profile) {
         step->times = calloc(step->plan.operation_count + 1, sizeof *step->times);
@@ -353,6 +394,7 @@ void tas_step_close(tas_step *step) {
     free(step->buffers);
     free(step->state);
     free(step->times);
+    free(step->fills_before);
     device_free(&step->device);
     plan_free(&step->plan);
     onnx_free(&step->model);

@@ -15,6 +15,9 @@
 #define STEP_FORMAT_KEY "torch_adreno.format"
 #define STEP_PLAN_KEY "torch_adreno.step"
 #define STEP_COPY_OP "copy"
+#define STEP_FILLS_KEY "fills"
+/* The environment variable that turns fills on where tas_open_options leaves it to it. */
+#define FILL_VARIABLE "TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY"
 
 typedef enum memory_kind { MEMORY_INTERNAL, MEMORY_PERSISTENT, MEMORY_BATCH } memory_kind;
 
@@ -67,6 +70,14 @@ typedef struct copy_operation {
     uint64_t nbytes;
 } copy_operation;
 
+/* Before operation `before`, `nbytes` of an internal identity's slot from `offset` (even) are set to
+ * the fill pattern (runner/format.py, FILL_PATTERN), when filling is asked for. */
+typedef struct plan_fill {
+    size_t before;
+    int64_t identity;
+    uint64_t offset, nbytes;
+} plan_fill;
+
 typedef struct step_operation {
     int is_copy;
     launch_operation launch;
@@ -88,6 +99,9 @@ typedef struct step_plan {
     tensor_spec prediction;
     step_operation *operations;
     size_t operation_count;
+    int has_fills;            /* the file lists its fills (files exported before they were listed do not) */
+    plan_fill *fills;         /* in operation order */
+    size_t fill_count;
 } step_plan;
 
 /* Reads and checks `model`'s plan and operations; `origin` names the file in messages. */

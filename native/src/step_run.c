@@ -99,6 +99,28 @@ static tas_status enqueue(tas_step *step, size_t index, cl_event *event) {
     return code == CL_SUCCESS ? TAS_OK : opencl_failure(step, code, "launching kernel", launch->node_name);
 }
 
+/* The fills listed before operation `index` (with filling on): each the 16-bit pattern over the even
+ * part, and its first byte over an odd last byte (runner/format.py, fill_commands). */
+static tas_status enqueue_fills(tas_step *step, size_t index) {
+    static const uint8_t PATTERN[2] = {0xFF, 0x7F}; /* runner/format.py, FILL_PATTERN */
+    for (size_t f = step->fills_before[index]; f < step->fills_before[index + 1]; f++) {
+        const plan_fill *fill = &step->plan.fills[f];
+        cl_mem buffer = step->buffers[fill->identity].buffer;
+        size_t whole = (size_t)(fill->nbytes & ~(uint64_t)1), offset = (size_t)fill->offset;
+        cl_int code = CL_SUCCESS;
+        if (whole)
+            code = step->api.EnqueueFillBuffer(step->queue, buffer, PATTERN, sizeof PATTERN, offset, whole, 0, NULL, NULL);
+        if (code == CL_SUCCESS && fill->nbytes > whole)
+            code = step->api.EnqueueFillBuffer(step->queue, buffer, PATTERN, 1, offset + whole, 1, 0, NULL, NULL);
+        if (code != CL_SUCCESS) {
+            const step_operation *before = &step->plan.operations[index];
+            return opencl_failure(step, code, "filling memory before",
+                                  before->is_copy ? before->copy.node_name : before->launch.node_name);
+        }
+    }
+    return TAS_OK;
+}
+
 static void add_time(tas_step *step, size_t index, cl_event event) {
     cl_ulong start = 0, end = 0;
     if (step->api.GetEventProfilingInfo(event, CL_PROFILING_COMMAND_START, sizeof start, &start, NULL) == CL_SUCCESS &&
@@ -141,6 +163,7 @@ static tas_status execute(tas_step *step, const void *const *batch, int predicti
     double uploaded = milliseconds_now();
     size_t next_flush = 0;
     for (size_t i = first; i < last && status == TAS_OK; i++) {
+        if (step->fills_before && (status = enqueue_fills(step, i)) != TAS_OK) break;
         status = enqueue(step, i, timing ? &events[i - first] : NULL);
         if (status != TAS_OK || next_flush >= sizeof FLUSH_AFTER / sizeof FLUSH_AFTER[0] ||
             i - first + 1 != FLUSH_AFTER[next_flush])

@@ -55,6 +55,8 @@ struct tas_step {
     size_t checking_count;
     size_t training_operations;    /* the first operations; the prediction's follow */
     int profile;
+    size_t *fills_before;          /* with filling on: operation i's fills are plan.fills[fills_before[i] ..
+                                    * fills_before[i + 1]); NULL with it off */
     operation_time *times;         /* by operation, with profile */
     size_t programs_built, programs_cached;
     uint64_t device_bytes;

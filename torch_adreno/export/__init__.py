@@ -222,6 +222,7 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
             entry["slot"] = slot_of.get(identity.index)
         plan["identities"].append(entry)
 
+    plan[fmt.FILLS_KEY] = [[f.before, f.identity, f.offset, f.nbytes] for f in recording.fills]
     at_input = dict(values)
     for op in recording.operations:
         if isinstance(op, RecordedCopy):
@@ -230,7 +231,7 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
             _launch(g, op.graph, op.source, op.args, recording.programs[op.graph], values)
     if prediction is not None:
         persistent = {id(i.tensor): i.index for i in recording.identities if i.kind is PERSISTENT}
-        _add_prediction(g, prediction, at_input, persistent, plan, batch_flat, outputs)
+        _add_prediction(g, prediction, at_input, persistent, plan, batch_flat, outputs, len(recording.operations))
 
     for identity in recording.identities:
         if identity.kind is PERSISTENT and identity.index in updated:
@@ -263,11 +264,12 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
 
 def _add_prediction(g: _StepGraph, prediction: Prediction, at_input: dict[int, _Value], persistent: dict[int, int],
                     plan: dict[str, Any], batch_flat: dict[int, tuple[str, ir.DType, tuple[int, ...], int]],
-                    outputs: list[onnx.ValueInfoProto]) -> None:
-    """The prediction's launches after the step's: memory identities numbered after the step's, the
-    state read as it is at the step's input (shared with the step: the same buffers in a runner),
-    the input from batch argument 0; its output ``logits``. The plan's ``predict`` entry counts its
-    operations (the last ones of the file) and names its output."""
+                    outputs: list[onnx.ValueInfoProto], first_operation: int) -> None:
+    """The prediction's launches after the step's (``first_operation`` of them): memory identities
+    numbered after the step's, the state read as it is at the step's input (shared with the step:
+    the same buffers in a runner), the input from batch argument 0; its output ``logits``; its
+    fills after the step's. The plan's ``predict`` entry counts its operations (the last ones of
+    the file) and names its output."""
     recording = prediction.recording
     first_identity, first_slot = len(plan["identities"]), len(plan["slots"])
     plan["slots"].extend(prediction.slot_bytes)
@@ -304,6 +306,7 @@ def _add_prediction(g: _StepGraph, prediction: Prediction, at_input: dict[int, _
             _copy(g, RecordedCopy(op.graph, mapping[op.destination], mapping[op.source], op.nbytes), values)
         else:
             _launch(g, op.graph, op.source, [mapping[a] for a in op.args], recording.programs[op.graph], values)
+    plan[fmt.FILLS_KEY] += [[first_operation + f.before, mapping[f.identity], f.offset, f.nbytes] for f in recording.fills]
     output = mapping[recording.loss]
     value = values[output]
     flat_logits = _read(g, values, output, value.dtype, math.prod(prediction.shape), "logits")

@@ -35,7 +35,7 @@ class NativeStepError(RuntimeError):
 
 class _Options(ctypes.Structure):
     _fields_ = [("device", ctypes.c_char_p), ("opencl_library", ctypes.c_char_p), ("cache_dir", ctypes.c_char_p),
-                ("profile", ctypes.c_int)]
+                ("profile", ctypes.c_int), ("fill_uninitialized_memory", ctypes.c_int)]
 
 
 class _TensorInfo(ctypes.Structure):
@@ -90,12 +90,17 @@ class NativeStep:
     """A step file (path or bytes) opened on a local OpenCL device by the native library."""
 
     def __init__(self, library: str | Path, step: str | Path | bytes, device: str | None = None,
-                 cache_dir: str | Path | None = None, profile: bool = False) -> None:
+                 cache_dir: str | Path | None = None, profile: bool = False,
+                 fill_uninitialized_memory: bool | None = None) -> None:
+        """``fill_uninitialized_memory``: fill the memory the step makes before its first write
+        (``tas_open_options.fill_uninitialized_memory``); None: as the environment variable
+        ``TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY`` says."""
         self._lib = _load(Path(library))
         self._handle = ctypes.c_void_p()
         self._profile = profile
         options = _Options(device.encode() if device else None, None, str(cache_dir).encode() if cache_dir else None,
-                           1 if profile else 0)
+                           1 if profile else 0,
+                           0 if fill_uninitialized_memory is None else 1 if fill_uninitialized_memory else -1)
         if isinstance(step, bytes):
             status = self._lib.tas_step_open_memory(step, len(step), b"the step in memory", ctypes.byref(options),
                                                     ctypes.byref(self._handle))

@@ -42,6 +42,8 @@ from typing import Any
 import pyopencl as cl
 import torch
 
+from torch_adreno.compiler.codegen.fills import fill_schedule, step_runs
+from torch_adreno.compiler.codegen.program import HostStep
 from torch_adreno.compiler.memory import StorageKind
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.frozen import FROZEN_COPIES
@@ -105,6 +107,20 @@ class RecordedCopy:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class RecordedFill:
+    """Where ``fill_uninitialized_memory`` fills memory in a replay (and a runner): ``nbytes`` of
+    identity ``identity`` from byte ``offset`` of it, right before operation ``before``. A graph
+    call's fills (:func:`~torch_adreno.compiler.codegen.fills.fill_schedule`) at its launches: an
+    internal identity is filled before its first use, and an arena slot's bytes again before each
+    buffer the slot holds in turn; always inside the identity's lifetime and bytes."""
+
+    before: int
+    identity: int
+    offset: int
+    nbytes: int
+
+
 @dataclass
 class StepRecorder:
     """Collects what the Executable calls of one step enqueue (see the module docstring)."""
@@ -119,6 +135,9 @@ class StepRecorder:
     updated: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     #: Seed identities in the order the graphs drew them (a replay draws in the same order).
     seeds: list[int] = field(default_factory=list)
+    #: Where memory is filled when ``fill_uninitialized_memory`` is on, in operation order
+    #: (recorded whether or not it is: an export lists them for its runners).
+    fills: list[RecordedFill] = field(default_factory=list)
     #: Why this recording cannot be replayed (None: it can).
     unsupported: str | None = None
     graphs: list[str] = field(default_factory=list)
@@ -256,6 +275,7 @@ class StepRecorder:
                                                 arena=alloc.kind is StorageKind.ARENA)
         for host_step in call.host_steps:
             self.unsupported = f"{graph.name} runs {host_step.node.target} on the host (fallback='host')"
+        self._record_fills(call.program, identity)
         for kernel, source in call.launches:
             self.operations.append(RecordedLaunch(graph.name, kernel, source, tuple(identity[name] for name in source.params)))
         for target, value in graph.mutations.items():
@@ -275,6 +295,15 @@ class StepRecorder:
                 if position in call.host_copies:
                     self._host_copies[value.data_ptr()] = (value, value._version, identity[out.buffer])
                     self._host_outputs.append(value)
+
+    def _record_fills(self, program: Any, identity: dict[str, int]) -> None:
+        """The fills of one graph call whose launches are about to be appended (see :class:`RecordedFill`)."""
+        position = len(self.operations)
+        for step, regions in zip(program.steps, fill_schedule(program), strict=True):
+            if isinstance(step, HostStep):  # (such a recording is unsupported)
+                continue
+            self.fills.extend(RecordedFill(position, identity[r.buffer], r.offset, r.nbytes) for r in regions)
+            position += step_runs(step)
 
     def watched_tensors(self) -> list[torch.Tensor]:
         """The host tensors a replay of this recording reads, directly or through a copy: each
@@ -301,6 +330,8 @@ class StepRecording:
     loss: int
     #: Shape, strides, storage offset and dtype of each batch argument (None: not a tensor).
     batch: tuple[tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype] | None, ...]
+    #: Where ``fill_uninitialized_memory`` fills memory (:class:`RecordedFill`).
+    fills: tuple[RecordedFill, ...] = ()
 
 
 def recording_of(recorder: StepRecorder, loss: int) -> StepRecording:
@@ -312,7 +343,7 @@ def recording_of(recorder: StepRecorder, loss: int) -> StepRecording:
     batch = tuple((tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype)
                   if isinstance(t, torch.Tensor) else None for t in recorder.batch)
     return StepRecording(identities, tuple(recorder.operations), tuple(i for _, i in recorder.updated),
-                         tuple(recorder.seeds), dict(recorder.programs), loss, batch)
+                         tuple(recorder.seeds), dict(recorder.programs), loss, batch, tuple(recorder.fills))
 
 
 __all__ = [
@@ -323,6 +354,7 @@ __all__ = [
     "IdentityKind",
     "MemoryIdentity",
     "RecordedCopy",
+    "RecordedFill",
     "RecordedLaunch",
     "StepRecorder",
     "StepRecording",

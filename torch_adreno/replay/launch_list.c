@@ -1,6 +1,6 @@
 /* A replayed step's device operations, enqueued in one call from Python.
  *
- * Built by torch_adreno/runtime/launch_list.py with the machine's C compiler and loaded through
+ * Built by torch_adreno/replay/launch_list.py with the machine's C compiler and loaded through
  * ctypes: it has no Python or OpenCL headers to build against and links nothing. The OpenCL entry
  * points come in as function pointers taken from the OpenCL library the process already loaded
  * (pyopencl's), so the handles it passes belong to that library.
@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Operation kinds; the same numbers as LAUNCH, COPY and FLUSH in launch_list.py. */
-enum { TA_LAUNCH = 0, TA_COPY = 1, TA_FLUSH = 2 };
+/* Operation kinds; the same numbers as _LAUNCH, _COPY, _FLUSH and _FILL in launch_list.py. */
+enum { TA_LAUNCH = 0, TA_COPY = 1, TA_FLUSH = 2, TA_FILL = 3 };
 
 /* One operation; launch_list.py's _Operation mirrors this layout field for field. */
 struct ta_operation {
@@ -21,12 +21,14 @@ struct ta_operation {
     uint32_t dims;               /* launch: work dimensions, 1 to 3 */
     void *kernel;                /* launch: cl_kernel, arguments bound beforehand */
     void *source;                /* copy: cl_mem */
-    void *destination;           /* copy: cl_mem */
+    void *destination;           /* copy, fill: cl_mem */
     size_t global_size[3];       /* launch */
     size_t local_size[3];        /* launch: all zero lets the driver choose (NULL) */
     size_t source_offset;        /* copy: bytes */
-    size_t destination_offset;   /* copy: bytes */
-    size_t nbytes;               /* copy */
+    size_t destination_offset;   /* copy, fill: bytes */
+    size_t nbytes;               /* copy, fill */
+    const void *pattern;         /* fill: the bytes repeated */
+    size_t pattern_size;         /* fill */
 };
 
 typedef int32_t (*ta_enqueue_nd_range_kernel)(void *queue, void *kernel, uint32_t dims,
@@ -38,12 +40,16 @@ typedef int32_t (*ta_enqueue_copy_buffer)(void *queue, void *source, void *desti
                                           size_t nbytes, uint32_t wait_count, const void *wait_list,
                                           void *event);
 typedef int32_t (*ta_flush)(void *queue);
+typedef int32_t (*ta_enqueue_fill_buffer)(void *queue, void *buffer, const void *pattern, size_t pattern_size,
+                                          size_t offset, size_t nbytes, uint32_t wait_count,
+                                          const void *wait_list, void *event);
 
 /* The OpenCL entry points; launch_list.py's _EntryPoints mirrors this layout. */
 struct ta_entry_points {
     ta_enqueue_nd_range_kernel enqueue_nd_range_kernel;
     ta_enqueue_copy_buffer enqueue_copy_buffer;
     ta_flush flush;
+    ta_enqueue_fill_buffer enqueue_fill_buffer;
 };
 
 /* Enqueue operations[0..count) on queue in order. Returns -1 when all were enqueued; else the index
@@ -66,6 +72,10 @@ int64_t ta_enqueue_operations(void *queue, const struct ta_operation *operations
             break;
         case TA_FLUSH:
             code = cl->flush(queue);
+            break;
+        case TA_FILL:
+            code = cl->enqueue_fill_buffer(queue, op->destination, op->pattern, op->pattern_size,
+                                           op->destination_offset, op->nbytes, 0, NULL, NULL);
             break;
         default:
             code = 1;

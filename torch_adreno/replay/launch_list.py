@@ -2,7 +2,7 @@
 the driver allows.
 
 A replayed step (:mod:`torch_adreno.replay.step`) is such a list: launches of kernels whose
-arguments are bound once, buffer copies and flushes. Enqueued from Python, each costs ~1-2 us of
+arguments are bound once, buffer copies, buffer fills (``fill_uninitialized_memory``) and flushes. Enqueued from Python, each costs ~1-2 us of
 interpreter and pyopencl work (argument conversion, an event object per call) on top of the
 driver's own enqueue. So runs of them go to a small C loop (``launch_list.c``) in one ctypes call,
 which calls the driver's entry points directly and asks for no events. Operations it does not know
@@ -36,16 +36,20 @@ from typing import Any
 import pyopencl as cl
 
 from torch_adreno.config import cache_root
-from torch_adreno.runtime.enqueue import copy_buffer_call
+from torch_adreno.runner.format import FILL_PATTERN, fill_commands
+from torch_adreno.runtime.enqueue import copy_buffer_call, fill_buffer_call
 
-__all__ = ["Copy", "Flush", "Launch", "LaunchError", "LaunchList", "native_loop", "native_loop_status"]
+__all__ = ["Copy", "Fill", "Flush", "Launch", "LaunchError", "LaunchList", "native_loop", "native_loop_status"]
 
 SOURCE = Path(__file__).with_name("launch_list.c")
 ENV_COMPILER = "TORCH_ADRENO_CC"
 ENV_SWITCH = "TORCH_ADRENO_NATIVE_LOOP"
 
 # The operation kinds of launch_list.c.
-_LAUNCH, _COPY, _FLUSH = 0, 1, 2
+_LAUNCH, _COPY, _FLUSH, _FILL = 0, 1, 2, 3
+#: The fill pattern's bytes, and its first byte alone (an odd last byte), as the C loop reads them:
+#: alive as long as the module (the loop's records point into them).
+_PATTERNS = {pattern: ctypes.create_string_buffer(pattern, len(pattern)) for pattern in (FILL_PATTERN, FILL_PATTERN[:1])}
 
 
 class LaunchError(RuntimeError):
@@ -84,11 +88,35 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Fill:
+    """``nbytes`` of ``buffer`` from ``offset`` filled with ``pattern`` repeated (both multiples of
+    its length): one ``clEnqueueFillBuffer``. :meth:`of` makes those of ``fill_uninitialized_memory``."""
+
+    buffer: cl.Buffer
+    offset: int
+    nbytes: int
+    pattern: bytes = FILL_PATTERN
+
+    def __post_init__(self) -> None:
+        if self.pattern not in _PATTERNS or self.offset % len(self.pattern) or self.nbytes % len(self.pattern):
+            raise ValueError(f"a fill of {self.nbytes} bytes at {self.offset} with pattern {self.pattern!r}: "
+                             f"the pattern is one of {list(_PATTERNS)}, offset and size multiples of its length")
+
+    @staticmethod
+    def of(buffer: cl.Buffer, offset: int, nbytes: int) -> list[Fill]:
+        """The fills that write the pattern of ``fill_uninitialized_memory`` over ``nbytes`` of
+        ``buffer`` from ``offset`` (:func:`torch_adreno.runner.format.fill_commands`)."""
+        return [Fill(buffer, start, size, pattern) for start, size, pattern in fill_commands(offset, nbytes)]
+
+
+@dataclass(frozen=True)
 class Flush:
     """Hand what is enqueued so far to the device."""
 
 
-Operation = Launch | Copy | Flush | Callable[[cl.CommandQueue], Any]
+Operation = Launch | Copy | Fill | Flush | Callable[[cl.CommandQueue], Any]
+#: The operations the C loop runs itself.
+_NATIVE_KINDS = (Launch, Copy, Fill, Flush)
 
 
 class _Operation(ctypes.Structure):
@@ -105,6 +133,8 @@ class _Operation(ctypes.Structure):
         ("source_offset", ctypes.c_size_t),
         ("destination_offset", ctypes.c_size_t),
         ("nbytes", ctypes.c_size_t),
+        ("pattern", ctypes.c_void_p),
+        ("pattern_size", ctypes.c_size_t),
     ]
 
 
@@ -112,7 +142,7 @@ class _EntryPoints(ctypes.Structure):
     """``struct ta_entry_points`` of launch_list.c."""
 
     _fields_ = [("enqueue_nd_range_kernel", ctypes.c_void_p), ("enqueue_copy_buffer", ctypes.c_void_p),
-                ("flush", ctypes.c_void_p)]
+                ("flush", ctypes.c_void_p), ("enqueue_fill_buffer", ctypes.c_void_p)]
 
 
 @dataclass(frozen=True)
@@ -181,7 +211,8 @@ def _load() -> tuple[NativeLoop | None, str]:
         loop = ctypes.CDLL(str(library))
         driver = ctypes.CDLL(opencl)
         entry_points = _EntryPoints(*(ctypes.cast(getattr(driver, name), ctypes.c_void_p).value for name in
-                                      ("clEnqueueNDRangeKernel", "clEnqueueCopyBuffer", "clFlush")))
+                                      ("clEnqueueNDRangeKernel", "clEnqueueCopyBuffer", "clFlush",
+                                       "clEnqueueFillBuffer")))
     except (OSError, AttributeError, subprocess.SubprocessError) as error:
         return None, f"the C loop could not be built or loaded: {error}"
     function = loop.ta_enqueue_operations
@@ -209,6 +240,8 @@ def _warn_python_loop(reason: str) -> None:
 
 
 def _python_call(queue: cl.CommandQueue, operation: Operation) -> Callable[[], Any]:
+    if isinstance(operation, Fill):
+        return fill_buffer_call(queue, operation.buffer, operation.pattern, operation.offset, operation.nbytes)
     if isinstance(operation, Launch):
         return functools.partial(cl.enqueue_nd_range_kernel, queue, operation.kernel, operation.global_size,
                                  operation.local_size)
@@ -222,7 +255,7 @@ def _python_call(queue: cl.CommandQueue, operation: Operation) -> Callable[[], A
     return functools.partial(operation, queue)
 
 
-def _native_operation(operation: Launch | Copy | Flush) -> _Operation:
+def _native_operation(operation: Launch | Copy | Fill | Flush) -> _Operation:
     record = _Operation()
     if isinstance(operation, Launch):
         dims = len(operation.global_size)
@@ -237,6 +270,10 @@ def _native_operation(operation: Launch | Copy | Flush) -> _Operation:
         record.kind, record.source, record.destination = _COPY, operation.source.int_ptr, operation.destination.int_ptr
         record.source_offset, record.destination_offset = operation.source_offset, operation.destination_offset
         record.nbytes = operation.nbytes
+    elif isinstance(operation, Fill):
+        record.kind, record.destination = _FILL, operation.buffer.int_ptr
+        record.destination_offset, record.nbytes = operation.offset, operation.nbytes
+        record.pattern, record.pattern_size = ctypes.addressof(_PATTERNS[operation.pattern]), len(operation.pattern)
     else:
         record.kind = _FLUSH
     return record
@@ -258,7 +295,7 @@ class LaunchList:
         self.calls = [_python_call(queue, operation) for operation in self.operations]
         self._native = native_loop() if native else None
         self._fell_back = native and self._native is None
-        #: The list as the C loop runs it: per run of launches, copies and flushes, (first index,
+        #: The list as the C loop runs it: per run of launches, copies, fills and flushes, (first index,
         #: C array, length); a Python operation between runs as (index, None, 0).
         self._segments: list[tuple[int, Any, int]] = []
         self._status = ctypes.c_int32(0)
@@ -269,7 +306,7 @@ class LaunchList:
                                     ctypes.byref(self._status))
             run: list[int] = []
             for index, operation in enumerate([*self.operations, None]):
-                if isinstance(operation, Launch | Copy | Flush):
+                if isinstance(operation, _NATIVE_KINDS):
                     run.append(index)
                     continue
                 if run:
@@ -309,7 +346,7 @@ class LaunchList:
         """The error for operation ``index``, refused by the driver with error ``code``."""
         operation = self.operations[index]
         what = (operation.describe() if isinstance(operation, Launch) else type(operation).__name__.lower()
-                if isinstance(operation, Copy | Flush) else "a Python operation")
+                if isinstance(operation, Copy | Fill | Flush) else "a Python operation")
         return LaunchError(f"the OpenCL driver refused operation {index} of a launch list ({what}): "
                            f"error {code} ({_error_name(code)})")
 

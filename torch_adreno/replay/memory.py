@@ -27,13 +27,14 @@ from torch_adreno.compiler.memory.intervals import (
     pack_intervals,
     split_into_buffers,
 )
-from torch_adreno.compiler.memory.verify import Access, Placement, verify_accesses
+from torch_adreno.compiler.memory.verify import Access, MemoryPlanError, Placement, verify_accesses
 from torch_adreno.errors import DeviceMemoryError
 from torch_adreno.replay.capture import (
     BATCH,
     INTERNAL,
     PERSISTENT,
     SEED,
+    RecordedFill,
     RecordedLaunch,
     StepRecorder,
 )
@@ -197,6 +198,29 @@ def step_footprint(recorder: StepRecorder, layout: ArenaLayout, image_bytes: Seq
     footprint = DeviceFootprint(sum(persistent.values()), layout.parts, sum(image_bytes), graph_arenas, largest, limits)
     footprint.check(described_step(recorder))
     return footprint
+
+
+def step_fills(recorder: StepRecorder, memory: StepMemoryPlan) -> dict[int, list[RecordedFill]]:
+    """The recording's fills by the operation they precede, each checked to write only its own
+    identity's bytes while that identity lives: an internal identity the plan places, at an
+    operation of its lifetime, inside its bytes. The plan gives identities whose lifetimes overlap
+    bytes of their own, so such a fill destroys no other identity's value; within the identity,
+    the graph's plan made the bytes free (proved with ``verify_memory``:
+    :func:`torch_adreno.compiler.codegen.verify.program_accesses`). A fill that breaks this is a
+    :class:`~torch_adreno.compiler.memory.verify.MemoryPlanError` (a torch_adreno bug)."""
+    by_position: dict[int, list[RecordedFill]] = {}
+    for fill in recorder.fills:
+        identity = recorder.identities[fill.identity]
+        first, last = memory.lifetimes.get(fill.identity, (-1, -1))
+        if identity.kind is not INTERNAL or fill.identity not in memory.slot_of or not first <= fill.before <= last \
+                or fill.offset < 0 or fill.offset + fill.nbytes > identity.nbytes:
+            raise MemoryPlanError(
+                f"{described_step(recorder)}: a fill of {fill.nbytes} bytes at {fill.offset} of {identity.label} "
+                f"({identity.kind}, {identity.nbytes} bytes, used by operations {first} to {last}) before operation "
+                f"{fill.before} would write outside its bytes or lifetime (a torch_adreno bug: please report it; "
+                "fill_uninitialized_memory=False avoids it meanwhile)")
+        by_position.setdefault(fill.before, []).append(fill)
+    return by_position
 
 
 def described_step(recorder: StepRecorder) -> str:

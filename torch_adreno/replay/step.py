@@ -22,7 +22,8 @@ per buffer argument (NVIDIA's ~0.45 us each with the device busy), and resnet_mi
    uploads it from its own memory;
 2. draws fresh random seeds from torch's default generator in the capture's order (staged: into
    the same write);
-3. enqueues the launches in one loop with nothing in it but the enqueue;
+3. enqueues the launches in one loop with nothing in it but the enqueue (with
+   ``fill_uninitialized_memory``, fills of the step's memory before its first writes among them);
 4. reads the loss (the one blocking wait of the step).
 
 Before it allocates anything, a replay holds its device footprint (persistent state, arena,
@@ -61,15 +62,17 @@ from torch_adreno.replay.capture import (
     INTERNAL,
     PERSISTENT,
     RecordedCopy,
+    RecordedFill,
     RecordedLaunch,
     StepRecorder,
     recording_of,
 )
 from torch_adreno.replay.inputs import ScalarInputs
-from torch_adreno.replay.launch_list import Copy, Flush, Launch, LaunchList, Operation
+from torch_adreno.replay.launch_list import Copy, Fill, Flush, Launch, LaunchList, Operation
 from torch_adreno.replay.memory import (
     arena_layout,
     plan_step_memory,
+    step_fills,
     step_footprint,
     verify_step_memory,
 )
@@ -96,16 +99,21 @@ class ReplayOptions:
     ``verify_memory`` proves the arena layout against the recorded operations first
     (:func:`verify_step_memory`); ``share_memory`` False gives every identity made during the step
     memory of its own; ``limits``: the largest allocation and global memory the replay
-    is held to (a target's; None: the present device's)."""
+    is held to (a target's; None: the present device's); ``fill_uninitialized_memory``: the launch
+    list fills each internal identity's bytes where the recording's fills say (before its first
+    use, and a graph's slot again before each buffer it holds in turn), so that a read of memory
+    nothing wrote in this step shows as NaN or an index error."""
 
     def __init__(self, arena_kernels: bool = True, merge_copies: bool = True, verify_memory: bool = False,
-                 limits: MemoryLimits | None = None, share_memory: bool = True) -> None:
+                 limits: MemoryLimits | None = None, share_memory: bool = True,
+                 fill_uninitialized_memory: bool = False) -> None:
         self.arena_kernels = arena_kernels
         self.merge_copies = merge_copies
         self.verify_memory = verify_memory
         self.limits = limits
         #: False: every identity made during the step gets memory of its own (a reference replay).
         self.share_memory = share_memory
+        self.fill_uninitialized_memory = fill_uninitialized_memory
 
 
 class ReplayedStep:
@@ -177,7 +185,8 @@ class ReplayedStep:
         #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
         self._launches: list[tuple[str, Any, cl.Kernel]] = []
         self._offset_arguments: list[int] = []
-        listed, described, covered = self._bind_operations(recorder, kernels, copies, bindings)
+        fills = step_fills(recorder, self.memory) if options.fill_uninitialized_memory else {}
+        listed, described, covered = self._bind_operations(recorder, kernels, copies, bindings, fills)
         #: Per operation of the launch list, the positions of the recorded operations it does.
         self.covered = covered
         own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
@@ -209,12 +218,13 @@ class ReplayedStep:
         self.loss_read_at = 0.0
 
     def _bind_operations(self, recorder: StepRecorder, kernels: list[ReplayKernel], copies: MergedCopies,
-                         batch_of: dict[int, BatchBinding]
+                         batch_of: dict[int, BatchBinding], fills: dict[int, list[RecordedFill]],
                          ) -> tuple[list[Operation], list[tuple[str, Any] | None], list[tuple[int, ...]]]:
         """The step's device work in order, every kernel argument bound once: the operations of a
-        launch list, per operation the (graph, source) a profile reports (None: a copy, a flush),
-        and per operation the positions of the recorded operations it does (a merged run of
-        copies: several; a flush or an image refresh: none)."""
+        launch list, per operation the (graph, source) a profile reports (None: a copy, a fill, a
+        flush), and per operation the positions of the recorded operations it does (a merged run
+        of copies: several; a fill, a flush or an image refresh: none). ``fills``: by operation,
+        the fills right before it."""
         listed: list[Operation] = []
         described: list[tuple[str, Any] | None] = []
         covered: list[tuple[int, ...]] = []
@@ -247,6 +257,10 @@ class ReplayedStep:
             covered.append(())
 
         for position, op in enumerate(recorder.operations):
+            for fill in fills.get(position, ()):
+                buffer, at = buffers.place(fill.identity)
+                for operation in Fill.of(buffer, at + fill.offset, fill.nbytes):
+                    other(operation)
             if isinstance(op, RecordedCopy):
                 if position in copies.by_position:
                     merged = copies.by_position[position]

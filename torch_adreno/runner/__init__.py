@@ -10,6 +10,14 @@ buffers its ``buffers`` attribute names (internal memory in the slots of the fil
 state and batch in buffers of their own), then enqueued in the file's order every step, as the
 in-PyTorch replay does, so the losses are the replay's bit for bit on the same device.
 
+With ``fill_uninitialized_memory`` (an argument, else the environment variable
+``TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY``), the fills the file lists (metadata ``fills``) are
+enqueued before their operations: each internal identity's bytes set to the fill pattern
+(:data:`~torch_adreno.runner.format.FILL_PATTERN`: NaN for every float dtype, an index out of
+range for every integer one) before its first write, so that a kernel reading memory nothing
+wrote gives NaN or an index error instead of stale values; a correct step's losses are the same
+bits either way.
+
 Files it cannot run are refused with :class:`UnsupportedStepFile` naming what is missing: another
 producer or format version, a node or attribute it does not know, a device without the
 work-group sizes, memory or extensions the kernels need.
@@ -175,9 +183,18 @@ def check_device(device: cl.Device, plan: dict[str, Any], operations: Sequence[L
 class StepRunner:
     """An exported training step bound to one OpenCL device (see the module docstring)."""
 
-    def __init__(self, model: onnx.ModelProto, device: cl.Device | None = None, origin: str = "the model") -> None:
+    def __init__(self, model: onnx.ModelProto, device: cl.Device | None = None, origin: str = "the model",
+                 fill_uninitialized_memory: bool | None = None) -> None:
+        """``fill_uninitialized_memory``: fill memory before its first write (see the module
+        docstring); None: as the environment variable ``TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY`` says."""
         self.model = model
         self.plan, self.operations = read_step(model, origin)
+        if fill_uninitialized_memory is None:
+            try:
+                fill_uninitialized_memory = fmt.fill_requested()
+            except ValueError as err:
+                raise UnsupportedStepFile(str(err)) from None
+        self.fill_uninitialized_memory = fill_uninitialized_memory
         self.device = device if device is not None else choose_device()
         check_device(self.device, self.plan, self.operations)
         self.context = cl.Context([self.device])
@@ -216,7 +233,14 @@ class StepRunner:
         self._index_record = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR,
                                        hostbuf=np.zeros(4, np.int32))
         self._checking_launches: list[str] = []
-        for op in self.operations:
+        fills = self._fills(origin, {int(e["index"]): e for e in self.plan["identities"]}, slots) \
+            if fill_uninitialized_memory else {}
+        # Per operation, the position of its first enqueue (the fills before it count as its own).
+        starts = []
+        for position, op in enumerate(self.operations):
+            starts.append(len(enqueue))
+            for buffer, offset, nbytes, pattern in fills.get(position, ()):
+                enqueue.append((cl.enqueue_fill_buffer, (buffer, np.frombuffer(pattern, np.uint8), offset, nbytes), {}))
             if isinstance(op, Copy):
                 enqueue.append((cl.enqueue_copy, (self._buffer(op.destination), self._buffer(op.source)),
                                       {"byte_count": op.nbytes}))
@@ -232,22 +256,44 @@ class StepRunner:
         # The prediction (the model's eval-mode forward), when the file holds one: its last operations.
         predict = self.plan.get("predict")
         count = int(predict["operations"]) if predict else 0
-        self._enqueue, self._predict = enqueue[:len(enqueue) - count], enqueue[len(enqueue) - count:]
+        split = starts[len(starts) - count] if count else len(enqueue)
+        self._enqueue, self._predict = enqueue[:split], enqueue[split:]
         loss = self.plan["loss"]
         self._loss = self._output(loss)
         self._logits = self._output(predict["output"]) if predict else None
+
+    def _fills(self, origin: str, identities: dict[int, dict[str, Any]], slots: list[cl.Buffer],
+               ) -> dict[int, list[tuple[cl.Buffer, int, int, bytes]]]:
+        """The file's fills as (buffer, offset, bytes, pattern) by the operation they precede;
+        refused where the file lists none or one leaves its identity's slot."""
+        if fmt.FILLS_KEY not in self.plan:
+            raise UnsupportedStepFile(f"{origin} lists no fills (metadata {fmt.PLAN_KEY} has no {fmt.FILLS_KEY!r}): "
+                                      "export the step again to run it with fill_uninitialized_memory")
+        by_operation: dict[int, list[tuple[cl.Buffer, int, int, bytes]]] = {}
+        for entry in self.plan[fmt.FILLS_KEY]:
+            before, index, offset, nbytes = (int(v) for v in entry)
+            identity = identities.get(index, {})
+            slot = identity.get("slot")
+            if identity.get("kind") != "internal" or slot is None or not 0 <= before < len(self.operations) \
+                    or offset < 0 or offset % 2 or nbytes < 0 or offset + nbytes > int(self.plan["slots"][int(slot)]):
+                raise UnsupportedStepFile(f"{origin}: fill {entry} is not inside an internal identity's slot before "
+                                          "an operation of the file: a corrupted file? export the step again")
+            by_operation.setdefault(before, []).extend(
+                (slots[int(slot)], start, size, pattern) for start, size, pattern in fmt.fill_commands(offset, nbytes))
+        return by_operation
 
     def _output(self, spec: dict[str, Any]) -> tuple[cl.Buffer, tuple[int, ...], np.dtype]:
         return self._buffer(int(spec["identity"])), tuple(spec["shape"]), np.dtype(spec["dtype"])
 
     @classmethod
-    def load(cls, path: str | Path, device: cl.Device | None = None) -> StepRunner:
+    def load(cls, path: str | Path, device: cl.Device | None = None,
+             fill_uninitialized_memory: bool | None = None) -> StepRunner:
         path = Path(path)
         try:
             model = onnx.load(str(path))
         except Exception as err:
             raise UnsupportedStepFile(f"{path} is not an ONNX model: {err}") from None
-        return cls(model, device, str(path))
+        return cls(model, device, str(path), fill_uninitialized_memory)
 
     def _buffer(self, identity: int) -> cl.Buffer:
         buffer = self._buffers.get(identity)

@@ -61,9 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where to write the trained state (.npz or .onnx); "
                         "default: <model>.trained.npz")
     parser.add_argument("--print-every", type=_positive, default=1)
+    parser.add_argument("--fill-uninitialized-memory", action="store_const", const=True, default=None,
+                        help="fill memory with NaN / out-of-range words before its first write, so that a read of memory "
+                        "nothing wrote shows (default: the environment variable TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY)")
     args = parser.parse_args(argv)
     try:
-        runner = StepRunner.load(args.model, choose_device(args.device))
+        runner = StepRunner.load(args.model, choose_device(args.device), args.fill_uninitialized_memory)
     except (UnsupportedStepFile, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

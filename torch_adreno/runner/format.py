@@ -14,10 +14,18 @@ A file holds one ONNX model of one whole training step:
 - :data:`KERNEL_ATTRIBUTES` on each kernel node, :data:`COPY_ATTRIBUTES` on each copy node;
 - model metadata :data:`PLAN_KEY`: JSON with the memory identities (what each buffer holds, its
   bytes, its slot in the step's memory plan), the slots' bytes, the batch inputs, the state
-  inputs and outputs, and the loss.
+  inputs and outputs, and the loss; and its ``fills``: ``[before, identity, offset, nbytes]``
+  each, the bytes of an internal identity that a runner filled with :data:`FILL_PATTERN` (with
+  :data:`FILL_VARIABLE` set, or its own flag) right before operation ``before`` (an index into the
+  file's kernel and copy nodes), in operation order: every identity before its first use, and an
+  identity's bytes again where a graph's slot begins holding another buffer (see
+  :mod:`torch_adreno.compiler.codegen.fills`). Ignored unless filling is asked for.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Mapping
 
 PRODUCER = "torch_adreno"
 DOMAIN = "torch_adreno"
@@ -27,6 +35,47 @@ OPSET = 18
 PLAN_KEY = "torch_adreno.step"
 FORMAT_KEY = "torch_adreno.format"
 COPY_OP = "copy"
+#: The plan's list of fills (absent in files exported before fills were listed: a runner asked to
+#: fill refuses those).
+FILLS_KEY = "fills"
+#: The environment variable (and option name, upper-cased) that turns filling on in a runner, as
+#: the backend's ``fill_uninitialized_memory`` option does.
+FILL_VARIABLE = "TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY"
+
+#: What memory is filled with before its first write: the 16-bit word 0x7FFF, little-endian,
+#: repeated. One pattern for every dtype (a slot holds values of several dtypes in turn, and a
+#: runner knows no dtypes): read as float32 it is 0x7FFF7FFF, as float16 and bfloat16 0x7FFF, all
+#: quiet NaNs (every exponent bit set, the top mantissa bit set), so any arithmetic on it stays NaN;
+#: as int32 0x7FFF7FFF and as int64 0x7FFF7FFF7FFF7FFF, positive and far above any dimension, so
+#: an index read from it fails the device's index checks (a negative sentinel such as -1 would
+#: wrap to the last element where indices wrap) and a count or offset from it is absurd; as bool
+#: bytes 0xFF and 0x7F, neither 0 nor 1; as uint8 255 and 127.
+FILL_PATTERN = b"\xff\x7f"
+
+
+def fill_commands(offset: int, nbytes: int) -> list[tuple[int, int, bytes]]:
+    """The ``clEnqueueFillBuffer`` calls, as (offset, bytes, pattern), that fill ``nbytes`` from
+    ``offset`` (even: the pattern's bytes fall at the same positions whatever the region) with
+    :data:`FILL_PATTERN`: one call, and a second of the single byte 0xFF for an odd last byte
+    (OpenCL fills whole patterns only)."""
+    if offset % len(FILL_PATTERN):
+        raise ValueError(f"a fill starts at an even byte offset, got {offset}")
+    whole = nbytes - nbytes % len(FILL_PATTERN)
+    commands = [(offset, whole, FILL_PATTERN)] if whole else []
+    if nbytes > whole:
+        commands.append((offset + whole, nbytes - whole, FILL_PATTERN[:1]))
+    return commands
+
+
+def fill_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether :data:`FILL_VARIABLE` asks for filling (``1``/``true``/``yes``/``on``; unset,
+    empty, ``0``/``false``/``no``/``off``: no); a ValueError for any other value."""
+    value = (os.environ if environ is None else environ).get(FILL_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"environment variable {FILL_VARIABLE}: must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 #: Attributes of a kernel node, each required, none other allowed.
 KERNEL_ATTRIBUTES = (

@@ -27,8 +27,11 @@ from torch_adreno.runtime.pool import BufferPool
 class DonatedInputs:
     """The donated inputs of one compiled graph (see the module docstring)."""
 
-    def __init__(self, program: KernelProgram, input_positions: Mapping[str, int], verify_memory: bool) -> None:
+    def __init__(self, program: KernelProgram, input_positions: Mapping[str, int], verify_memory: bool,
+                 fills: bool = False) -> None:
+        """``fills``: the call fills memory before its first write (verified with the plan)."""
         self.program = program
+        self.fills = fills
         self.graph = program.graph
         self._input_positions = input_positions
         self.verify_memory = verify_memory
@@ -81,7 +84,7 @@ class DonatedInputs:
         for name in sorted(sharing):
             members.setdefault(sharing[name], []).append(name)
         labels = {name: f"the memory bound to input {' and '.join(members[key])}" for name, key in sharing.items()}
-        verify_program(self.program, labels, scratch)
+        verify_program(self.program, labels, scratch, self.fills)
         self._verified_sharing.add(pattern)
 
     def _donor_is_scratch(self, donor: str, args: Sequence[Any], sharing: dict[str, Any]) -> bool:

@@ -17,6 +17,8 @@ from typing import Any
 import pyopencl as cl
 import pyopencl._cl as _cl
 
+from torch_adreno.runner.format import fill_commands
+
 
 def write_buffer(queue: cl.CommandQueue, buffer: cl.Buffer, host: Any, offset: int = 0,
                  blocking: bool = False) -> cl.Event:
@@ -37,3 +39,18 @@ def copy_buffer_call(queue: cl.CommandQueue, source: cl.Buffer, destination: cl.
     partial of the binding itself: no Python frame of ours per enqueue)."""
     return functools.partial(_cl._enqueue_copy_buffer, queue, source, destination, nbytes, source_offset,
                              destination_offset, None)
+
+
+def fill_buffer_call(queue: cl.CommandQueue, buffer: cl.Buffer, pattern: bytes, offset: int,
+                     nbytes: int) -> Callable[[], cl.Event]:
+    """A call enqueueing the fill of ``nbytes`` of ``buffer`` from ``offset`` with ``pattern``
+    repeated (offset and size multiples of its length)."""
+    return functools.partial(_cl._enqueue_fill_buffer, queue, buffer, pattern, offset, nbytes, None)
+
+
+def enqueue_fill(queue: cl.CommandQueue, buffer: cl.Buffer, offset: int, nbytes: int) -> None:
+    """Fill ``nbytes`` of ``buffer`` from ``offset`` (even) with the pattern of
+    ``fill_uninitialized_memory`` (:func:`torch_adreno.runner.format.fill_commands`: one fill, and
+    one more of a single byte for an odd count)."""
+    for start, size, pattern in fill_commands(offset, nbytes):
+        _cl._enqueue_fill_buffer(queue, buffer, pattern, start, size, None)

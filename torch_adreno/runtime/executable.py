@@ -18,12 +18,14 @@ import torch
 
 from torch_adreno.compiler import ir
 from torch_adreno.compiler.codegen import HostStep, KernelProgram, KernelSource
+from torch_adreno.compiler.codegen.fills import fill_schedule
 from torch_adreno.compiler.ir.torch_dtypes import IR_TO_TORCH
 from torch_adreno.compiler.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned, own_tensor
 from torch_adreno.runtime.donated_inputs import DonatedInputs
+from torch_adreno.runtime.enqueue import enqueue_fill
 from torch_adreno.runtime.events import BUS, GraphRunRecord, HostOpRecord, LaunchRecord
 from torch_adreno.runtime.graph_calls import GraphCall, active_observer
 from torch_adreno.runtime.images import image_views
@@ -45,7 +47,8 @@ class Executable:
     def __init__(self, program: KernelProgram, runtime: DeviceRuntime, residency: Residency,
                  static_inputs: Sequence[int] = (), tune: bool = False,
                  version_bumped_inputs: Sequence[int] = (), verify_memory: bool = False,
-                 restrided_outputs: Sequence[tuple[int, tuple[int, ...]]] = ()) -> None:
+                 restrided_outputs: Sequence[tuple[int, tuple[int, ...]]] = (),
+                 fill_uninitialized_memory: bool = False) -> None:
         """``tune``: launch each kernel as tuned on this device (see :mod:`torch_adreno.runtime.tuning`;
         cached on disk) instead of with the kernels stage's heuristic geometry.
         ``version_bumped_inputs``: positions whose version counter the caller (AOTAutograd) bumps
@@ -56,7 +59,10 @@ class Executable:
         ``restrided_outputs``: (position, strides) of host outputs returned in eager's layout rather
         than our row-major one: each is downloaded (never left deferred to the device), then copied
         on the host into a tensor of those strides, and the call reports it as a host copy
-        (:attr:`GraphCall.host_copies`)."""
+        (:attr:`GraphCall.host_copies`).
+        ``fill_uninitialized_memory``: each call fills the memory it makes with NaN words right before
+        the first launch that touches it (:func:`~torch_adreno.compiler.codegen.fills.fill_schedule`),
+        so that a read of bytes nothing wrote in this call shows."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.
         self._boxed_call = True
@@ -116,22 +122,14 @@ class Executable:
         self._images = image_views(runtime)
         self._last_images: list[Any] = []
         self.verify_memory = verify_memory
-        self._donors = DonatedInputs(program, self._input_positions, verify_memory)
+        self._donors = DonatedInputs(program, self._input_positions, verify_memory, fill_uninitialized_memory)
+        #: Per step, the regions filled right before it (None: no fills).
+        self._fills = fill_schedule(program) if fill_uninitialized_memory else None
         self._restrided = dict(restrided_outputs)
 
     @property
     def kernel_launches(self) -> int:
         return sum(1 for s in self._steps if isinstance(s, _Launch) and not s.empty)
-
-    def _check_input(self, name: str, value: Any) -> None:
-        buf = self.graph.buffers[name]
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{self.graph.name}: input {name} expected a tensor, got {type(value).__name__}")
-        if tuple(value.shape) != buf.shape or value.dtype != IR_TO_TORCH[buf.dtype]:
-            raise ValueError(
-                f"{self.graph.name}: input {name} was compiled for {IR_TO_TORCH[buf.dtype]}{list(buf.shape)}, "
-                f"got {value.dtype}{list(value.shape)}"
-            )
 
     def _bind_inputs(self, args: Sequence[Any]) -> dict[str, Any]:
         bound: dict[str, Any] = {}
@@ -139,7 +137,7 @@ class Executable:
             if name is None:
                 continue
             value = args[pos]
-            self._check_input(name, value)
+            check_input(self.graph, name, value)
             if isinstance(value, DeviceTensor):
                 value.check_live()
                 if value.runtime is not self.runtime:
@@ -151,14 +149,10 @@ class Executable:
                                                         version_bumped=pos in self.version_bumped_inputs)
         return bound
 
-    def _draw_random_seeds(self) -> list[torch.Tensor]:
-        # From torch's default generator: torch.manual_seed(n) makes every random op repeat.
-        return [torch.randint(0, 2**62, (), dtype=torch.int64) for _ in self.graph.random_seeds]
-
     def __call__(self, args: list[Any]) -> list[Any]:
         self.runtime.graph_calls += 1
         if self._constants or self.graph.random_seeds:
-            args = [*args, *self._constants, *self._draw_random_seeds()]
+            args = [*args, *self._constants, *draw_random_seeds(self.graph)]
         storage = dict(self._static)
         storage.update(self._bind_inputs(args))
         host_outputs: dict[str, torch.Tensor] = {}
@@ -186,7 +180,11 @@ class Executable:
             unshared = plan.unshared_bytes + plan.per_call_bytes + plan.host_bytes
             BUS.graph(GraphRunRecord(self.graph.name, plan.planned_peak_bytes, unshared,
                                      self.allocated_bytes + plan.per_call_bytes, plan.per_call_bytes))
-        for step in self._steps:
+        fills = self._fills
+        for index, step in enumerate(self._steps):
+            if fills is not None:
+                for region in fills[index]:
+                    enqueue_fill(queue, storage[region.buffer], region.offset, region.nbytes)
             if isinstance(step, HostStep):
                 run_host_step(self.runtime, self.graph, step, storage)
                 continue
@@ -298,6 +296,24 @@ def restride(outputs: list[Any], strides_of: dict[int, tuple[int, ...]]) -> dict
             replaced[position] = value
             outputs[position] = torch.empty_strided(value.shape, strides, dtype=value.dtype).copy_(value)
     return replaced
+
+
+def check_input(graph: ir.Graph, name: str, value: Any) -> None:
+    """Refuse an argument for input ``name`` that is not a tensor of the shape and dtype compiled for."""
+    buf = graph.buffers[name]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{graph.name}: input {name} expected a tensor, got {type(value).__name__}")
+    if tuple(value.shape) != buf.shape or value.dtype != IR_TO_TORCH[buf.dtype]:
+        raise ValueError(
+            f"{graph.name}: input {name} was compiled for {IR_TO_TORCH[buf.dtype]}{list(buf.shape)}, "
+            f"got {value.dtype}{list(value.shape)}"
+        )
+
+
+def draw_random_seeds(graph: ir.Graph) -> list[torch.Tensor]:
+    """A seed for each of the graph's random ops, from torch's default generator: torch.manual_seed(n)
+    makes every random op repeat."""
+    return [torch.randint(0, 2**62, (), dtype=torch.int64) for _ in graph.random_seeds]
 
 
 def run_host_step(runtime: DeviceRuntime, graph: ir.Graph, step: HostStep, storage: dict[str, Any]) -> None:

@@ -1,22 +1,39 @@
 """A graph's rendered launches checked against its memory plan (the engine:
 :mod:`torch_adreno.compiler.memory.verify`): each launch's :attr:`~torch_adreno.compiler.codegen.KernelSource.reads`
-and ``writes``, every buffer at the storage the plan gives it, inputs where the caller bound them."""
+and ``writes``, every buffer at the storage the plan gives it, inputs where the caller bound them;
+with ``fills``, also each fill of :func:`~torch_adreno.compiler.codegen.fills.fill_schedule` before
+its launch, as a write of a value of its own (:class:`Filled`) that nothing reads: a fill over a
+value still to be read is then a :class:`~torch_adreno.compiler.memory.verify.MemoryPlanError`,
+and a read of bytes nothing but a fill wrote still is one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 
+from torch_adreno.compiler.codegen.fills import fill_schedule
 from torch_adreno.compiler.codegen.program import HostStep, KernelProgram
 from torch_adreno.compiler.memory import MemoryPlan, StorageKind
 from torch_adreno.compiler.memory.verify import Access, Placement, verify_accesses
 
 
-def program_accesses(program: KernelProgram) -> list[Access]:
+@dataclass(frozen=True)
+class Filled:
+    """The fill pattern written into ``buffer``'s bytes before its first launch."""
+
+    buffer: str
+
+
+def program_accesses(program: KernelProgram, fills: bool = False) -> list[Access]:
     """The launches of ``program`` in order, with what each reads and writes; a mutated input's
-    new value copied into the input after the last launch (where it is not written in place)."""
+    new value copied into the input after the last launch (where it is not written in place);
+    with ``fills``, the fills before their launches (see the module docstring)."""
     plan = program.plan
     accesses: list[Access] = []
-    for step in program.steps:
+    schedule = fill_schedule(program) if fills else ()
+    for index, step in enumerate(program.steps):
+        for region in schedule[index] if fills else ():
+            accesses.append(Access(f"the fill of {region.buffer}", (), (Filled(region.buffer),)))
         if isinstance(step, HostStep):
             reads = tuple(dict.fromkeys(v.buffer for v in step.node.inputs))
             accesses.append(Access(f"host op {step.node.target}", reads, tuple(step.node.outputs)))
@@ -47,6 +64,8 @@ def program_placement(plan: MemoryPlan, input_storage: Mapping[str, Hashable],
     saved tensor that came as a host tensor)."""
 
     def place(name: Hashable) -> Placement:
+        if isinstance(name, Filled):
+            return place(name.buffer)
         assert isinstance(name, str)
         alloc = plan.allocations[name]
         if alloc.kind is StorageKind.ARENA:
@@ -68,10 +87,11 @@ def program_placement(plan: MemoryPlan, input_storage: Mapping[str, Hashable],
 
 
 def verify_program(program: KernelProgram, input_storage: Mapping[str, Hashable] | None = None,
-                   scratch_donors: frozenset[str] | set[str] = frozenset()) -> None:
+                   scratch_donors: frozenset[str] | set[str] = frozenset(), fills: bool = False) -> None:
     """Check ``program``'s memory plan (see the module docstring). ``input_storage``: a key per
     input of the memory it is bound to (inputs with equal keys share it); by default each input
-    has memory of its own, except the saved views the plan knows share a donated input's bytes."""
+    has memory of its own, except the saved views the plan knows share a donated input's bytes.
+    ``fills``: with the fills of ``fill_uninitialized_memory``."""
     plan, graph = program.plan, program.graph
     if input_storage is None:
         input_storage = {}
@@ -87,8 +107,8 @@ def verify_program(program: KernelProgram, input_storage: Mapping[str, Hashable]
     kept |= {o.buffer for o in graph.outputs if o.buffer is not None and o.buffer in plan.allocations}
     for target, value in graph.mutations.items():
         kept.add(value if plan.allocations[value].kind is StorageKind.INPUT_ALIAS else target)
-    verify_accesses(program_accesses(program), program_placement(plan, input_storage, scratch_donors), inputs, kept,
+    verify_accesses(program_accesses(program, fills), program_placement(plan, input_storage, scratch_donors), inputs, kept,
                     f"graph {graph.name}")
 
 
-__all__ = ["program_accesses", "program_placement", "verify_program"]
+__all__ = ["Filled", "program_accesses", "program_placement", "verify_program"]

@@ -160,7 +160,7 @@ def compile_program(gm: GraphModule, config: Config, name: str, num_host_outputs
     if config.debug_dir:
         debug.dump(config.debug_dir, gm, graph, fused, plan, program)
     if config.verify_memory:
-        verify_program(program)
+        verify_program(program, fills=config.fill_uninitialized_memory)
     return program
 
 

@@ -329,6 +329,7 @@ class CompiledGraph(OutputCode):
         self.zero_copy = config.zero_copy
         self.tune = config.tune
         self.verify_memory = config.verify_memory
+        self.fill_uninitialized_memory = config.fill_uninitialized_memory
         self.frozen_copies = frozen_copies
         self.static_inputs = (*static_inputs, *frozen_copies.positions)
         self.version_bumped_inputs = tuple(version_bumped_inputs)
@@ -348,7 +349,8 @@ class CompiledGraph(OutputCode):
             self.executable = Executable(self.program, runtime, get_residency(runtime, self.zero_copy),
                                          self.static_inputs, tune=self.tune,
                                          version_bumped_inputs=self.version_bumped_inputs,
-                                         verify_memory=self.verify_memory, restrided_outputs=self.restrided_outputs)
+                                         verify_memory=self.verify_memory, restrided_outputs=self.restrided_outputs,
+                                         fill_uninitialized_memory=self.fill_uninitialized_memory)
         return self.executable
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
