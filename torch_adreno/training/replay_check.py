@@ -29,7 +29,7 @@ def reference_options(options: ReplayOptions) -> ReplayOptions:
     """The plainest replay of a recording: memory of its own for every identity, kernels as
     compiled, no merged copies (the reference a replay is checked against)."""
     return ReplayOptions(arena_kernels=False, merge_copies=False, verify_memory=False, limits=options.limits,
-                         share_memory=False)
+                         share_memory=False, fill_uninitialized_memory=options.fill_uninitialized_memory)
 
 
 class ReplayCheck:

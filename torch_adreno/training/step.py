@@ -157,8 +157,9 @@ class TrainingStep:
         rebuild = config.replay_arena_kernels
         if rebuild == "auto":  # a GPU's (the target's, where one is given)
             rebuild = profile_for(self._residency.runtime.profile, config.target).is_gpu
-        self._replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies,
-                                             config.verify_memory, self.memory_limits, config.fill_uninitialized_memory)
+        self._replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies, config.verify_memory,
+                                             self.memory_limits,
+                                             fill_uninitialized_memory=config.fill_uninitialized_memory)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
         # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
         self._hyperparameters = StepHyperparameters(optimizer)
