@@ -128,7 +128,10 @@ class IndexErrorRecord:
         detail = (f"index {value} is out of bounds for dimension {check.dim} with size {check.size} "
                   f"(valid: {low} to {check.size - 1})")
         head = f"{check.eager_message}: {detail}" if check.eager_message else detail
-        message = (f"{head}, in {where}. Found on the device, where the index was replaced by 0: the results of "
+        found = "Found on the device, where the index was replaced by 0"
+        if check.value_message is not None:
+            head, found = check.value_message, "Found on the device"
+        message = (f"{head}, in {where}. {found}: the results of "
                    f"this call are invalid and were not returned (in a replayed TrainingStep the step's "
                    f"optimizer update was already applied; restore the parameters from a checkpoint).")
         cls: type[Exception] = DeviceIndexError if check.error == "IndexError" else DeviceIndexRuntimeError

@@ -30,7 +30,9 @@ class IndexCheck:
 
     ``error`` is the exception type eager PyTorch raises there ("IndexError" or "RuntimeError");
     ``eager_message`` is eager's wording when it does not name the value (embedding: "index out of
-    range in self"), else None."""
+    range in self"), else None. ``value_message``: a check of a value that is not an index (a
+    ``histc`` range taken from the data, which must be finite) reports eager's wording alone, with
+    no index or dimension in it."""
 
     origin: Origin
     dim: int
@@ -38,6 +40,7 @@ class IndexCheck:
     wraps: bool
     error: str
     eager_message: str | None = None
+    value_message: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,14 @@ from torch_adreno.compiler import ir
 from torch_adreno.compiler.lowering import (  # noqa: F401  (registers)
     attention,
     conv,
+    histogram,
     linalg,
     pointwise,
     pooling,
     random,
     reduction,
     scatter,
+    sorting,
     views,
 )
 from torch_adreno.compiler.lowering.checks import check_like_eager
