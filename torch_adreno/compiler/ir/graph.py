@@ -256,13 +256,18 @@ class Graph:
     #: buffer's shape and dtype, never changed). The runtime binds each after the caller's arguments
     #: and before the seed, as a pinned host tensor: its device copy is made once and stays resident.
     constants: dict[str, Any] = field(default_factory=dict)
+    #: Buffers written only so that the kernel writing them runs: device-side assertions
+    #: (``_assert_async``, a check through the index error record) whose value nothing reads. Kept
+    #: as outputs are (stored, live to the end), never returned.
+    effects: list[str] = field(default_factory=list)
 
     def input_buffers(self) -> set[str]:
         return {b for b in self.inputs if b is not None}
 
     def output_buffers(self) -> set[str]:
-        """Buffers whose values leave the graph: its outputs and the new values of mutated inputs."""
-        return {o.buffer for o in self.outputs if o.buffer is not None} | set(self.mutations.values())
+        """Buffers whose values leave the graph or must be computed: its outputs, the new values of
+        mutated inputs and its :attr:`effects`."""
+        return {o.buffer for o in self.outputs if o.buffer is not None} | set(self.mutations.values()) | set(self.effects)
 
     def producers(self) -> dict[str, Node]:
         return {out: n for n in self.nodes for out in node_outputs(n)}
@@ -306,6 +311,8 @@ def format_graph(graph: Graph) -> str:
         lines.append(f"  random seed {seed} (drawn per call)")
     for name in graph.constants:
         lines.append(f"  constant {name} (bound by the runtime)")
+    for name in graph.effects:
+        lines.append(f"  effect {name} (computed for its check)")
     for pos, out in enumerate(graph.outputs):
         reshaped = f" viewed as {list(out.shape)}" if out.shape is not None else ""
         lines.append(f"  output {pos}: {out.buffer}{reshaped} ({out.role.value})")

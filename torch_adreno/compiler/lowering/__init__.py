@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torch_adreno.compiler import ir
 from torch_adreno.compiler.lowering import (  # noqa: F401  (registers)
+    assertions,
     attention,
     conv,
     experts,

@@ -44,6 +44,8 @@ def _data_range(ctx: LoweringContext, flat: ir.View) -> tuple[ir.Expr, ir.Expr, 
 def _histc(ctx: LoweringContext, node: Node, x: Value, bins: int = 100, min: float = 0, max: float = 0) -> Value:
     src = tensor_arg(x, node.name)
     out = ctx.meta()
+    if not src.numel:
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.const(0, out.dtype))
     flat = src.reshape([src.numel]) if src.shape else src.reshape([1])
     dtype = flat.dtype
     check: ir.Expr | None = None
