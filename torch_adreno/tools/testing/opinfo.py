@@ -75,6 +75,7 @@ FUNCTIONAL = {
     "nn.functional.adaptive_avg_pool1d": "_adaptive_avg_pool2d", "nn.functional.adaptive_max_pool1d":
     "adaptive_max_pool2d", "nn.functional.avg_pool1d": "avg_pool2d", "nn.functional.conv_transpose3d": "convolution",
     "nn.functional.pad.constant": "constant_pad_nd", "argsort": "sort", "msort": "sort",
+    "index_add": "index_put",
 }
 
 #: Random ops: our generator is Philox on the device, not eager's, so their samples cannot be
