@@ -254,3 +254,18 @@ def test_aten_grouped_mm_in_bfloat16(form):
     prof = assert_matches_eager(lambda a, b: torch._grouped_mm(a, b, offs=grouped), a, b, grad=False, rtol=1.6e-2,
                                 atol=1e-5)
     assert "aten._grouped_mm.default" in _launched_ops(prof)
+
+
+def test_a_loss_with_shapes_of_tensor_values_is_refused_clearly():
+    """Any loss whose shapes are tensor values (a boolean mask's selection) stops with a clear
+    error naming the line."""
+    model = torch.nn.Linear(4, 4)
+
+    def positive_mean(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = m(x)
+        return out[out > 0].mean()
+
+    step = torch_adreno.TrainingStep(model, positive_mean, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(UnsupportedOpError, match="depends on tensor values") as caught:
+        step(torch.randn(3, 4))
+    assert "test_moe.py" in str(caught.value) and "out[out > 0]" in str(caught.value), str(caught.value)

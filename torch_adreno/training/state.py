@@ -108,8 +108,10 @@ def data_dependent_loss_error(err: BaseException, model: torch.nn.Module) -> Exc
     if not _is_data_dependent(err):
         return None
     where = _where(err)
-    head = (f"TrainingStep: the loss does not compile into one graph of static shapes: "
-            f"{str(err).strip().splitlines()[0]}" + (f"\n  from your code: {where}" if where else "") + "\n")
+    # (Dynamo's own advice, to annotate with torch._check, cannot give a value a static size)
+    reason = str(err).strip().splitlines()[0].replace("Consider annotating your code using torch._check*(). ", "")
+    head = (f"TrainingStep: the loss does not compile into one graph of static shapes, a loop count or a shape "
+            f"depends on tensor values ({reason.strip()})" + (f"\n  from your code: {where}" if where else "") + "\n")
     experts = _eager_experts(model)
     if experts:
         shown = ", ".join(experts[:3]) + (", ..." if len(experts) > 3 else "")
