@@ -212,8 +212,10 @@ def _as_strided_scatter(ctx: LoweringContext, node: Node, x: Value, src: Value, 
     return ctx.pointwise(out.shape, out.dtype, body)
 
 
-#: scatter_reduce's reductions: the IR reduction over the sources aimed at an element.
+#: scatter_reduce's reductions: the IR reduction over the sources aimed at an element...
 _SCATTER_REDUCTIONS = {"sum": "sum", "mean": "sum", "prod": "prod", "amax": "max", "amin": "min"}
+#: ...and the IR op folding the element's own value into it (include_self).
+_COMBINE_WITH_SELF = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 
 def _neutral(reduce_op: str, dtype: ir.DType) -> ir.Expr:
@@ -272,11 +274,9 @@ def _scatter_reduce(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: V
 
     def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
         own = ir.cast(base_1d.load(i), compute)
-        value = reduced.load(i)
+        value: ir.Expr = reduced.load(i)
         if include_self:
-            value = {"sum": lambda: ir.call("add", own, value), "prod": lambda: ir.call("mul", own, value),
-                     "max": lambda: ir.call("maximum", own, value),
-                     "min": lambda: ir.call("minimum", own, value)}[reduce_op]()
+            value = ir.call(_COMBINE_WITH_SELF[reduce_op], own, value)
         n = count.load(i)
         if reduce == "mean":
             total = ir.cast(ir.call("add", n, ir.const(int(include_self), ir.DType.I64)), compute)
