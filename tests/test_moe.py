@@ -134,6 +134,31 @@ def test_trains_through_torch_compile_like_eager(name):
     _assert_trained_like_eager(losses, model, eager_losses, eager, start)
 
 
+@pytest.mark.slow
+def test_bfloat16_weights_train_through_aten_grouped_mm():
+    """bfloat16 weights take torch's own grouped product (``aten._grouped_mm``, forward and the
+    backward's other forms) instead of transformers' custom op: losses within bfloat16's
+    precision of eager bfloat16 training, replayed."""
+    torch.manual_seed(0)
+    model = _mixtral().to(torch.bfloat16)
+    eager = copy.deepcopy(model)
+    opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    eager_losses = []
+    for x, y in _batches()[:4]:
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(eager, x, y)
+        loss.backward()
+        opt.step()
+        eager_losses.append(loss.item())
+    step = torch_adreno.TrainingStep(model, _loss, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    with torch_adreno.profile() as prof:
+        losses = [float(step(x, y)) for x, y in _batches()[:4]]
+    assert step.replayed_steps == 2
+    assert "aten._grouped_mm.default" in _launched_ops(prof)
+    for ours, theirs in zip(losses, eager_losses, strict=True):
+        assert abs(ours - theirs) <= 1e-2 * abs(theirs), (losses, eager_losses)
+
+
 def test_the_eager_experts_loop_is_refused_clearly():
     """transformers' "eager" experts loop has shapes that are tensor values: TrainingStep names the
     line and the implementations that have static shapes."""
