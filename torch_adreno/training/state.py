@@ -72,11 +72,9 @@ def recompile_limit_message(stage: str, signatures: list[Hashable]) -> str:
 
 
 def _is_data_dependent(err: BaseException) -> bool:
-    """Whether Dynamo stopped on a shape or a loop count that depends on tensor values."""
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    if isinstance(err, GuardOnDataDependentSymNode):
-        return True
+    """Whether Dynamo stopped on a shape or a loop count that depends on tensor values: a guard on
+    an unbacked size (a UserError) or, under ``fullgraph``, the graph break of an op whose output
+    shape does (Unsupported)."""
     text = str(err)
     return isinstance(err, torch._dynamo.exc.UserError | torch._dynamo.exc.Unsupported) and (
         "data-dependent" in text or "Dynamic shape operator" in text)
