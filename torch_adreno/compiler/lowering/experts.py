@@ -10,20 +10,20 @@ path calls for float32 and float16 weights). Both are lowered here; the custom o
 
 The group sizes are tensor values while kernels are compiled for static shapes, so each product is
 one ordinary GEMM whose operand is masked by group: a row's group is the number of group ends at or
-before it (rows past the last end belong to none and come out 0, where eager leaves them
-uninitialised), and
+before it (rows past the last end belong to none and come out 0, as transformers' op makes them;
+torch's CPU kernel leaves them uninitialised), and
 
 * rows by group (``[S, K] x [E, K, N] -> [S, N]``): the reduction runs over ``E * K``, the row's
   input placed in its group's K slice and zeros elsewhere, against the stacked expert matrices read
-  in place;
+  in place (columns by group, ``[E, M, K] x [K, N] -> [M, N]``, likewise);
 * per group sums (``[M, T] x [T, N] -> [E, M, N]``, the expert weight gradient): one GEMM per
   group, each over all ``T`` rows, the rows of other groups zeroed.
 
 The arithmetic is therefore ``E`` times the grouped product's (every row meets every expert, the
 others as zeros), in the template's tiles, with nothing materialised beyond the result: the cost a
 few experts afford (a Mixtral's 8), where a many-expert model (64 or 128 experts) wants a grouped
-kernel that skips the other groups' tiles, which this backend does not have yet. The sums are
-exact in order (a zero added is exact), so the results equal the per-group products'.
+kernel that skips the other groups' tiles, which this backend does not have yet. The zeros change
+no rounding: each result is its group's product, summed in the template's order.
 """
 
 from __future__ import annotations
