@@ -295,3 +295,24 @@ def test_a_loss_with_shapes_of_tensor_values_is_refused_clearly():
     with pytest.raises(UnsupportedOpError, match="depends on tensor values") as caught:
         step(torch.randn(3, 4))
     assert "test_moe.py" in str(caught.value) and "out[out > 0]" in str(caught.value), str(caught.value)
+
+
+def test_aten_grouped_mm_gradients():
+    """The backward of ``torch._grouped_mm`` (rows by group) is ``_grouped_mm`` in its other forms:
+    gradients against per-group products in float32, within bfloat16's precision (eager's CPU
+    kernel has no backward for these operands)."""
+    ends = [2, 5, 8]
+    offs = torch.tensor(ends, dtype=torch.int32)
+    a, b = torch.randn(8, 8).bfloat16(), torch.randn(3, 8, 16).bfloat16()
+    weights = torch.linspace(0.5, 1.5, 8 * 16).reshape(8, 16)
+    ours_a, ours_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    with torch_adreno.profile() as prof:
+        out = torch.compile(lambda a, b: torch._grouped_mm(a, b, offs=offs), backend="adreno", fullgraph=True)(
+            ours_a, ours_b)
+        (out.float() * weights).sum().backward()
+    assert_ran_on_device(prof, ["forward", "backward"])
+    exact_a, exact_b = a.float().requires_grad_(), b.float().requires_grad_()
+    rows = [exact_a[start:end] @ exact_b[e] for e, (start, end) in enumerate(zip([0, *ends], ends, strict=False))]
+    (torch.cat(rows) * weights).sum().backward()
+    torch.testing.assert_close(ours_a.grad.float(), exact_a.grad, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(ours_b.grad.float(), exact_b.grad, rtol=1.6e-2, atol=1e-2)
