@@ -140,7 +140,7 @@ def test_unknown_device_through_torch_compile():
 
 
 def _uses_unsupported_op(x):
-    return torch.sort(x, 0).values * 2  # the line the error must point at
+    return torch.kthvalue(x, 2, 0).values * 2  # the line the error must point at
 
 
 @pytest.mark.device
@@ -149,8 +149,8 @@ def test_unsupported_op_error_names_op_node_and_source_line():
     with pytest.raises(torch_adreno.UnsupportedOpError) as info:
         compiled(torch.randn(5))
     message = str(info.value)
-    assert "aten.sort.default" in message
-    assert "FX node 'sort'" in message
+    assert "aten.kthvalue.default" in message
+    assert "FX node 'kthvalue'" in message
     assert "test_backend.py" in message and "the line the error must point at" in message
     assert "options={'fallback': 'host'}" in message
 
@@ -159,21 +159,24 @@ def test_unsupported_op_error_names_op_node_and_source_line():
 def test_host_fallback_runs_warns_once_and_is_counted():
     from torch_adreno.compiler.lowering import _warned_host_ops
 
-    _warned_host_ops.discard("aten.sort.default")
+    _warned_host_ops.discard("aten.kthvalue.default")
     x = torch.randn(6, 3, requires_grad=True)
     compiled = torch.compile(_uses_unsupported_op, backend="adreno", options={"fallback": "host"})
-    with pytest.warns(UserWarning, match=r"aten\.sort\.default runs on the host"), torch_adreno.profile() as prof:
+    with pytest.warns(UserWarning, match=r"aten\.kthvalue\.default runs on the host"), torch_adreno.profile() as prof:
         out = compiled(x)
         out.sum().backward()
-    torch.testing.assert_close(out, _uses_unsupported_op(x.detach()))
-    torch.testing.assert_close(x.grad, torch.full((6, 3), 2.0))
-    assert "aten.sort.default" in prof.host_fallback_ops
+    reference = x.detach().clone().requires_grad_()
+    expected = _uses_unsupported_op(reference)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected.detach())
+    torch.testing.assert_close(x.grad, reference.grad)
+    assert "aten.kthvalue.default" in prof.host_fallback_ops
     assert prof.transfer_bytes("d2h", "host_fallback") > 0
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.compile(_uses_unsupported_op, backend="adreno", options={"fallback": "host"})(torch.randn(6, 3))
-    assert not [w for w in caught if "aten.sort" in str(w.message)], "the fallback warning repeats"
+    assert not [w for w in caught if "aten.kthvalue" in str(w.message)], "the fallback warning repeats"
 
 
 def test_mode_argument_is_rejected():

@@ -16,6 +16,10 @@ parameters are untouched); a replayed TrainingStep enqueues the whole step befor
 so its optimizer has already updated the parameters with that step's invalid gradients. An
 error is never lost: until a read finds the record clean, every wait point reads it again.
 
+The record also carries checks of values that are not indices (``ir.IndexCheck.value_message``):
+``_assert_async`` (``one_hot``'s class range) and a ``histc`` range taken from data that is not
+finite. They are raised the same way, as eager's RuntimeError with eager's message.
+
 Invariant: a token is never 0 (0 marks a clean record); each token names one (graph, kernel).
 """
 
@@ -35,7 +39,8 @@ RECORD_INTS = 4
 
 
 class DeviceIndexOutOfRange(Exception):
-    """An index a kernel read from a tensor was out of range (raised as eager's type, below)."""
+    """An index a kernel read from a tensor was out of range, or a value a kernel checked failed
+    its check (raised as eager's type, below)."""
 
 
 class DeviceIndexError(DeviceIndexOutOfRange, IndexError):
@@ -43,7 +48,7 @@ class DeviceIndexError(DeviceIndexOutOfRange, IndexError):
 
 
 class DeviceIndexRuntimeError(DeviceIndexOutOfRange, RuntimeError):
-    """Where eager raises ``RuntimeError`` (gather, scatter, scatter_add)."""
+    """Where eager raises ``RuntimeError`` (gather, scatter, scatter_add; value checks)."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,10 @@ class IndexErrorRecord:
         detail = (f"index {value} is out of bounds for dimension {check.dim} with size {check.size} "
                   f"(valid: {low} to {check.size - 1})")
         head = f"{check.eager_message}: {detail}" if check.eager_message else detail
-        message = (f"{head}, in {where}. Found on the device, where the index was replaced by 0: the results of "
+        found = "Found on the device, where the index was replaced by 0"
+        if check.value_message is not None:
+            head, found = check.value_message, "Found on the device"
+        message = (f"{head}, in {where}. {found}: the results of "
                    f"this call are invalid and were not returned (in a replayed TrainingStep the step's "
                    f"optimizer update was already applied; restore the parameters from a checkpoint).")
         cls: type[Exception] = DeviceIndexError if check.error == "IndexError" else DeviceIndexRuntimeError

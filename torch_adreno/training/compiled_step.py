@@ -24,7 +24,7 @@ from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.gradients import gradient_clipper
 from torch_adreno.training.pieces import CompiledFunction, LossInPieces
 from torch_adreno.training.scaler import DeviceGradScaling
-from torch_adreno.training.state import recompile_limit_message
+from torch_adreno.training.state import data_dependent_loss_error, recompile_limit_message
 
 
 def _with_scaled(loss: torch.Tensor, accumulation: GradientAccumulation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,6 +38,7 @@ class CompiledStep:
                  params: list[torch.nn.Parameter], options: Mapping[str, Any], accumulation: GradientAccumulation,
                  max_grad_norm: float | None, norm_type: float, grad_scaler: torch.amp.GradScaler | None) -> None:
         self._params = params
+        self._model = model
         self._loss_gradients: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
         self.accumulation = accumulation
         # Accumulating, the compiled loss also returns the loss scaled for the backward.
@@ -108,6 +109,11 @@ class CompiledStep:
                     self._step()
             except torch._dynamo.exc.FailOnRecompileLimitHit as err:
                 raise RuntimeError(recompile_limit_message(stage, signatures)) from err
+            except torch._dynamo.exc.TorchDynamoException as err:
+                clear = data_dependent_loss_error(err, self._model) if stage == "loss" else None
+                if clear is None:
+                    raise
+                raise clear from err
         # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
         updated = [p for p in self._params if p.grad is not None] if step.defers and not residency.zero_copy \
             and stepped else []

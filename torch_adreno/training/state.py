@@ -69,3 +69,56 @@ def recompile_limit_message(stage: str, signatures: list[Hashable]) -> str:
     return prefix + ("Usual causes: many optimizers in one process (call torch._dynamo.reset() between training "
                      "runs) or a hyperparameter changed as a Python float, each new value a recompile (a scheduler "
                      "changing lr or momentum: give the optimizer a tensor lr; do not cycle a float momentum)")
+
+
+def _is_data_dependent(err: BaseException) -> bool:
+    """Whether Dynamo stopped on a shape or a loop count that depends on tensor values: a guard on
+    an unbacked size (a UserError) or, under ``fullgraph``, the graph break of an op whose output
+    shape does (Unsupported)."""
+    text = str(err)
+    return isinstance(err, torch._dynamo.exc.UserError | torch._dynamo.exc.Unsupported) and (
+        "data-dependent" in text or "Dynamic shape operator" in text)
+
+
+def _where(err: BaseException) -> str:
+    """The innermost user frame Dynamo was tracing when it stopped: 'file:line: code'."""
+    stack = getattr(err, "real_stack", None)
+    if not stack:
+        return ""
+    frame = stack[-1]
+    return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+
+
+def _eager_experts(model: torch.nn.Module) -> list[str]:
+    """Modules of ``model`` running transformers' loop over experts (``experts_implementation``
+    "eager"): recognised by the attributes transformers' ``use_experts_implementation`` gives them."""
+    return [name for name, module in model.named_modules()
+            if hasattr(module, "_is_expert_parallel")
+            and getattr(getattr(module, "config", None), "_experts_implementation", None) == "eager"]
+
+
+def data_dependent_loss_error(err: BaseException, model: torch.nn.Module) -> Exception | None:
+    """A clear error for a loss Dynamo cannot trace into one graph because a shape or a loop count
+    depends on tensor values (``nonzero``, ``torch.where(mask)``, a loop over a tensor's entries),
+    with what to do; None for other errors."""
+    from torch_adreno.errors import UnsupportedOpError
+
+    if not _is_data_dependent(err):
+        return None
+    where = _where(err)
+    # (Dynamo's own advice, to annotate with torch._check, cannot give a value a static size)
+    reason = str(err).strip().splitlines()[0].replace("Consider annotating your code using torch._check*(). ", "")
+    head = (f"TrainingStep: the loss does not compile into one graph of static shapes, a loop count or a shape "
+            f"depends on tensor values ({reason.strip()})" + (f"\n  from your code: {where}" if where else "") + "\n")
+    experts = _eager_experts(model)
+    if experts:
+        shown = ", ".join(experts[:3]) + (", ..." if len(experts) > 3 else "")
+        return UnsupportedOpError(
+            head + f"Cause: {shown} run transformers' experts_implementation='eager', which loops over the experts "
+            "that received tokens and gathers each one's tokens with torch.where(mask): how many there are is a "
+            "tensor value, a different shape at every step. How to proceed: use transformers' default grouped "
+            "implementation, model.set_experts_implementation('grouped_mm') (or from_pretrained(..., "
+            "experts_implementation='grouped_mm')), or 'batched_mm': both have static shapes and run on the device")
+    return UnsupportedOpError(
+        head + "How to proceed: give the computation fixed sizes (a mask multiplied in instead of the elements it "
+        "selects, padding to a bound), or compute such sizes outside the loss function")

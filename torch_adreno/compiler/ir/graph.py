@@ -30,7 +30,9 @@ class IndexCheck:
 
     ``error`` is the exception type eager PyTorch raises there ("IndexError" or "RuntimeError");
     ``eager_message`` is eager's wording when it does not name the value (embedding: "index out of
-    range in self"), else None."""
+    range in self"), else None. ``value_message``: a check of a value that is not an index (a
+    ``histc`` range taken from the data, which must be finite) reports eager's wording alone, with
+    no index or dimension in it."""
 
     origin: Origin
     dim: int
@@ -38,6 +40,7 @@ class IndexCheck:
     wraps: bool
     error: str
     eager_message: str | None = None
+    value_message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -257,13 +260,18 @@ class Graph:
     #: only, computed here in float32 (``lowering.context.ir_dtype``); the caller converts them.
     float64_inputs: set[str] = field(default_factory=set)
     float64_outputs: set[int] = field(default_factory=set)
+    #: Buffers written only so that the kernel writing them runs: device-side assertions
+    #: (``_assert_async``, a check through the index error record) whose value nothing reads. Kept
+    #: as outputs are (stored, live to the end), never returned.
+    effects: list[str] = field(default_factory=list)
 
     def input_buffers(self) -> set[str]:
         return {b for b in self.inputs if b is not None}
 
     def output_buffers(self) -> set[str]:
-        """Buffers whose values leave the graph: its outputs and the new values of mutated inputs."""
-        return {o.buffer for o in self.outputs if o.buffer is not None} | set(self.mutations.values())
+        """Buffers whose values leave the graph or must be computed: its outputs, the new values of
+        mutated inputs and its :attr:`effects`."""
+        return {o.buffer for o in self.outputs if o.buffer is not None} | set(self.mutations.values()) | set(self.effects)
 
     def producers(self) -> dict[str, Node]:
         return {out: n for n in self.nodes for out in node_outputs(n)}
@@ -307,6 +315,8 @@ def format_graph(graph: Graph) -> str:
         lines.append(f"  random seed {seed} (drawn per call)")
     for name in graph.constants:
         lines.append(f"  constant {name} (bound by the runtime)")
+    for name in graph.effects:
+        lines.append(f"  effect {name} (computed for its check)")
     for pos, out in enumerate(graph.outputs):
         reshaped = f" viewed as {list(out.shape)}" if out.shape is not None else ""
         lines.append(f"  output {pos}: {out.buffer}{reshaped} ({out.role.value})")

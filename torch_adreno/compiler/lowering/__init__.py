@@ -20,22 +20,26 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torch_adreno.compiler import ir
 from torch_adreno.compiler.lowering import (  # noqa: F401  (registers)
+    assertions,
     attention,
     conv,
+    experts,
+    histogram,
     linalg,
     pointwise,
     pooling,
     random,
     reduction,
     scatter,
+    sorting,
     views,
 )
 from torch_adreno.compiler.lowering.checks import check_like_eager
 from torch_adreno.compiler.lowering.context import (
-    LOWERINGS,
     LoweringContext,
     Value,
     ir_dtype,
+    lowering_for,
     supported_ops,
     user_source,
 )
@@ -126,7 +130,7 @@ def _lower_call(ctx: LoweringContext, node: Node, env: dict[Node, Value]) -> Val
     check_like_eager(node, ctx.graph.name)
     args = tree_map(lambda a: env[a] if isinstance(a, Node) else a, node.args)
     kwargs = tree_map(lambda a: env[a] if isinstance(a, Node) else a, dict(node.kwargs))
-    lowering = LOWERINGS.get(node.target)
+    lowering = lowering_for(node.target)
     val = node.meta.get("val")
     elsewhere = [v.device for v in tree_flatten(val)[0] if isinstance(v, torch.Tensor) and v.device.type != "cpu"]
     if elsewhere:

@@ -27,6 +27,10 @@ Value = ir.View | tuple[Any, ...] | int | float | bool | None
 Lowering = Callable[..., Value]
 
 LOWERINGS: dict[Any, Lowering] = {}
+#: Lowerings of ops other libraries define (``torch.library`` custom ops), by the overload's name
+#: (``transformers.grouped_mm_fallback.default``): the op exists only once its library is imported,
+#: which the backend does not do itself.
+LOWERINGS_BY_NAME: dict[str, Lowering] = {}
 
 _TORCH_TO_IR = TORCH_TO_IR
 
@@ -44,8 +48,30 @@ def register(*ops: Any) -> Callable[[Lowering], Lowering]:
     return wrap
 
 
+def register_by_name(*names: str) -> Callable[[Lowering], Lowering]:
+    """Register a lowering for custom ops of other libraries, by overload name (see
+    :data:`LOWERINGS_BY_NAME`)."""
+
+    def wrap(fn: Lowering) -> Lowering:
+        for name in names:
+            if name in LOWERINGS_BY_NAME:
+                raise RuntimeError(f"two lowerings registered for {name}")
+            LOWERINGS_BY_NAME[name] = fn
+        return fn
+
+    return wrap
+
+
+def lowering_for(target: Any) -> Lowering | None:
+    """The lowering of an FX node's target, or None."""
+    found = LOWERINGS.get(target)
+    if found is None and isinstance(target, torch._ops.OpOverload):
+        found = LOWERINGS_BY_NAME.get(str(target))
+    return found
+
+
 def supported_ops() -> list[str]:
-    return sorted(str(op) for op in LOWERINGS)
+    return sorted([str(op) for op in LOWERINGS] + list(LOWERINGS_BY_NAME))
 
 
 def ir_dtype(dtype: torch.dtype, what: str = "tensor", numel: int | None = None) -> ir.DType:

@@ -60,3 +60,22 @@ def index_rule(node: Node) -> tuple[bool, str]:
     if name in NON_WRAPPING_INDEX_OPS:
         return False, NON_WRAPPING_INDEX_OPS[name]
     return True, "IndexError"
+
+
+def value_check(ctx: LoweringContext, failed: ir.Expr, error: str, eager_message: str) -> ir.Expr:
+    """An index expression that is always 0 and, where ``failed`` (a boolean) is true, reports
+    ``eager_message`` as eager's ``error`` type at the host's next wait: a check of a value that is
+    not an index, through the index error record. Add it to a value that is always computed (with
+    :func:`always_zero`) so that the check is evaluated."""
+    check = ir.IndexCheck(ctx.origins[0], 0, 1, False, error, value_message=eager_message)
+    checks = ctx.graph.index_checks
+    if check not in checks:
+        checks.append(check)
+    return ir.call("checked_index", ir.cast(failed, ir.DType.I64), ir.index(1), ir.index(checks.index(check)),
+                   ir.index(0))
+
+
+def always_zero(check: ir.Expr, dtype: ir.DType) -> ir.Expr:
+    """0 of ``dtype``, computed from ``check`` (a checked index, never negative) so that nothing
+    folds the check away."""
+    return ir.cast(ir.call("lt", check, ir.index(0)), dtype)

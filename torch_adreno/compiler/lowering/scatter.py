@@ -210,3 +210,78 @@ def _as_strided_scatter(ctx: LoweringContext, node: Node, x: Value, src: Value, 
         return ir.where(inside, ir.cast(values.load(pos), out.dtype), base.load(i))
 
     return ctx.pointwise(out.shape, out.dtype, body)
+
+
+#: scatter_reduce's reductions: the IR reduction over the sources aimed at an element...
+_SCATTER_REDUCTIONS = {"sum": "sum", "mean": "sum", "prod": "prod", "amax": "max", "amin": "min"}
+#: ...and the IR op folding the element's own value into it (include_self).
+_COMBINE_WITH_SELF = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
+
+
+def _neutral(reduce_op: str, dtype: ir.DType) -> ir.Expr:
+    """The value a source that misses an element contributes to its reduction."""
+    if reduce_op == "sum":
+        return ir.const(0, dtype)
+    if reduce_op == "prod":
+        return ir.const(1, dtype)
+    low = reduce_op == "max"
+    if dtype.is_float:
+        return ir.const(float("-inf") if low else float("inf"), dtype)
+    if dtype is ir.DType.BOOL:
+        return ir.const(not low, dtype)
+    bits = 8 * dtype.itemsize
+    if dtype is ir.DType.U8:
+        return ir.const(0 if low else 255, dtype)
+    return ir.const(-(2 ** (bits - 1)) if low else 2 ** (bits - 1) - 1, dtype)
+
+
+@register(aten.scatter_reduce.two)
+def _scatter_reduce(ctx: LoweringContext, node: Node, x: Value, dim: int, idx: Value, src: Value, reduce: str, *,
+                    include_self: bool = True) -> Value:
+    """``out = x`` with each element aimed at by ``idx`` along ``dim`` replaced by the reduction
+    ("sum", "prod", "mean", "amax", "amin") of the sources aimed at it, and of its own value where
+    ``include_self``. A mean divides by the number of values reduced (integers: rounding down)."""
+    if reduce not in _SCATTER_REDUCTIONS:
+        raise LoweringError(f"{node.name}: scatter_reduce with reduce={reduce!r} (expected one of "
+                            f"{', '.join(_SCATTER_REDUCTIONS)})")
+    base, index_view, values = tensor_arg(x, node.name), tensor_arg(idx, node.name), tensor_arg(src, node.name)
+    out = ctx.meta()
+    if not math.prod(index_view.shape):
+        return ctx.pointwise(out.shape, out.dtype, lambda i: ir.cast(base.load(i), out.dtype))
+    reduce_op = _SCATTER_REDUCTIONS[reduce]
+    compute = out.dtype.compute
+    shape = out.shape or (1,)
+    # (A 0-dim scatter is one of a single element: every index must be 0.)
+    base_1d = base if out.shape else base.reshape([1])
+    index_1d = index_view if index_view.shape else index_view.reshape([1])
+    values_1d = values if values.shape else values.reshape([1])
+    dim = dim % len(shape)
+    n_sources = index_1d.shape[dim]
+
+    def hit(i: tuple[ir.Expr, ...], j: ir.Expr) -> tuple[ir.Expr, list[ir.Expr]]:
+        return _index_dim_hits(ctx, index_1d, shape, dim, i, j)
+
+    def contribution(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+        cond, pos = hit(i, r[0])
+        return ir.where(cond, ir.cast(values_1d.load(pos), compute), _neutral(reduce_op, compute))
+
+    def counted(i: tuple[ir.Expr, ...], r: tuple[ir.Expr, ...]) -> ir.Expr:
+        cond, _ = hit(i, r[0])
+        return ir.cast(cond, ir.DType.I64)
+
+    reduced = ctx.reduction(shape, (n_sources,), reduce_op, compute, contribution)
+    count = ctx.reduction(shape, (n_sources,), "sum", ir.DType.I64, counted)
+
+    def body(i: tuple[ir.Expr, ...]) -> ir.Expr:
+        own = ir.cast(base_1d.load(i), compute)
+        value: ir.Expr = reduced.load(i)
+        if include_self:
+            value = ir.call(_COMBINE_WITH_SELF[reduce_op], own, value)
+        n = count.load(i)
+        if reduce == "mean":
+            total = ir.cast(ir.call("add", n, ir.const(int(include_self), ir.DType.I64)), compute)
+            value = ir.call("floordiv" if not compute.is_float else "div", value, total)
+        return ir.where(ir.call("gt", n, ir.const(0, ir.DType.I64)), value, own)
+
+    result = ctx.pointwise(shape, out.dtype, body)
+    return result if out.shape else result.reshape([])

@@ -74,7 +74,8 @@ FUNCTIONAL = {
     "nn.functional.l1_loss": "abs", "nn.functional.softsign": "abs", "nn.functional.logsigmoid": "log1p",
     "nn.functional.adaptive_avg_pool1d": "_adaptive_avg_pool2d", "nn.functional.adaptive_max_pool1d":
     "adaptive_max_pool2d", "nn.functional.avg_pool1d": "avg_pool2d", "nn.functional.conv_transpose3d": "convolution",
-    "nn.functional.pad.constant": "constant_pad_nd",
+    "nn.functional.pad.constant": "constant_pad_nd", "argsort": "sort", "msort": "sort",
+    "index_add": "index_put",
 }
 
 #: Random ops: our generator is Philox on the device, not eager's, so their samples cannot be
@@ -111,9 +112,15 @@ _DTYPE_INDEPENDENT: dict[tuple[str, int | None], str] = {
                                   "with a LoweringError (only contiguous strides are supported)") for i in (2, 3, 5)},
     ("empty_strided", None): "as in float32: Dynamo cannot trace the sample (pybind11 constructor), under any backend",
 }
+#: 16-bit samples with equal values among those sorted or selected: the values match eager's, the
+#: indices of equal values do not (ours: by position, as ``sort(stable=True)``; eager's unstable sort
+#: and topk: as its C++ library's introselect leaves them, which nothing specifies).
+_TIES = ("equal values (a 16-bit sample of random numbers has many): values as eager's; the indices of equal "
+         "values by position (stable), eager's as its unstable C++ selection leaves them")
 HALF_EXPECTED_FAILURES: dict[torch.dtype, dict[tuple[str, int | None], str]] = {
-    torch.float16: dict(_DTYPE_INDEPENDENT),
-    torch.bfloat16: dict(_DTYPE_INDEPENDENT),
+    torch.float16: {**_DTYPE_INDEPENDENT, ("sort", 0): _TIES, ("argsort", 0): _TIES},
+    torch.bfloat16: {**_DTYPE_INDEPENDENT, ("sort", 0): _TIES, ("argsort", 0): _TIES,
+                     **{("topk", i): _TIES for i in range(1, 7)}},
 }
 
 
