@@ -13,6 +13,7 @@ tensor values, which ``TrainingStep`` refuses with a clear error.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -159,17 +160,25 @@ def test_bfloat16_weights_train_through_aten_grouped_mm():
         assert abs(ours - theirs) <= 1e-2 * abs(theirs), (losses, eager_losses)
 
 
-def test_the_eager_experts_loop_is_refused_clearly():
-    """transformers' "eager" experts loop has shapes that are tensor values: TrainingStep names the
-    line and the implementations that have static shapes."""
+def test_the_eager_experts_loop_trains_in_pieces_and_says_how_to_replay(caplog):
+    """transformers' "eager" experts loop has shapes that are tensor values: TrainingStep trains it
+    in pieces, as torch.compile does, and its one warning names the line and the implementation
+    that is one graph."""
     torch.manual_seed(0)
     model = _mixtral()
     model.set_experts_implementation("eager")
-    step = torch_adreno.TrainingStep(model, _loss, torch.optim.AdamW(model.parameters()))
-    x, y = _batches()[0]
-    with pytest.raises(UnsupportedOpError, match="experts_implementation='eager'") as caught:
-        step(x, y)
-    message = str(caught.value)
+    eager = copy.deepcopy(model)
+    eager_opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    step = torch_adreno.TrainingStep(model, _loss, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    with caplog.at_level(logging.WARNING, logger="torch_adreno"):
+        for x, y in _batches()[:2]:
+            eager_opt.zero_grad(set_to_none=True)
+            expected = _loss(eager, x, y)
+            expected.backward()
+            eager_opt.step()
+            assert abs(float(step(x, y)) - expected.item()) <= 1e-3 * abs(expected.item())
+    assert step.replayed_steps == 0
+    (message,) = [r.getMessage() for r in caplog.records if "graph break" in r.getMessage()]
     assert "modeling_mixtral.py" in message and "set_experts_implementation('grouped_mm')" in message, message
 
 

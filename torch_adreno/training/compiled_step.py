@@ -24,7 +24,7 @@ from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.gradients import gradient_clipper
 from torch_adreno.training.pieces import CompiledFunction, LossInPieces
 from torch_adreno.training.scaler import DeviceGradScaling
-from torch_adreno.training.state import data_dependent_loss_error, recompile_limit_message
+from torch_adreno.training.state import data_dependent_loss_error, graph_break_advice, recompile_limit_message
 
 
 def _with_scaled(loss: torch.Tensor, accumulation: GradientAccumulation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +45,7 @@ class CompiledStep:
         self._loss = CompiledFunction(
             (lambda *batch: loss_fn(model, *batch)) if accumulation.count == 1 else
             (lambda *batch: _with_scaled(loss_fn(model, *batch), accumulation)), options, "the loss",
-            restart_in_pieces=True)
+            restart_in_pieces=True, advice=lambda: graph_break_advice(model))
         # Static: a hyperparameter left a float and changed (momentum, weight decay) is a recompile
         # specialised to the new value, not a float64 graph input; learning rates are tensors
         # (StepHyperparameters), read as inputs.

@@ -58,11 +58,13 @@ class CompiledFunction:
     """``fn`` compiled for the device: one graph, else pieces (see the module docstring).
     ``what`` names it in the warning ("the loss"). ``restart_in_pieces``:
     on the call that meets the break, raise :class:`LossInPieces` instead of running the pieces
-    (the caller must prepare the step for host code first); else run them at once."""
+    (the caller must prepare the step for host code first); else run them at once. ``advice``:
+    how to make it one graph again, where its owner knows a cause (added to the warning)."""
 
     def __init__(self, fn: Callable[..., Any], options: Mapping[str, Any], what: str,
-                 restart_in_pieces: bool = False) -> None:
+                 restart_in_pieces: bool = False, advice: Callable[[], str | None] = lambda: None) -> None:
         self._fn = fn
+        self._advice = advice
         self._restart = restart_in_pieces
         self._options = dict(options)
         self._what = what
@@ -79,7 +81,9 @@ class CompiledFunction:
             return self._whole(*args)
         except _GRAPH_BREAKS as err:
             where = graph_break_description(err)
-        self.pieces_reason = f"{self._what} has a graph break at {where}: it runs in pieces, the code between them on the host"
+        advice = self._advice()
+        self.pieces_reason = (f"{self._what} has a graph break at {where}: it runs in pieces, the code between them on "
+                              "the host" + (f" ({advice})" if advice else ""))
         _log.warning("TrainingStep: %s, and is not replayed", self.pieces_reason)
         self._pieces = torch.compile(self._fn, backend="adreno", options=self._options)
         if self._restart:

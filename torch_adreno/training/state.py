@@ -97,6 +97,17 @@ def _eager_experts(model: torch.nn.Module) -> list[str]:
             and getattr(getattr(module, "config", None), "_experts_implementation", None) == "eager"]
 
 
+def graph_break_advice(model: torch.nn.Module) -> str | None:
+    """How to make a loss of ``model`` one graph again, where a known cause of its break is found
+    (transformers' "eager" experts loop); None where none is."""
+    experts = _eager_experts(model)
+    if not experts:
+        return None
+    shown = ", ".join(experts[:3]) + (", ..." if len(experts) > 3 else "")
+    return (f"{shown} run transformers' experts_implementation='eager' (a shape per step): "
+            "model.set_experts_implementation('grouped_mm') is one graph and replays")
+
+
 def data_dependent_loss_error(err: BaseException, model: torch.nn.Module) -> Exception | None:
     """A clear error for a loss Dynamo cannot trace into one graph because a shape or a loop count
     depends on tensor values (``nonzero``, ``torch.where(mask)``, a loop over a tensor's entries),
