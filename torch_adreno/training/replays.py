@@ -70,6 +70,10 @@ class Replays:
     def unreplayable(self, signature: Hashable) -> str | None:
         return self._unreplayable.get(signature)
 
+    def refuse(self, reason: str) -> None:
+        """No geometry of this step is captured, for ``reason`` (reported by :attr:`reasons`)."""
+        self._unreplayable[None] = reason
+
     def add(self, signature: Hashable, build: Callable[[], Replay]) -> str | None:
         """Keep the replay ``build`` makes for ``signature``; if the capture cannot be replayed,
         remember why and return the reason."""

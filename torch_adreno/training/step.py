@@ -159,17 +159,25 @@ class TrainingStep:
         self._replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies,
                                              config.verify_memory, self.memory_limits)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
-        # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
-        self._hyperparameters = StepHyperparameters(optimizer)
+        # Hyperparameters as step inputs, during each call.
+        self._hyperparameters = StepHyperparameters(optimizer, self._compiled.update.rule
+                                                    if self._compiled.update is not None else None)
         # (removed on close: the sync hooks and the settings)
         self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), self._hyperparameters]
         self._closed = False
         self._batch_shapes: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
-        self._replay_enabled = replay and self._compiled.scaling is None  # (GradScaler steps are not replayed)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
+        #: Calls that captured a replay (one per batch geometry, unless something the step compiles
+        #: in changed: a guard failed and the geometry was captured again).
+        self.captures = 0
         self._replays = Replays(MAX_REPLAYS)
+        self._replay_enabled = replay
+        if replay and self._compiled.scaling is not None and not self._compiled.selects_on_device:
+            self._replay_enabled = False
+            self._replays.refuse(f"a GradScaler step of {type(optimizer).__name__}, whose update the step does not "
+                                 "trace itself, decides the skip of an overflowing step on the host")
 
     @property
     def remote(self) -> RemoteTraining | None:
@@ -212,14 +220,20 @@ class TrainingStep:
             self._batch_shapes[signature] = None
 
     def _name_of(self, tensor: torch.Tensor) -> str | None:
+        scaling = self._compiled.scaling
+        if scaling is not None and (name := scaling.tensors().get(id(tensor))) is not None:
+            return name
         return name_of(tensor, self.model, self.optimizer)
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        self._hyperparameters.sync()
-        loss = self._call(batch, started)
+        self._hyperparameters.enter()
+        try:
+            loss = self._call(batch, started)
+        finally:
+            self._hyperparameters.exit()
         self.stepped_optimizer = self._accumulation.steps_optimizer
         self._accumulation.advance()
         return loss
@@ -268,6 +282,7 @@ class TrainingStep:
                     recorder, loss, batch, self.model, self.optimizer, self._residency, self._memory.heap_group,
                     self._replay_options))
                 kind, reason = ("capture", reason) if refused is None else (kind, refused)
+                self.captures += kind == "capture"
                 if kind == "capture" and self._remote is not None and (captured := self._replays.latest) is not None:
                     self._remote.ship(self.export, signature, captured.recording.operations)
         if kind == "full" and signature is not None and self._replays.unreplayable(signature) is not None:
@@ -303,7 +318,7 @@ class TrainingStep:
         versions_before = self._residency.deferred_versions()
         try:
             return self._compiled.run(batch, self._residency, self._step_context, recorder,
-                                      list(self._batch_shapes))
+                                      list(self._batch_shapes), self._hyperparameters.changes)
         except BaseException:
             # Only this step ran since the records were made: its version bumps are not host edits.
             self._residency.accept_versions(versions_before)
@@ -321,7 +336,8 @@ class TrainingStep:
         Returns the ``onnx.ModelProto``."""
         from torch_adreno.export import export_step
 
-        return export_step(self, path, predict)
+        with self._hyperparameters.applied():  # (the hyperparameter inputs are named as the groups hold them)
+            return export_step(self, path, predict)
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
@@ -339,6 +355,9 @@ class TrainingStep:
             for hook in self._hooks:
                 hook.remove()
             self.synchronize()
+            update = self._compiled.update
+            for param, key in update.unstarted_state() if update is not None else ():
+                del self.optimizer.state[param][key]  # as PyTorch: no buffer before its first step ran
             if self._remote is not None:
                 self._remote.close()
 
