@@ -55,6 +55,8 @@ class CompiledStep:
         #: The update the step traces (None: the optimizer's own step() runs).
         self.update = DeviceUpdate(optimizer, rule, self.scaling is not None) if rule is not None else None
         update = self.update
+        if update is not None:
+            update.mark_state_static()  # (state made before the step: Adagrad's, a loaded checkpoint's)
 
         def optimizer_step(found_inf: torch.Tensor | None) -> None:
             if update is not None:
@@ -127,6 +129,8 @@ class CompiledStep:
                 return False
             found_inf = None
         self._step(found_inf)
+        if self.update is not None:
+            self.update.mark_state_static()
         self._optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it (LRScheduler)
         return True
 

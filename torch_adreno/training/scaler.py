@@ -6,8 +6,10 @@ with no value read by the host, so that the step is captured and replayed like a
 
 - the loss is multiplied by the scaler's scale inside the compiled loss graph;
 - after the backward one compiled graph (:func:`_unscale_and_update`) multiplies every gradient
-  by the inverse scale, in place, computes ``found_inf`` (a 0-dim bool: whether any gradient had
-  an inf or NaN, as ``_amp_foreach_non_finite_check_and_unscale_``), and updates the scale and
+  by the inverse scale, in place, writes ``found_inf`` (a 0-dim bool of the step's state, on the
+  device: whether any gradient had an inf or NaN, as ``_amp_foreach_non_finite_check_and_unscale_``;
+  state rather than an output, so that the optimizer graph reads it where the unscale wrote it,
+  in a replay too), and updates the scale and
   growth tracker with the scaler's own rule (``torch._amp_update_scale_``: back off after an
   overflow, grow after ``growth_interval`` clean steps unless the grown scale is inf), counting
   skipped steps;
@@ -33,8 +35,8 @@ import torch
 
 
 def _unscale_and_update(grads: list[torch.Tensor], scale: torch.Tensor, growth_tracker: torch.Tensor,
-                        skipped: torch.Tensor, growth_factor: float, backoff_factor: float,
-                        growth_interval: int) -> torch.Tensor:
+                        found_inf: torch.Tensor, skipped: torch.Tensor, growth_factor: float, backoff_factor: float,
+                        growth_interval: int) -> None:
     found = torch.zeros((), dtype=torch.bool)
     inverse = torch.reciprocal(scale)  # (eager takes it in float64, then float32: a power of two either way)
     for g in grads:
@@ -44,12 +46,13 @@ def _unscale_and_update(grads: list[torch.Tensor], scale: torch.Tensor, growth_t
     successful = growth_tracker + 1
     grows = (successful == growth_interval) & ~found
     grown = scale * growth_factor
-    new_scale = torch.where(found, scale * backoff_factor, torch.where(grows & ~torch.isinf(grown), grown, scale))
+    grown_finite = ~torch.isnan(grown * 0.0)  # (the scale is finite: the grown one is inf or finite)
+    new_scale = torch.where(found, scale * backoff_factor, torch.where(grows & grown_finite, grown, scale))
     new_tracker = torch.where(found | grows, torch.zeros_like(successful), successful)
     scale.copy_(new_scale)
     growth_tracker.copy_(new_tracker)
+    found_inf.copy_(found)
     skipped.add_(found.to(skipped.dtype))
-    return found
 
 
 def _scaled(loss_fn: Callable[..., torch.Tensor], model: torch.nn.Module) -> Callable[..., Any]:
@@ -77,6 +80,11 @@ class DeviceGradScaling:
         self._unscale = torch.compile(_unscale_and_update, backend="adreno", options=dict(options), dynamic=False)
         #: Steps skipped because a gradient overflowed, counted on the device.
         self.skipped = torch.zeros((), dtype=torch.int32)
+        #: Whether the last step's gradients had an inf or NaN (its update was skipped), on the device.
+        self.found_inf = torch.zeros((), dtype=torch.bool)
+        for tensor in (scaler._scale, scaler._growth_tracker, self.skipped, self.found_inf):
+            # Step state like a parameter: resident on the device (never evicted as a one-off input).
+            torch._dynamo.mark_static_address(tensor, guard=False)
 
     @property
     def skipped_steps(self) -> int:
@@ -88,7 +96,8 @@ class DeviceGradScaling:
         assert self.scaler._scale is not None and self.scaler._growth_tracker is not None
         return {id(self.scaler._scale): "the GradScaler's scale",
                 id(self.scaler._growth_tracker): "the GradScaler's growth tracker",
-                id(self.skipped): "the count of skipped GradScaler steps"}
+                id(self.skipped): "the count of skipped GradScaler steps",
+                id(self.found_inf): "the GradScaler's found_inf"}
 
     def forward(self, batch: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss and the scaled loss to call ``backward()`` on."""
@@ -97,11 +106,12 @@ class DeviceGradScaling:
 
     def unscale(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """Multiply the gradients by the inverse scale on the device and update the scale there;
-        returns ``found_inf`` (a 0-dim bool of the device)."""
+        returns :attr:`found_inf`, written on the device."""
         s = self.scaler
         assert s._scale is not None and s._growth_tracker is not None
-        return self._unscale(grads, s._scale, s._growth_tracker, self.skipped, s._growth_factor,
-                             s._backoff_factor, s._growth_interval)
+        self._unscale(grads, s._scale, s._growth_tracker, self.found_inf, self.skipped, s._growth_factor,
+                      s._backoff_factor, s._growth_interval)
+        return self.found_inf
 
     @staticmethod
     def found_on_host(found_inf: torch.Tensor) -> bool:

@@ -79,6 +79,8 @@ class DeviceUpdate:
         self.started: dict[torch.Tensor, torch.Tensor] = {
             p: torch.zeros(()) for group in optimizer.param_groups for p in group["params"]
         } if scaled and rule.first_step_differs else {}
+        for flag in self.started.values():
+            torch._dynamo.mark_static_address(flag, guard=False)  # state: resident on the device
 
     def __call__(self, found_inf: torch.Tensor | None) -> None:
         optimizer = self.optimizer
@@ -109,6 +111,16 @@ class DeviceUpdate:
                 target.copy_(value if found_inf is None else torch.where(found_inf, target, value))
         if started is not None and "momentum_buffer" in new and found_inf is not None:
             started.copy_(torch.where(found_inf, started, torch.ones_like(started)))
+
+    def mark_state_static(self) -> None:
+        """Mark every state tensor (made by a compiled update, or before the step) a static input,
+        as Dynamo marks those of an ``optimizer.step()`` it traces: the residency keeps their device
+        copies like parameters' (a one-off input's may be evicted). Called on the host, before
+        the next compilation reads them."""
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and not hasattr(value, "_dynamo_static_input_type"):
+                    torch._dynamo.mark_static_address(value, guard=False)
 
     def unstarted_state(self) -> list[tuple[torch.Tensor, str]]:
         """(parameter, key) of each state entry whose first step never ran (host values current)."""
