@@ -357,7 +357,10 @@ class TrainingStep:
             self.synchronize()
             update = self._compiled.update
             for param, key in update.unstarted_state() if update is not None else ():
-                del self.optimizer.state[param][key]  # as PyTorch: no buffer before its first step ran
+                # As PyTorch: no buffer (no state at all) before the buffer's first step ran.
+                del self.optimizer.state[param][key]
+                if not self.optimizer.state[param]:
+                    del self.optimizer.state[param]
             if self._remote is not None:
                 self._remote.close()
 

@@ -35,6 +35,9 @@ import torch
 
 from torch_adreno.training.update_rules import RULES, UpdateRule
 
+# (Imported here: an import inside the traced update would be a graph break.)
+_OPTIMIZER_MODULE = importlib.import_module("torch.optim.optimizer")
+
 
 def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` (a plain function or closure) with a code object of its own (module docstring)."""
@@ -61,9 +64,8 @@ def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule | None:
 def _step_hooks(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list[Any]]:
     """The step pre- and post-hooks ``Optimizer.step`` runs, in its order (global ones first before
     the step, last after it)."""
-    module = importlib.import_module("torch.optim.optimizer")
-    pre = [*module._global_optimizer_pre_hooks.values(), *optimizer._optimizer_step_pre_hooks.values()]
-    post = [*optimizer._optimizer_step_post_hooks.values(), *module._global_optimizer_post_hooks.values()]
+    pre = [*_OPTIMIZER_MODULE._global_optimizer_pre_hooks.values(), *optimizer._optimizer_step_pre_hooks.values()]
+    post = [*optimizer._optimizer_step_post_hooks.values(), *_OPTIMIZER_MODULE._global_optimizer_post_hooks.values()]
     return pre, post
 
 
