@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -155,7 +156,7 @@ def test_cycled_momentum_reaches_the_update() -> None:
                 sched.step()
                 seen.append(opt.param_groups[0][key])
             assert step.replayed_steps == 10
-        assert all(a != b for a, b in zip(seen, seen[1:])), f"{key} did not change every step: {seen}"
+        assert all(a != b for a, b in itertools.pairwise(seen)), f"{key} did not change every step: {seen}"
         frozen = _model()
         frozen_opt = make_opt(frozen.parameters())
         for _ in range(12):

@@ -104,7 +104,7 @@ class CompiledStep:
                 stage = "optimizer step"
                 self.accumulation.gather()
                 stepped = self.accumulation.steps_optimizer and self._optimizer_step()
-            except torch._dynamo.exc.FailOnRecompileLimitHit as err:
+            except torch._dynamo.exc.FailOnRecompileLimitHit:
                 raise RuntimeError(recompile_limit_message(stage, signatures, changes)) from None
         # (With zero-copy nothing is deferred: gradients are in host memory, any step reads them.)
         updated = [p for p in self._params if p.grad is not None] if not residency.zero_copy and stepped else []

@@ -197,6 +197,13 @@ class TrainingStep:
         return None if replay is None else replay.footprint
 
     @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps a GradScaler skipped because a gradient overflowed (0 without one);
+        counted on the device, read current from it."""
+        scaling = self._compiled.scaling
+        return 0 if scaling is None else scaling.skipped_steps
+
+    @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
         """Why the batch geometries that cannot be replayed cannot (one reason each, in the order
         they were met; empty while every captured step replays)."""

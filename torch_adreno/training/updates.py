@@ -104,7 +104,9 @@ class DeviceUpdate:
         if not state and self.rule.new_state is not None:
             state.update(self.rule.new_state(group, p, self.optimizer.defaults))
         started = self.started.get(p)
-        new = self.rule.update(group, p, p.grad, state, started if "momentum_buffer" in state else None)
+        grad = p.grad
+        assert grad is not None
+        new = self.rule.update(group, p, grad, state, started if "momentum_buffer" in state else None)
         for key, value in new.items():
             target = p if key == "param" else state.get(key)
             if target is None:  # state made at its first step (SGD's momentum buffer)
