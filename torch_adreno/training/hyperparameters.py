@@ -110,6 +110,8 @@ class StepHyperparameters:
         #: (group, key, value before the call) of everything :meth:`enter` replaced.
         self._replaced: list[tuple[dict[str, Any], str, Any]] = []
         self._warned: set[str] = set()
+        #: Nesting depth of enter() (an export inside a call enters again: only the outermost acts).
+        self._depth = 0
         #: Each change of a compiled-in setting seen, in words ("'nesterov' of group 0: False -> True").
         self.changes: list[str] = []
 
@@ -128,6 +130,9 @@ class StepHyperparameters:
 
     def enter(self) -> None:
         """Before a call: the inputs into the groups (see the module docstring)."""
+        self._depth += 1
+        if self._depth > 1:
+            return
         groups = self._optimizer.param_groups
         if len(groups) != len(self._groups) or any(a is not b for a, b in zip(groups, self._groups, strict=True)):
             self._rebuild(groups)  # new groups (load_state_dict, add_param_group)
@@ -150,6 +155,9 @@ class StepHyperparameters:
 
     def exit(self) -> None:
         """After a call: every group as it was before it."""
+        self._depth = max(self._depth - 1, 0)
+        if self._depth:
+            return
         for group, key, value in reversed(self._replaced):
             group[key] = value
         self._replaced.clear()
@@ -157,8 +165,8 @@ class StepHyperparameters:
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
         """The groups as a call sees them, inside the ``with`` block."""
-        self.enter()
         try:
+            self.enter()
             yield
         finally:
             self.exit()
@@ -188,6 +196,7 @@ class StepHyperparameters:
 
     def remove(self) -> None:
         """At ``close()``: nothing stays replaced."""
+        self._depth = min(self._depth, 1)
         self.exit()
 
 

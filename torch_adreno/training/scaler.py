@@ -58,7 +58,9 @@ def _unscale_and_update(grads: list[torch.Tensor], scale: torch.Tensor, growth_t
 def _scaled(loss_fn: Callable[..., torch.Tensor], model: torch.nn.Module) -> Callable[..., Any]:
     def scaled_loss(scale: torch.Tensor, *batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         loss = loss_fn(model, *batch)
-        return loss, loss * scale.to(loss.dtype)
+        # As GradScaler.scale: a 16-bit loss times the float32 scale stays 16-bit (and the scale is
+        # never cast: a cast of a static input would be made once, as a frozen weight's).
+        return loss, loss * scale
 
     return scaled_loss
 

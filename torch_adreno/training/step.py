@@ -236,8 +236,8 @@ class TrainingStep:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        self._hyperparameters.enter()
         try:
+            self._hyperparameters.enter()
             loss = self._call(batch, started)
         finally:
             self._hyperparameters.exit()
