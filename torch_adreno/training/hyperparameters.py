@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,14 +59,33 @@ def _as_setting(value: Any) -> Any:
 
 
 class _GroupInputs:
-    """The input tensors of one parameter group, by key (a tuple key's elements by position)."""
+    """One parameter group's inputs: a tensor per input value (a tuple key's elements by
+    position), the replacements a call makes (its plan), and what was compiled in, as last seen.
 
-    def __init__(self, keys: tuple[str, ...], zero_is_structural: frozenset[str]) -> None:
+    Invariant: while the group holds the very value objects it held at the last :meth:`plan`
+    (floats and tuples are immutable), that plan is still right and its tensors hold the values."""
+
+    def __init__(self, keys: tuple[str, ...], zero_is_structural: frozenset[str],
+                 settings_for_call: dict[str, Any]) -> None:
         self.keys = keys
         self.zero_is_structural = zero_is_structural
+        #: Values the call sets (another optimizer's foreach/capturable/fused).
+        self.settings_for_call = settings_for_call
         self._tensors: dict[tuple[str, int], torch.Tensor] = {}
         self._values: dict[tuple[str, int], float] = {}
         self._tuples: dict[str, tuple[Any, ...]] = {}
+        #: The group's keys and value objects at the last plan, and the plan: (key, value held in the call).
+        #: Per input key: (the value the group held, what the call holds instead), or _ABSENT.
+        self._held: dict[str, Any] = {}
+        self.seen_keys: tuple[str, ...] = ()
+        self.seen_values: list[Any] = []
+        self.plan: list[tuple[str, Any]] = []
+        #: What is compiled in, by key (``"zero <key>"``: whether a zero-is-structural value is zero).
+        self.compiled_in: dict[str, Any] | None = None
+
+    def holds_what_it_planned(self, group: dict[str, Any]) -> bool:
+        return len(group) == len(self.seen_values) and all(map(operator.is_, group.values(), self.seen_values)) \
+            and tuple(group) == self.seen_keys
 
     def _tensor(self, key: str, position: int, value: float) -> torch.Tensor:
         slot = (key, position)
@@ -73,8 +93,7 @@ class _GroupInputs:
         if tensor is None:
             tensor = self._tensors[slot] = torch.tensor(float(value), dtype=torch.float32)
         elif self._values[slot] != value:
-            with torch.no_grad():
-                tensor.fill_(float(value))  # a version bump: the next call uploads it
+            tensor.fill_(float(value))  # a version bump: the next call uploads it (no grad: a plain leaf)
         self._values[slot] = value
         return tensor
 
@@ -93,6 +112,33 @@ class _GroupInputs:
             return items
         return value
 
+    def make_plan(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The plan for ``group`` as it is now (input tensors filled); returns what is compiled in."""
+        changed = {key for key, value in zip(self.seen_keys, self.seen_values, strict=True)
+                   if group.get(key, _ABSENT) is not value} | (set(group) - set(self.seen_keys))
+        compiled_in = dict(self.compiled_in or {})
+        for key in changed:
+            compiled_in.pop(key, None)
+            compiled_in.pop("zero " + key, None)
+            if key not in group or key == "params":
+                continue
+            value = group[key]
+            if key not in self.keys:
+                compiled_in[key] = _as_setting(value)
+            elif key in self.zero_is_structural and _is_number(value):
+                compiled_in["zero " + key] = value == 0
+        for key in self.keys:
+            if key in changed or key not in self._held:
+                value = group.get(key, _ABSENT)
+                self._held[key] = value if value is _ABSENT else (value, self.input_for(key, value))
+        plan = list(self.settings_for_call.items())
+        plan += [(key, held[1]) for key, held in self._held.items() if held is not _ABSENT and held[1] is not held[0]]
+        self.seen_keys, self.seen_values, self.plan = tuple(group), list(group.values()), plan
+        return compiled_in
+
+
+_ABSENT = object()
+
 
 class StepHyperparameters:
     """The module docstring's inputs for ``optimizer``; ``rule``: the update the step traces (None:
@@ -103,10 +149,6 @@ class StepHyperparameters:
         self._rule = rule
         self._groups: list[dict[str, Any]] = []
         self._inputs: list[_GroupInputs] = []
-        #: Per group, values the call sets (another optimizer's foreach/capturable/fused).
-        self._settings_for_call: list[dict[str, Any]] = []
-        #: Per group, what is compiled in as last seen (see :meth:`_note_changes`).
-        self._compiled_in: list[tuple[tuple[str, Any], ...] | None] = []
         #: (group, key, value before the call) of everything :meth:`enter` replaced.
         self._replaced: list[tuple[dict[str, Any], str, Any]] = []
         self._warned: set[str] = set()
@@ -117,16 +159,13 @@ class StepHyperparameters:
 
     def _rebuild(self, groups: list[dict[str, Any]]) -> None:
         self._groups = list(groups)
-        self._inputs, self._settings_for_call, self._compiled_in = [], [], []
+        self._inputs = []
         for group in groups:
             if self._rule is not None:
-                self._inputs.append(_GroupInputs(self._rule.inputs, self._rule.zero_is_structural))
-                self._settings_for_call.append({})
+                self._inputs.append(_GroupInputs(self._rule.inputs, self._rule.zero_is_structural, {}))
             else:
                 keys = (LEARNING_RATE, BETAS) if "capturable" in group else (LEARNING_RATE,)
-                self._inputs.append(_GroupInputs(keys, frozenset()))
-                self._settings_for_call.append(_own_step_settings(group))
-            self._compiled_in.append(None)
+                self._inputs.append(_GroupInputs(keys, frozenset(), _own_step_settings(group)))
 
     def enter(self) -> None:
         """Before a call: the inputs into the groups (see the module docstring)."""
@@ -138,20 +177,15 @@ class StepHyperparameters:
             self._rebuild(groups)  # new groups (load_state_dict, add_param_group)
         replaced = self._replaced
         for index, group in enumerate(groups):
-            for key, value in self._settings_for_call[index].items():
-                replaced.append((group, key, group[key]))
-                group[key] = value
             inputs = self._inputs[index]
-            zero_flags = []
-            for key in inputs.keys:
-                value = group.get(key)
-                if key in inputs.zero_is_structural and _is_number(value):
-                    zero_flags.append(("zero " + key, value == 0))
-                held = inputs.input_for(key, value)
-                if held is not value:
-                    replaced.append((group, key, value))
-                    group[key] = held
-            self._note_changes(index, group, inputs.keys, zero_flags)
+            if not inputs.holds_what_it_planned(group):
+                compiled_in = inputs.make_plan(group)
+                if inputs.compiled_in is not None and compiled_in != inputs.compiled_in:
+                    self._note_changes(index, inputs.compiled_in, compiled_in)
+                inputs.compiled_in = compiled_in
+            for key, held in inputs.plan:
+                replaced.append((group, key, group[key]))
+                group[key] = held
 
     def exit(self) -> None:
         """After a call: every group as it was before it."""
@@ -171,24 +205,16 @@ class StepHyperparameters:
         finally:
             self.exit()
 
-    def _note_changes(self, index: int, group: dict[str, Any], input_keys: tuple[str, ...],
-                      zero_flags: list[tuple[str, bool]]) -> None:
-        """Warn (once per setting) when what is compiled into the step changed since the last call."""
-        compiled_in = (*((k, _as_setting(v)) for k, v in group.items() if k != "params" and k not in input_keys),
-                       *zero_flags)
-        before = self._compiled_in[index]
-        self._compiled_in[index] = compiled_in
-        if before is None or before == compiled_in:
-            return
-        old, new = dict(before), dict(compiled_in)
-        for key in sorted(set(old) | set(new), key=str):
+    def _note_changes(self, index: int, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Warn (once per setting) that what is compiled into the step changed since the last call."""
+        for key in sorted(set(old) | set(new)):
             if old.get(key, "(none)") == new.get(key, "(none)"):
                 continue
-            what = (f"whether {key.removeprefix('zero ')!r} of parameter group {index} is zero" if key.startswith("zero ")
+            name = key.removeprefix("zero ")
+            what = (f"whether {name!r} of parameter group {index} is zero" if key.startswith("zero ")
                     else f"{key!r} of parameter group {index}")
             change = f"{what}: {_shown(old.get(key, '(none)'))} -> {_shown(new.get(key, '(none)'))}"
             self.changes.append(change)
-            name = key.removeprefix("zero ")
             if name not in self._warned:
                 self._warned.add(name)
                 _log.warning("TrainingStep: optimizer setting %s; it is compiled into the step, which is compiled and "

@@ -51,6 +51,14 @@ def _zeros(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
+def _entry(state: State, key: str, p: torch.Tensor) -> torch.Tensor:
+    """A state entry PyTorch makes only where a setting asked for it when the state was made
+    (amsgrad, centered, momentum): where the setting was turned on later it starts from zeros, as
+    a fresh entry does (PyTorch raises a KeyError there)."""
+    value = state.get(key)
+    return _zeros(p) if value is None else value
+
+
 def _gradient(group: Group, p: torch.Tensor, g: torch.Tensor, coupled_decay: bool = True) -> torch.Tensor:
     """The gradient a rule steps on: negated when maximizing, plus ``weight_decay * p`` (coupled)."""
     g = -g if group.get("maximize", False) else g
@@ -97,7 +105,7 @@ def _adam(group: Group, p: torch.Tensor, g: torch.Tensor, state: State, started:
     step_size = lr / bias_correction1
     new: State = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if group["amsgrad"]:
-        new["max_exp_avg_sq"] = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
+        new["max_exp_avg_sq"] = torch.maximum(_entry(state, "max_exp_avg_sq", p), exp_avg_sq)
         denom = new["max_exp_avg_sq"].sqrt() / bias_correction2.sqrt() + eps
     else:
         denom = exp_avg_sq.sqrt() / bias_correction2.sqrt() + eps
@@ -123,13 +131,13 @@ def _rmsprop(group: Group, p: torch.Tensor, g: torch.Tensor, state: State, start
     new: State = {"step": state["step"] + 1}
     square_avg = new["square_avg"] = state["square_avg"] * alpha + (1 - alpha) * g * g
     if group["centered"]:
-        grad_avg = new["grad_avg"] = torch.lerp(state["grad_avg"], g, 1 - alpha)
+        grad_avg = new["grad_avg"] = torch.lerp(_entry(state, "grad_avg", p), g, 1 - alpha)
         avg = (square_avg + (-1) * grad_avg * grad_avg).sqrt()
     else:
         avg = square_avg.sqrt()
     avg = avg + eps
     if nonzero(momentum):
-        buf = new["momentum_buffer"] = state["momentum_buffer"] * momentum + g / avg
+        buf = new["momentum_buffer"] = _entry(state, "momentum_buffer", p) * momentum + g / avg
         new["param"] = p + (-group["lr"]) * buf
     else:
         new["param"] = p + (-group["lr"]) * (g / avg)
