@@ -26,6 +26,7 @@ from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.gradients import gradient_clipper
 from torch_adreno.training.scaler import DeviceGradScaling
 from torch_adreno.training.state import recompile_limit_message
+from torch_adreno.training.update_rules import UpdateRule
 from torch_adreno.training.updates import DeviceUpdate, own_code, rule_for
 
 
@@ -69,9 +70,40 @@ class CompiledStep:
         self._step = torch.compile(own_code(optimizer_step), backend="adreno", options=dict(options), dynamic=False)
 
     @property
+    def rule(self) -> UpdateRule | None:
+        """The update rule the step traces (None: the optimizer's own step() runs)."""
+        return None if self.update is None else self.update.rule
+
+    @property
     def selects_on_device(self) -> bool:
         """Whether a GradScaler's skip is decided on the device (else the host reads found_inf)."""
         return self.update is not None
+
+    @property
+    def unreplayable_reason(self) -> str | None:
+        """Why no call of this step can be replayed (None: calls can be)."""
+        if self.scaling is not None and not self.selects_on_device:
+            return (f"a GradScaler step of {type(self._optimizer).__name__}, whose update the step does not trace "
+                    "itself, decides the skip of an overflowing step on the host")
+        return None
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps a GradScaler skipped (0 without one)."""
+        return 0 if self.scaling is None else self.scaling.skipped_steps
+
+    def name_of(self, tensor: torch.Tensor) -> str | None:
+        """The name of a tensor of the step's own (the GradScaler's), for messages."""
+        return None if self.scaling is None else self.scaling.tensors().get(id(tensor))
+
+    def finish(self) -> None:
+        """At close, host copies current: state whose first step never ran is removed, as PyTorch
+        never made it (SGD's momentum buffer whose every step a GradScaler skipped)."""
+        state = self._optimizer.state
+        for param, key in self.update.unstarted_state() if self.update is not None else ():
+            del state[param][key]
+            if not state[param]:
+                del state[param]
 
     def _backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` from a gradient this step owns: autograd would make a new tensor of

@@ -28,10 +28,8 @@ captures the step again, and the first change of each setting is logged as one w
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import operator
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -196,14 +194,21 @@ class StepHyperparameters:
             group[key] = value
         self._replaced.clear()
 
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """The groups as a call sees them, inside the ``with`` block."""
+    def __enter__(self) -> StepHyperparameters:
+        """``with hyperparameters:`` the groups as a call sees them, inside the block."""
         try:
             self.enter()
-            yield
-        finally:
+        except BaseException:
             self.exit()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.exit()
+
+    def applied(self) -> StepHyperparameters:
+        """The groups as a call sees them, as a context manager (``with step._hyperparameters.applied():``)."""
+        return self
 
     def _note_changes(self, index: int, old: dict[str, Any], new: dict[str, Any]) -> None:
         """Warn (once per setting) that what is compiled into the step changed since the last call."""

@@ -121,11 +121,8 @@ class TrainingStep:
         and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
         geometry on, run the step as the launch list recorded from the step before (see
         :mod:`torch_adreno.replay.step`), not through Dynamo, AOTAutograd and autograd, while the
-        guards of :mod:`torch_adreno.replay.guards` hold. ``grad_scaler``: a
-        ``torch.amp.GradScaler("cpu")`` for float16 autocast; the step scales, unscales, skips
-        overflowing steps and updates the scale itself (:mod:`torch_adreno.training.scaler`); such
-        steps are not replayed yet (the skip is decided on the host after the backward).
-        ``accumulate``: calls per optimizer step; the gradients of ``accumulate`` micro-batches,
+        guards of :mod:`torch_adreno.replay.guards` hold. ``grad_scaler``: a ``GradScaler("cpu")`` for
+        float16 autocast, applied on the device (:mod:`torch_adreno.training.scaler`). ``accumulate``: calls per optimizer step; the gradients of ``accumulate`` micro-batches,
         each loss scaled by ``1/accumulate``, are summed on the device and the optimizer steps on
         every ``accumulate``-th call (:mod:`torch_adreno.training.accumulation`);
         :attr:`stepped_optimizer` says whether the last call did."""
@@ -160,8 +157,7 @@ class TrainingStep:
                                              config.verify_memory, self.memory_limits)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
         # Hyperparameters as step inputs, during each call.
-        self._hyperparameters = StepHyperparameters(optimizer, self._compiled.update.rule
-                                                    if self._compiled.update is not None else None)
+        self._hyperparameters = StepHyperparameters(optimizer, self._compiled.rule)
         # (removed on close: the sync hooks and the settings)
         self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), self._hyperparameters]
         self._closed = False
@@ -169,15 +165,10 @@ class TrainingStep:
         self._residency.add_namer(self._name_of)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
-        #: Calls that captured a replay (one per batch geometry, unless something the step compiles
-        #: in changed: a guard failed and the geometry was captured again).
+        #: Calls that captured a replay (one per batch geometry, more where a guard failed).
         self.captures = 0
-        self._replays = Replays(MAX_REPLAYS)
-        self._replay_enabled = replay
-        if replay and self._compiled.scaling is not None and not self._compiled.selects_on_device:
-            self._replay_enabled = False
-            self._replays.refuse(f"a GradScaler step of {type(optimizer).__name__}, whose update the step does not "
-                                 "trace itself, decides the skip of an overflowing step on the host")
+        self._replays = Replays(MAX_REPLAYS, refused=self._compiled.unreplayable_reason if replay else None)
+        self._replay_enabled = replay and self._compiled.unreplayable_reason is None
 
     @property
     def remote(self) -> RemoteTraining | None:
@@ -198,10 +189,8 @@ class TrainingStep:
 
     @property
     def skipped_steps(self) -> int:
-        """Optimizer steps a GradScaler skipped because a gradient overflowed (0 without one);
-        counted on the device, read current from it."""
-        scaling = self._compiled.scaling
-        return 0 if scaling is None else scaling.skipped_steps
+        """Optimizer steps a GradScaler skipped (a gradient overflowed), read current from the device."""
+        return self._compiled.skipped_steps
 
     @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
@@ -227,20 +216,14 @@ class TrainingStep:
             self._batch_shapes[signature] = None
 
     def _name_of(self, tensor: torch.Tensor) -> str | None:
-        scaling = self._compiled.scaling
-        if scaling is not None and (name := scaling.tensors().get(id(tensor))) is not None:
-            return name
-        return name_of(tensor, self.model, self.optimizer)
+        return self._compiled.name_of(tensor) or name_of(tensor, self.model, self.optimizer)
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        try:
-            self._hyperparameters.enter()
+        with self._hyperparameters:  # (hyperparameters as inputs during the call)
             loss = self._call(batch, started)
-        finally:
-            self._hyperparameters.exit()
         self.stepped_optimizer = self._accumulation.steps_optimizer
         self._accumulation.advance()
         return loss
@@ -343,7 +326,7 @@ class TrainingStep:
         Returns the ``onnx.ModelProto``."""
         from torch_adreno.export import export_step
 
-        with self._hyperparameters.applied():  # (the hyperparameter inputs are named as the groups hold them)
+        with self._hyperparameters:  # (hyperparameter inputs named as a call's groups hold them)
             return export_step(self, path, predict)
 
     def synchronize(self) -> int:
@@ -362,12 +345,7 @@ class TrainingStep:
             for hook in self._hooks:
                 hook.remove()
             self.synchronize()
-            update = self._compiled.update
-            for param, key in update.unstarted_state() if update is not None else ():
-                # As PyTorch: no buffer (no state at all) before the buffer's first step ran.
-                del self.optimizer.state[param][key]
-                if not self.optimizer.state[param]:
-                    del self.optimizer.state[param]
+            self._compiled.finish()
             if self._remote is not None:
                 self._remote.close()
 
