@@ -122,11 +122,8 @@ class TrainingStep:
         and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
         geometry on, run the step as the launch list recorded from the step before (see
         :mod:`torch_adreno.replay.step`), not through Dynamo, AOTAutograd and autograd, while the
-        guards of :mod:`torch_adreno.replay.guards` hold. ``grad_scaler``: a
-        ``torch.amp.GradScaler("cpu")`` for float16 autocast; the step scales, unscales, skips
-        overflowing steps and updates the scale itself (:mod:`torch_adreno.training.scaler`); such
-        steps are not replayed yet (the skip is decided on the host after the backward).
-        ``accumulate``: calls per optimizer step; the gradients of ``accumulate`` micro-batches,
+        guards of :mod:`torch_adreno.replay.guards` hold. ``grad_scaler``: a ``GradScaler("cpu")`` for
+        float16 autocast, applied on the device (:mod:`torch_adreno.training.scaler`). ``accumulate``: calls per optimizer step; the gradients of ``accumulate`` micro-batches,
         each loss scaled by ``1/accumulate``, are summed on the device and the optimizer steps on
         every ``accumulate``-th call (:mod:`torch_adreno.training.accumulation`);
         :attr:`stepped_optimizer` says whether the last call did."""
@@ -161,17 +158,19 @@ class TrainingStep:
                                              self.memory_limits,
                                              fill_uninitialized_memory=config.fill_uninitialized_memory)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
-        # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
-        self._hyperparameters = StepHyperparameters(optimizer)
+        # Hyperparameters as step inputs, during each call.
+        self._hyperparameters = StepHyperparameters(optimizer, self._compiled.rule)
         # (removed on close: the sync hooks and the settings)
         self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), self._hyperparameters]
         self._closed = False
         self._batch_shapes: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
-        self._replay_enabled = replay and self._compiled.scaling is None  # (GradScaler steps are not replayed)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
-        self._replays = Replays(MAX_REPLAYS)
+        #: Calls that captured a replay (one per batch geometry, more where a guard failed).
+        self.captures = 0
+        self._replays = Replays(MAX_REPLAYS, refused=self._compiled.unreplayable_reason if replay else None)
+        self._replay_enabled = replay and self._compiled.unreplayable_reason is None
         #: Option verify_replay: the replayed steps still to run as captured too, and compare.
         self._replay_check = ReplayCheck(config.verify_replay) if config.verify_replay else None
 
@@ -198,6 +197,11 @@ class TrainingStep:
         return 0 if self._replay_check is None else self._replay_check.checked
 
     @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps a GradScaler skipped (a gradient overflowed), read current from the device."""
+        return self._compiled.skipped_steps
+
+    @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
         """Why the batch geometries that cannot be replayed cannot (one reason each, in the order
         they were met; empty while every captured step replays)."""
@@ -221,14 +225,14 @@ class TrainingStep:
             self._batch_shapes[signature] = None
 
     def _name_of(self, tensor: torch.Tensor) -> str | None:
-        return name_of(tensor, self.model, self.optimizer)
+        return self._compiled.name_of(tensor) or name_of(tensor, self.model, self.optimizer)
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        self._hyperparameters.sync()
-        loss = self._call(batch, started)
+        with self._hyperparameters:  # (hyperparameters as inputs during the call)
+            loss = self._call(batch, started)
         self.stepped_optimizer = self._accumulation.steps_optimizer
         self._accumulation.advance()
         return loss
@@ -280,6 +284,7 @@ class TrainingStep:
             if recorder is not None and signature is not None:
                 refused = self._replays.add(signature, lambda: self._build_replay(recorder, loss, batch))
                 kind, reason = ("capture", reason) if refused is None else (kind, refused)
+                self.captures += kind == "capture"
                 if kind == "capture" and self._remote is not None and (captured := self._replays.latest) is not None:
                     self._remote.ship(self.export, signature, captured.recording.operations)
         if kind == "full" and signature is not None and self._replays.unreplayable(signature) is not None:
@@ -336,7 +341,7 @@ class TrainingStep:
         versions_before = self._residency.deferred_versions()
         try:
             return self._compiled.run(batch, self._residency, self._step_context, recorder,
-                                      list(self._batch_shapes))
+                                      list(self._batch_shapes), self._hyperparameters.changes)
         except BaseException:
             # Only this step ran since the records were made: its version bumps are not host edits.
             self._residency.accept_versions(versions_before)
@@ -354,7 +359,8 @@ class TrainingStep:
         Returns the ``onnx.ModelProto``."""
         from torch_adreno.export import export_step
 
-        return export_step(self, path, predict)
+        with self._hyperparameters:  # (hyperparameter inputs named as a call's groups hold them)
+            return export_step(self, path, predict)
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
@@ -372,6 +378,7 @@ class TrainingStep:
             for hook in self._hooks:
                 hook.remove()
             self.synchronize()
+            self._compiled.finish()
             if self._remote is not None:
                 self._remote.close()
 
