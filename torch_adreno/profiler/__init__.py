@@ -4,7 +4,8 @@ Records, while active, every kernel launch (name, FX nodes, ATen ops, module pat
 source lines, device time from OpenCL profiling events, global-memory bytes, FLOPs), every
 host<->device transfer (bytes, direction, why, copied or shared in place), every op run on the
 host by request, the memory of every compiled graph run, and a replayed TrainingStep's device
-footprint (``prof.device_footprint``)::
+footprint (``prof.device_footprint``), and the device's energy over the window where it exposes
+power (``prof.energy_joules``, ``prof.energy_per_step_joules``; :mod:`.energy`)::
 
     with torch_adreno.profile() as prof:
         loss = loss_fn(cmodel(x), y); loss.backward()
@@ -14,7 +15,8 @@ footprint (``prof.device_footprint``)::
 
 The profile collects records and keeps the totals; ``records.py`` turns launches into
 :class:`KernelRecord` s and reads their device times, ``report.py`` computes the grouped rows,
-the table and the Chrome trace from them, ``roofline.py`` measures the device's peaks.
+the table and the Chrome trace from them, ``roofline.py`` measures the device's peaks, ``energy.py``
+reads the device's energy counters.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from torch_adreno.compiler.memory.footprint import DeviceFootprint
+from torch_adreno.errors import AdrenoError
+from torch_adreno.profiler.energy import EnergyReading, Meter, Unmeasured, identity_of, not_measured, open_meter
 from torch_adreno.profiler.records import KernelRecord, resolve_kernel_times, resolve_transfer_times
 from torch_adreno.profiler.report import (
     GROUPS,
@@ -41,17 +45,21 @@ from torch_adreno.profiler.roofline import DevicePeaks, device_peaks
 from torch_adreno.runtime import events
 from torch_adreno.runtime.events import GraphRunRecord, HostOpRecord, LaunchRecord, StepRecord, TransferRecord
 
-__all__ = ["DevicePeaks", "KernelRecord", "profile"]
+__all__ = ["DevicePeaks", "EnergyReading", "KernelRecord", "profile"]
 
 
 class profile:  # named like torch.profiler.profile
     """Context manager recording launches, transfers, graph memory and host fallbacks.
 
+    ``device``: whose energy is read (as the ``device`` option takes it; None: the default device,
+    ``TORCH_ADRENO_DEVICE``); ``energy=False`` reads none. The energy window runs from entering the
+    profile to leaving it, after the device has finished the window's work.
+
     Invariant: ``_transfer_times[i]`` holds the device times of ``transfers[i]`` for each ``i`` read
     so far; kernel times are read into the records themselves. Both are read when the profile is
     left, and again by whatever needs times of records added since."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | int | None = None, energy: bool = True) -> None:
         self.kernels: list[KernelRecord] = []
         self.transfers: list[TransferRecord] = []
         self.host_ops: list[HostOpRecord] = []
@@ -63,6 +71,11 @@ class profile:  # named like torch.profiler.profile
         self._runtime: Any = None
         self.wall_time_us = 0.0
         self._start = 0.0
+        self._device = device
+        self._read_energy = energy
+        self._meter: Meter | None = None
+        #: The window's energy (:class:`~torch_adreno.profiler.energy.EnergyReading`), once left.
+        self.energy: EnergyReading = not_measured("the profile has not been left yet")
 
     # -- subscriber interface ------------------------------------------------------------------
 
@@ -84,8 +97,10 @@ class profile:  # named like torch.profiler.profile
     # -- context manager -----------------------------------------------------------------------
 
     def __enter__(self) -> profile:
+        self._meter = self._open_meter()
         events.subscribe(self)
         self._active = True
+        self._meter.start()
         self._start = time.perf_counter()
         return self
 
@@ -93,7 +108,21 @@ class profile:  # named like torch.profiler.profile
         self.wall_time_us = (time.perf_counter() - self._start) * 1e6
         events.unsubscribe(self)
         self._active = False
-        self._resolve_times()
+        self._resolve_times()  # waits for the window's launches: their energy is inside the window
+        if self._meter is not None:
+            self.energy = self._meter.stop()
+            self._meter = None
+
+    def _open_meter(self) -> Meter:
+        if not self._read_energy:
+            return Unmeasured("profile(energy=False)")
+        from torch_adreno.runtime import get_runtime
+
+        try:
+            device = get_runtime(self._device).device
+        except AdrenoError as error:  # a remote device, or none at all: no counter of this process
+            return Unmeasured(f"no OpenCL device of this process to read: {error}")
+        return open_meter(identity_of(device))
 
     def _resolve_times(self) -> None:
         resolve_kernel_times(self.kernels)
@@ -148,6 +177,35 @@ class profile:  # named like torch.profiler.profile
         ``arena_buffers``, ``largest_allocation_bytes``, ``limits``, ``describe()``); None if no
         step here was replayed or captured."""
         return next((s.footprint for s in reversed(self.steps) if s.footprint is not None), None)
+
+    @property
+    def energy_joules(self) -> float | None:
+        """The device's energy over the window, J; None when not measured (:attr:`energy_reason`)."""
+        return self.energy.joules
+
+    @property
+    def energy_source(self) -> str:
+        """What the energy was read from, or "not measured"."""
+        return self.energy.source
+
+    @property
+    def energy_per_step_joules(self) -> float | None:
+        """The window's energy over the TrainingStep calls in it; None when not measured or without
+        steps (:attr:`energy_reason` says which)."""
+        if self.energy.joules is None or not self.steps:
+            return None
+        return self.energy.joules / len(self.steps)
+
+    @property
+    def energy_reason(self) -> str | None:
+        """Why :attr:`energy_per_step_joules` is None (energy not measured, or no step in the
+        window); None when it is a number."""
+        if self.energy.joules is None:
+            return self.energy.reason
+        if not self.steps:
+            return ("no TrainingStep call in the window: energy per step needs steps (energy_joules covers the "
+                    "whole window)")
+        return None
 
     @property
     def host_fallback_ops(self) -> list[str]:
