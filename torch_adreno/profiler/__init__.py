@@ -27,8 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from torch_adreno.compiler.memory.footprint import DeviceFootprint
-from torch_adreno.errors import AdrenoError
-from torch_adreno.profiler.energy import EnergyReading, Meter, Unmeasured, identity_of, not_measured, open_meter
+from torch_adreno.profiler.energy import (
+    EnergyReading,
+    Meter,
+    Unmeasured,
+    not_measured,
+    open_device_meter,
+)
 from torch_adreno.profiler.records import KernelRecord, resolve_kernel_times, resolve_transfer_times
 from torch_adreno.profiler.report import (
     GROUPS,
@@ -97,7 +102,7 @@ class profile:  # named like torch.profiler.profile
     # -- context manager -----------------------------------------------------------------------
 
     def __enter__(self) -> profile:
-        self._meter = self._open_meter()
+        self._meter = open_device_meter(self._device) if self._read_energy else Unmeasured("profile(energy=False)")
         events.subscribe(self)
         self._active = True
         self._meter.start()
@@ -112,17 +117,6 @@ class profile:  # named like torch.profiler.profile
         if self._meter is not None:
             self.energy = self._meter.stop()
             self._meter = None
-
-    def _open_meter(self) -> Meter:
-        if not self._read_energy:
-            return Unmeasured("profile(energy=False)")
-        from torch_adreno.runtime import get_runtime
-
-        try:
-            device = get_runtime(self._device).device
-        except AdrenoError as error:  # a remote device, or none at all: no counter of this process
-            return Unmeasured(f"no OpenCL device of this process to read: {error}")
-        return open_meter(identity_of(device))
 
     def _resolve_times(self) -> None:
         resolve_kernel_times(self.kernels)

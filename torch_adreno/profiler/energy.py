@@ -23,6 +23,7 @@ charger, are each a reading of None with a sentence saying so.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -95,7 +96,7 @@ class Unmeasured:
 
 def integrate(samples: Sequence[tuple[float, float]]) -> float:
     """Joules of ``(seconds, watts)`` samples in time order, by the trapezoid rule."""
-    return sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(samples, samples[1:], strict=False))
+    return sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in itertools.pairwise(samples))
 
 
 class _Sampler:
@@ -362,3 +363,16 @@ def open_meter(identity: DeviceIdentity, nvml: Any = None, sysfs_root: Path = Pa
     if isinstance(meter, Unmeasured):
         meter.reason = f"{identity.name}: {meter.reason}"
     return meter
+
+
+def open_device_meter(device: str | int | None) -> Meter:
+    """The meter of the OpenCL device ``device`` selects (as the ``device`` option takes it); a
+    remote device, or none, is :class:`Unmeasured` (no counter of this process reads it)."""
+    from torch_adreno.errors import AdrenoError
+    from torch_adreno.runtime import get_runtime
+
+    try:
+        opencl_device = get_runtime(device).device
+    except AdrenoError as error:
+        return Unmeasured(f"no OpenCL device of this process to read: {error}")
+    return open_meter(identity_of(opencl_device))
