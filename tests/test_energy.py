@@ -26,6 +26,7 @@ from torch_adreno.profiler.energy import (
     open_battery_meter,
     open_meter,
     open_nvml_meter,
+    window_energy,
 )
 from torch_adreno.profiler.report import energy_line
 from torch_adreno.target import REFERENCE_PROFILE
@@ -197,6 +198,16 @@ def test_an_unmatched_or_unreadable_gpu_is_a_reason_not_a_number(nvml, pci, name
     assert isinstance(meter, Unmeasured)
     assert re.search(reason, meter.reason) and meter.reason.startswith(f"{name}: ")
     assert nvml.open == 0
+
+
+def test_a_window_with_remote_launches_reads_no_energy_of_this_machine():
+    """A TrainingStep on a step server reports its launches with the remote device's times: this
+    machine's counter did not see them."""
+    here = EnergyReading(12.0, "NVML total energy counter of NVIDIA H200 at 0000:17:00", None, 1.5)
+    assert window_energy(here, 0) is here
+    remote = window_energy(here, 40)
+    assert remote.joules is None and remote.seconds == 1.5
+    assert remote.reason.startswith("40 launches of the window ran on a remote device")
 
 
 def test_the_energy_line_gives_joules_per_step_or_the_reason():

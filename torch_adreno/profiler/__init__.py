@@ -29,10 +29,12 @@ from typing import Any
 from torch_adreno.compiler.memory.footprint import DeviceFootprint
 from torch_adreno.profiler.energy import (
     EnergyReading,
+    EnergyTotals,
     Meter,
     Unmeasured,
     not_measured,
     open_device_meter,
+    window_energy,
 )
 from torch_adreno.profiler.records import KernelRecord, resolve_kernel_times, resolve_transfer_times
 from torch_adreno.profiler.report import (
@@ -53,7 +55,7 @@ from torch_adreno.runtime.events import GraphRunRecord, HostOpRecord, LaunchReco
 __all__ = ["DevicePeaks", "EnergyReading", "KernelRecord", "profile"]
 
 
-class profile:  # named like torch.profiler.profile
+class profile(EnergyTotals):  # named like torch.profiler.profile
     """Context manager recording launches, transfers, graph memory and host fallbacks.
 
     ``device``: whose energy is read (as the ``device`` option takes it; None: the default device,
@@ -79,6 +81,7 @@ class profile:  # named like torch.profiler.profile
         self._device = device
         self._read_energy = energy
         self._meter: Meter | None = None
+        self._remote_launches = 0  # launches timed on a remote device: its power is not read here
         #: The window's energy (:class:`~torch_adreno.profiler.energy.EnergyReading`), once left.
         self.energy: EnergyReading = not_measured("the profile has not been left yet")
 
@@ -89,6 +92,7 @@ class profile:  # named like torch.profiler.profile
 
     def on_launch(self, record: LaunchRecord) -> None:
         self.kernels.append(KernelRecord.from_launch(record))
+        self._remote_launches += record.event is None and record.device_time_us is not None
 
     def on_transfer(self, record: TransferRecord) -> None:
         self.transfers.append(record)
@@ -115,7 +119,7 @@ class profile:  # named like torch.profiler.profile
         self._active = False
         self._resolve_times()  # waits for the window's launches: their energy is inside the window
         if self._meter is not None:
-            self.energy = self._meter.stop()
+            self.energy = window_energy(self._meter.stop(), self._remote_launches)
             self._meter = None
 
     def _resolve_times(self) -> None:
@@ -171,35 +175,6 @@ class profile:  # named like torch.profiler.profile
         ``arena_buffers``, ``largest_allocation_bytes``, ``limits``, ``describe()``); None if no
         step here was replayed or captured."""
         return next((s.footprint for s in reversed(self.steps) if s.footprint is not None), None)
-
-    @property
-    def energy_joules(self) -> float | None:
-        """The device's energy over the window, J; None when not measured (:attr:`energy_reason`)."""
-        return self.energy.joules
-
-    @property
-    def energy_source(self) -> str:
-        """What the energy was read from, or "not measured"."""
-        return self.energy.source
-
-    @property
-    def energy_per_step_joules(self) -> float | None:
-        """The window's energy over the TrainingStep calls in it; None when not measured or without
-        steps (:attr:`energy_reason` says which)."""
-        if self.energy.joules is None or not self.steps:
-            return None
-        return self.energy.joules / len(self.steps)
-
-    @property
-    def energy_reason(self) -> str | None:
-        """Why :attr:`energy_per_step_joules` is None (energy not measured, or no step in the
-        window); None when it is a number."""
-        if self.energy.joules is None:
-            return self.energy.reason
-        if not self.steps:
-            return ("no TrainingStep call in the window: energy per step needs steps (energy_joules covers the "
-                    "whole window)")
-        return None
 
     @property
     def host_fallback_ops(self) -> list[str]:

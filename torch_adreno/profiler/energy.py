@@ -376,3 +376,49 @@ def open_device_meter(device: str | int | None) -> Meter:
     except AdrenoError as error:
         return Unmeasured(f"no OpenCL device of this process to read: {error}")
     return open_meter(identity_of(opencl_device))
+
+
+def window_energy(reading: EnergyReading, remote_launches: int) -> EnergyReading:
+    """A profile window's reading: none where launches in it ran on a remote device (a step server),
+    whose power the meter of this machine's device does not see."""
+    if remote_launches and reading.joules is not None:
+        return not_measured(f"{remote_launches} launches of the window ran on a remote device (a step server): its "
+                            f"power is not read here ({reading.source} read this machine's device)", reading.seconds)
+    return reading
+
+
+class EnergyTotals:
+    """The energy attributes of a profile: ``energy`` (its window's :class:`EnergyReading`) and
+    ``steps`` (its TrainingStep records) are the profile's."""
+
+    energy: EnergyReading
+    steps: list[Any]
+
+    @property
+    def energy_joules(self) -> float | None:
+        """The device's energy over the window, J; None when not measured (:attr:`energy_reason`)."""
+        return self.energy.joules
+
+    @property
+    def energy_source(self) -> str:
+        """What the energy was read from, or "not measured"."""
+        return self.energy.source
+
+    @property
+    def energy_per_step_joules(self) -> float | None:
+        """The window's energy over the TrainingStep calls in it; None when not measured or without
+        steps (:attr:`energy_reason` says which)."""
+        if self.energy.joules is None or not self.steps:
+            return None
+        return self.energy.joules / len(self.steps)
+
+    @property
+    def energy_reason(self) -> str | None:
+        """Why :attr:`energy_per_step_joules` is None (energy not measured, or no step in the
+        window); None when it is a number."""
+        if self.energy.joules is None:
+            return self.energy.reason
+        if not self.steps:
+            return ("no TrainingStep call in the window: energy per step needs steps (energy_joules covers the "
+                    "whole window)")
+        return None

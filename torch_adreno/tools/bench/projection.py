@@ -201,7 +201,7 @@ def profile_step(work: StepWorkload, target: AdrenoTarget | None, device: str | 
     with torch_adreno.TrainingStep(model, work.loss, opt, options) as step:
         for _ in range(2):  # compile, capture: the next call is the first replay
             step(x, y)
-        with torch_adreno.profile() as prof:
+        with torch_adreno.profile(energy=False) as prof:
             step(x, y)
     if prof.replayed_steps != 1:
         raise RuntimeError(f"{work.name}: the profiled step was not replayed ({prof.replay_fallbacks}); "
