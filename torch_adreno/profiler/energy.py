@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyopencl as cl
+
 #: Seconds between power samples (NVML without an energy counter, Android's battery).
 SAMPLE_SECONDS = 0.02
 #: Windows shorter than this are flagged: NVML's counter and averaged power lag by up to a second.
@@ -100,7 +102,7 @@ def integrate(samples: Sequence[tuple[float, float]]) -> float:
 
 
 class _Sampler:
-    """Calls ``read`` (watts, or None to skip) every :data:`SAMPLE_SECONDS` on a daemon thread from
+    """Calls ``read`` (watts) every :data:`SAMPLE_SECONDS` on a daemon thread from
     :meth:`start` to :meth:`stop`, once at each end too; keeps ``(seconds, watts)`` samples and the
     first error ``read`` raised (sampling stops there)."""
 
@@ -343,10 +345,10 @@ def identity_of(device: Any) -> DeviceIdentity:
         slot = int(device.get_info(CL_DEVICE_PCI_SLOT_ID_NV))
         try:
             domain = int(device.get_info(CL_DEVICE_PCI_DOMAIN_ID_NV))
-        except Exception:  # older NVIDIA drivers: domain 0, the only one on most machines
+        except cl.Error:  # drivers before the domain attribute: domain 0, the only one on most machines
             domain = 0
         pci = (domain, bus, slot >> 3)
-    except Exception:  # not an NVIDIA device: no such attribute
+    except cl.Error:  # not an NVIDIA device: the driver refuses the attribute (INVALID_VALUE)
         pci = None
     return DeviceIdentity(device.name.strip(), device.vendor.strip(), pci)
 
