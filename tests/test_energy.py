@@ -200,6 +200,23 @@ def test_an_unmatched_or_unreadable_gpu_is_a_reason_not_a_number(nvml, pci, name
     assert nvml.open == 0
 
 
+def test_the_real_nvml_bindings_say_why_nvml_cannot_start_here():
+    """nvidia-ml-py (the test extra's) without an NVIDIA driver: NVML's own error is the reason."""
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        refused = str(error)
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML starts on this machine (an NVIDIA driver is installed): nothing refuses here")
+    meter = open_meter(DeviceIdentity("NVIDIA H200", "NVIDIA Corporation", (0, 0x17, 0)), nvml=pynvml)
+    assert isinstance(meter, Unmeasured)
+    assert meter.reason == f"NVIDIA H200: NVML cannot start ({refused}): no NVIDIA driver here, so no GPU energy counter"
+    reading = _window(meter, 0.01)
+    assert reading.joules is None and reading.describe() == f"not measured: {meter.reason}"
+
+
 def test_a_window_with_remote_launches_reads_no_energy_of_this_machine():
     """A TrainingStep on a step server reports its launches with the remote device's times: this
     machine's counter did not see them."""
