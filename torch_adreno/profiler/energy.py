@@ -371,10 +371,10 @@ def open_device_meter(device: str | int | None) -> Meter:
     """The meter of the OpenCL device ``device`` selects (as the ``device`` option takes it); a
     remote device, or none, is :class:`Unmeasured` (no counter of this process reads it)."""
     from torch_adreno.errors import AdrenoError
-    from torch_adreno.runtime import get_runtime
+    from torch_adreno.runtime.device import select_device
 
     try:
-        opencl_device = get_runtime(device).device
+        opencl_device = select_device(device).device  # the device only: no context of its own
     except AdrenoError as error:
         return Unmeasured(f"no OpenCL device of this process to read: {error}")
     return open_meter(identity_of(opencl_device))
