@@ -96,7 +96,8 @@ GPU_PJ_PER_FLOP: dict[str, tuple[float, str]] = {
 #: about one fp32 operation's energy (the profiles' fp16 peak is twice the fp32 peak for the same
 #: reason). An estimate.
 FP16_PER_FP32 = 0.5
-FP16_SOURCE = "estimate: half the fp32 figure (packed half ALUs: twice the FLOPs per operation, qcom-guide)"
+FP16_SOURCE = ("estimate: half the fp32 figure (packed half ALUs: twice the FLOPs per operation; qcom-guide of "
+               "torch_adreno.target.profiles.SOURCES)")
 
 ARITHMETIC = ("fp32", "fp16")
 
