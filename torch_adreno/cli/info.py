@@ -29,6 +29,7 @@ from torch_adreno.tools.bench.projected_workloads import DEFAULT_MODELS, SEED_ML
 from torch_adreno.tools.bench.projection import (
     ModelProjection,
     calibration_lines,
+    energy_lines,
     format_table,
     kernel_table,
     project_model,
@@ -176,6 +177,7 @@ def cmd_project(args: argparse.Namespace) -> int:
     rows = [summary_row(p) for p in projections]
     print(format_table(rows))
     print("\n".join(calibration_lines(projections, calibration)))
+    print("\n".join(energy_lines(projections)))
     low, high = SEED_GEMM_GFLOPS
     print(f"Assumed: each launch costs {args.launch_us:g} us; roofline: kernels reach the target's roofline (bytes / "
           f"bandwidth, FLOPs / fp32 peak); calibrated: they reach the share of it their kind reached on the "
