@@ -60,28 +60,6 @@ def install(backend: Callable[..., Any], check_arguments: Callable[..., Any]) ->
     _check_arguments_at_compile(backend, check_arguments)
 
 
-# -- 7. Options checked at torch.compile --------------------------------------------------------
-
-
-def _check_arguments_at_compile(backend: Callable[..., Any], check_arguments: Callable[..., Any]) -> None:
-    eval_frame = importlib.import_module("torch._dynamo.eval_frame")
-    original = getattr(eval_frame, "get_compiler_fn", None)
-    if original is None:
-        return
-
-    @functools.wraps(original)
-    def get_compiler_fn(compiler_fn: Any) -> Any:
-        # torch.compile's wrapper of a named backend: the backend function and its keyword arguments.
-        if getattr(compiler_fn, "compiler_fn", None) is backend:
-            try:
-                check_arguments(**getattr(compiler_fn, "kwargs", {}))
-            except AdrenoError as err:
-                raise err.with_traceback(None) from None  # (the user's torch.compile line is above)
-        return original(compiler_fn)
-
-    eval_frame.get_compiler_fn = get_compiler_fn
-
-
 # -- 3. FX's tracing flag ------------------------------------------------------------------------
 
 _fx_traces_in_this_thread = threading.local()
@@ -180,3 +158,25 @@ class _ProfilerNoteFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (str(record.msg).startswith("Profiler record function") and self._tracing_for_us())
+
+
+# -- 7. Options checked at torch.compile --------------------------------------------------------
+
+
+def _check_arguments_at_compile(backend: Callable[..., Any], check_arguments: Callable[..., Any]) -> None:
+    eval_frame = importlib.import_module("torch._dynamo.eval_frame")
+    original = getattr(eval_frame, "get_compiler_fn", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def get_compiler_fn(compiler_fn: Any) -> Any:
+        # torch.compile's wrapper of a named backend: the backend function and its keyword arguments.
+        if getattr(compiler_fn, "compiler_fn", None) is backend:
+            try:
+                check_arguments(**getattr(compiler_fn, "kwargs", {}))
+            except AdrenoError as err:
+                raise err.with_traceback(None) from None  # (the user's torch.compile line is above)
+        return original(compiler_fn)
+
+    eval_frame.get_compiler_fn = get_compiler_fn  # type: ignore[attr-defined]
