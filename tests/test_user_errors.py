@@ -36,18 +36,18 @@ def _lines(error: BaseException) -> int:
     return len("".join(traceback.format_exception(error)).splitlines())
 
 
-def _conv_step() -> tuple[torch_adreno.TrainingStep, torch.nn.Module, torch.Tensor, torch.Tensor]:
+def _conv_step() -> tuple[torch_adreno.TrainingStep, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt)
     x, y = torch.randn(4, 1, 4, 4), torch.tensor([0, 1, 2, 0])
-    return step, model, x, y
+    return step, x, y
 
 
 @pytest.mark.device
 def test_a_batch_unlike_the_steps_before_that_fails_is_a_short_batch_error(capfd):
-    step, model, x, y = _conv_step()
+    step, x, y = _conv_step()
     for _ in range(3):
         step(x, y)
     assert step.replayed_steps == 1
@@ -78,7 +78,7 @@ def test_a_batch_unlike_the_steps_before_that_fails_is_a_short_batch_error(capfd
 
 @pytest.mark.device
 def test_a_batch_that_differs_and_works_is_no_error():
-    step, model, x, y = _conv_step()
+    step, x, y = _conv_step()
     step(x, y)
     loss = step(x[:2], y[:2])  # a partial last batch
     assert torch.isfinite(loss)
