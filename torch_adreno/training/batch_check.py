@@ -3,7 +3,8 @@
 A step compiles once per batch signature, so a batch of a new dtype, rank, device or shape is
 traced anew; where the model cannot take it (float64 images into float32 weights, float targets
 where a loss indexes with integers), Dynamo's error is a 150-250-line traceback about fake
-tensors. :class:`BatchHistory` remembers the last batch a step ran with and turns such a failure
+tensors. :class:`BatchHistory` remembers the batch of the last step that ran through the compiled
+graphs (a replayed step's batch is like the one it was captured from) and turns such a failure
 into a :class:`~torch_adreno.errors.BatchError` naming the argument, what the steps before had,
 what came, and the failure's own one-line reason. A batch that differs and works is no error:
 a model may take several dtypes or ranks. Shape-only differences are explained only where the
