@@ -15,6 +15,7 @@ import signal
 import socket
 import struct
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -378,6 +379,41 @@ def test_timeouts_and_a_dead_server_are_clear_errors(native, environment, platfo
             remote.step(*rows(data, 1)[0])
     finally:
         running.process.kill()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on loopback that accepts connections (the kernel's backlog) and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def test_a_port_that_accepts_and_never_answers_is_named_within_seconds(silent_port) -> None:
+    start = time.perf_counter()
+    with pytest.raises(RemoteTimeout, match=rf"127\.0\.0\.1:{silent_port} accepted the connection but no step "
+                       rf"server greeted within 0\.5 s: is `torch-adreno-step serve --port {silent_port}`"):
+        RemoteDevice("127.0.0.1", silent_port, reply_timeout=0.5)
+    assert time.perf_counter() - start < 5
+
+
+def test_a_training_step_on_a_silent_port_says_so_within_seconds(silent_port) -> None:
+    """The default timeouts: a TrainingStep on remote:HOST:PORT names the address in seconds, not
+    after the two minutes a step may take."""
+    import torch
+
+    import torch_adreno
+
+    model = torch.nn.Linear(2, 2)
+    start = time.perf_counter()
+    with pytest.raises(RemoteTimeout, match=rf"127\.0\.0\.1:{silent_port} accepted the connection but no step"):
+        torch_adreno.TrainingStep(model, lambda m, x: m(x).sum(), torch.optim.SGD(model.parameters(), lr=0.1),
+                                  options={"device": f"remote:127.0.0.1:{silent_port}"})
+    assert time.perf_counter() - start < 15
 
 
 def test_a_server_off_loopback_needs_a_token(sanitized, environment, platforms, tmp_path, monkeypatch) -> None:

@@ -56,6 +56,7 @@ from torch_adreno.runtime.residency import StepContext
 from torch_adreno.target.profiles import profile_for
 from torch_adreno.training import host_sync
 from torch_adreno.training.accumulation import GradientAccumulation
+from torch_adreno.training.batch_check import BatchHistory
 from torch_adreno.training.compiled_step import CompiledStep
 from torch_adreno.training.gradients import GradientMarkers, check_norm_type
 from torch_adreno.training.hyperparameters import StepHyperparameters
@@ -164,6 +165,7 @@ class TrainingStep:
         self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), self._hyperparameters]
         self._closed = False
         self._batch_shapes: dict[Hashable, None] = {}  # those seen, in order
+        self._batch_history = BatchHistory()  # the last batch a step ran with, to explain a failing one
         self._residency.add_namer(self._name_of)
         #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
         self.replayed_steps = 0
@@ -340,8 +342,9 @@ class TrainingStep:
         self._gradients.clear()  # left by the previous step
         versions_before = self._residency.deferred_versions()
         try:
-            return self._compiled.run(batch, self._residency, self._step_context, recorder,
-                                      list(self._batch_shapes), self._hyperparameters.changes)
+            with self._batch_history.explaining(batch):  # errors the user can fix, said short
+                return self._compiled.run(batch, self._residency, self._step_context, recorder,
+                                          list(self._batch_shapes), self._hyperparameters.changes)
         except BaseException:
             # Only this step ran since the records were made: its version bumps are not host edits.
             self._residency.accept_versions(versions_before)
