@@ -63,9 +63,7 @@ from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.progress import reported, slow_work
 from torch_adreno.training.remote import RemoteTraining, remote_spec
 from torch_adreno.training.replays import check_can_train
-from torch_adreno.training.state import (
-    name_of,
-)
+from torch_adreno.training.state import name_of
 from torch_adreno.training.step_replays import StepReplays
 
 
