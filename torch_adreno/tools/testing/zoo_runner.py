@@ -219,7 +219,17 @@ def _control(entry: ZooModel, initial: torch.nn.Module, batches: Sequence[tuple[
 
 
 def _said(err: BaseException) -> str:
-    return f"{type(err).__name__}: " + " ".join(str(err).split())[:240]
+    """What ``err`` says in one line: Dynamo's headline (its explanation and hints left out) and the
+    user code's line it stopped at, where it names one."""
+    text = str(err)
+    headline = " ".join(text.split("Explanation:")[0].split())[:200]
+    frames = text.split("from user code:")[-1].split('File "')[1:] if "from user code:" in text else []
+    where = ""
+    if frames:
+        path, _, rest = frames[-1].partition('"')
+        line = rest.partition(", line ")[2].partition(",")[0]
+        where = f" (at {path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}:{line})"
+    return f"{type(err).__name__}: {headline}{where}"
 
 
 def run_model(entry: ZooModel, steps: int = DEFAULT_STEPS, options: Mapping[str, Any] | None = None,
@@ -252,7 +262,9 @@ def run_model(entry: ZooModel, steps: int = DEFAULT_STEPS, options: Mapping[str,
             result.replayed = step.replayed_steps
         if control and outcome.kind != CLEAR_ERROR:
             shared, why = _control(entry, initial, batches, reference)
-            if shared is not None:
+            if shared == GRAPH_BREAK:  # (ours stopped at the same place, under the adreno backend)
+                result.status, result.reason = shared, why
+            elif shared is not None:
                 result.status, result.reason = shared, f"{why} (ours: {outcome.reason})"
             elif outcome.kind == NOT_TRACEABLE:
                 result.reason = f"Dynamo refuses under the adreno backend only: {outcome.reason}"
