@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 
 from torch_adreno.cli.arguments import (
-    DEVICE_HELP,
+    add_device_argument,
     address,
-    device_spec,
     output_dir,
     positive_int,
     refuse_bad_device,
@@ -39,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help=f"timed training steps per model and variant (default: {QUICK_STEPS}; with --full: "
                             f"{FULL_STEPS})")
     where = bench.add_mutually_exclusive_group()
-    where.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    add_device_argument(where)
     where.add_argument("--remote", type=address, default=None, metavar="HOST:PORT",
                        help="run the suite on the device of a step server (`torch-adreno-step serve`; adb forward "
                             "for a phone): each configuration as a TrainingStep compiled here and replayed there "

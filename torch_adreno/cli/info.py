@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torch_adreno.cli.arguments import DEVICE_HELP, address, bounded, device_spec, refuse_bad_device
+from torch_adreno.cli.arguments import add_device_argument, address, bounded, refuse_bad_device
 from torch_adreno.compiler.lowering import supported_ops
 from torch_adreno.opencl_drivers import load_failures
 from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     project.add_argument("--launch-us", type=bounded(float, "a number", 0.0), default=10.0,
                          help="assumed cost of one kernel launch on the target, microseconds (default: %(default)s)")
     project.add_argument("--kernels", action="store_true", help="also print each model's kernels by projected time")
-    project.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    add_device_argument(project)
     project.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and target")
     project.set_defaults(fn=cmd_project)
 

@@ -91,7 +91,7 @@ def record_prediction(step: Any, example: torch.Tensor) -> Prediction:
 
     model = step.model
     runtime = step._residency.runtime
-    compiled = torch.compile(model, backend="adreno", dynamic=False, fullgraph=True)
+    compiled = torch.compile(model, backend="adreno", options=dict(step.options), dynamic=False, fullgraph=True)
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()

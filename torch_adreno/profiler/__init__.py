@@ -263,12 +263,22 @@ class profile(EnergyTotals):  # named like torch.profiler.profile
     def _roofline_cells(row: Row, peaks: DevicePeaks) -> str:
         return roofline_cells(row, peaks)
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices the recorded kernels ran on, in the order of their first launch: labels as
+        ``python -m torch_adreno devices`` lists them, or ``remote:HOST:PORT``."""
+        return tuple(dict.fromkeys(k.device for k in self.kernels))
+
     def device_peaks(self) -> DevicePeaks:
-        """Bandwidth and FLOP/s peaks of the device, measured once and cached (the roofline)."""
+        """Bandwidth and FLOP/s peaks of the device the recorded kernels ran on (the default device
+        while none ran), measured once and cached (the roofline)."""
         from torch_adreno.runtime import get_runtime
 
         if self._runtime is None:
-            self._runtime = get_runtime(None)
+            if len(self.devices) > 1 or any(d.startswith("remote:") for d in self.devices):
+                raise ValueError(f"the profiled kernels ran on {', '.join(self.devices)}: a roofline is of one device "
+                                 "of this machine; profile each device's steps apart")
+            self._runtime = get_runtime(self.devices[0] if self.devices else None)
         return device_peaks(self._runtime)
 
     def export_chrome_trace(self, path: str | Path) -> Path:

@@ -327,7 +327,7 @@ class ReplayedStep:
         for operation, described in zip(self._profiled_operations, self._described, strict=True):
             event = operation()
             if described is not None:
-                BUS.launch(LaunchRecord(described[0], described[1], event))
+                BUS.launch(LaunchRecord(described[0], described[1], event, self.runtime.entry.label))
 
     def __call__(self, batch: tuple[Any, ...], started: float | None = None) -> torch.Tensor:
         """Run the step on ``batch`` (checked by the caller to match the capture's) and return the

@@ -40,6 +40,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable, Hashable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -122,6 +123,9 @@ class TrainingStep:
             config = Config.from_options(options)
         check_norm_type(norm_type)
         check_can_train(model, optimizer)
+        #: The backend options every compile of this step uses (a remote device's: those of its local
+        #: capture); what compiles on the step's behalf (an exported prediction) compiles with them.
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
         self.model = model
         self.optimizer = optimizer
         self._params = [p for group in optimizer.param_groups for p in group["params"]]

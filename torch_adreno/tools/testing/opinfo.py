@@ -478,8 +478,10 @@ def samples(op: Any, limit: int | None, all_samples: bool = False,
 
 def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True,
           shard: tuple[int, int] = (0, 1), on_report: Callable[[OpReport], None] | None = None,
-          all_samples: bool = False, database: bool = False, dtype: torch.dtype = torch.float32) -> list[OpReport]:
-    """Run the ``dtype`` samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op.
+          all_samples: bool = False, database: bool = False, dtype: torch.dtype = torch.float32,
+          options: dict[str, Any] | None = None) -> list[OpReport]:
+    """Run the ``dtype`` samples of every claimed OpInfo (or of ``names``); ``limit`` samples per op,
+    each compiled with the backend ``options`` (the device among them).
 
     ``database`` takes every op_db entry instead of the claimed ones: ops without a lowering must
     then end in a clear error (UnsupportedOpError naming the op), never an internal one.
@@ -495,7 +497,7 @@ def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress
     for op in tqdm(ops, desc="OpInfo sweep", unit="op", disable=not progress):
         report = OpReport(_opinfo_name(op))
         for index, sample in samples(op, limit, all_samples, dtype):
-            report.outcomes.append(run_sample(op, index, sample, dtype=dtype))
+            report.outcomes.append(run_sample(op, index, sample, options, dtype=dtype))
         reports.append(report)
         if on_report is not None:
             on_report(report)
