@@ -20,6 +20,7 @@ from onnx import helper
 from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import NativeBuild, NativeBuildError, build_native, opencl_environment
 from torch_adreno.runner import format as fmt
+from torch_adreno.runner import integrity
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Batches in each exported data file; runs take them in turn.
@@ -134,7 +135,7 @@ def view_and_copy_step() -> onnx.ModelProto:
         "slots": [24, 24, 4], "batch": [{"input": "batch_0", "position": 0, "shape": [4, 3], "dtype": "float32"}],
         "loss": {"identity": 4, "dtype": "float32", "shape": []}}
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
-    return model
+    return integrity.seal(model)
 
 
 def gpt2_lora_parts(batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list[tuple[torch.Tensor, ...]]]:
@@ -212,4 +213,4 @@ def partial_write_step(fills: bool = True) -> onnx.ModelProto:
     if fills:
         plan[fmt.FILLS_KEY] = [[0, 1, 0, 16], [1, 2, 0, 16], [2, 1, 0, 16], [3, 4, 0, 4]]
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
-    return model
+    return integrity.seal(model)

@@ -35,6 +35,7 @@ from torch_adreno.export.data_file import FORMAT, load_batches, save_batches
 from torch_adreno.models import MODELS, LeNet
 from torch_adreno.runner import StepRunner, choose_device
 from torch_adreno.runner import format as fmt
+from torch_adreno.runner import integrity
 
 pytestmark = pytest.mark.device
 
@@ -305,7 +306,7 @@ def _edited(step: Path, folder: Path, edit) -> Path:
     model = onnx.load(str(step))
     edit(model)
     path = folder / f"edited_{len(list(folder.glob('edited_*.onnx')))}.onnx"
-    onnx.save(model, str(path))
+    onnx.save(integrity.seal(model), str(path))  # (an edit, not damage: the refusal is the edit's)
     return path
 
 
@@ -352,7 +353,7 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
         "truncated": (truncated, r"is not a valid ONNX model \(.*\): truncated or corrupted\? export it again"),
         "not onnx": (text, r"is not a valid ONNX model"),
         "format": (_edited(step, folder, lambda m: _with_props(m, **{fmt.FORMAT_KEY: "99"})),
-                   r"has step format 99; this runner reads format 3"),
+                   r"has step format 99; this runner reads format 4"),
         "producer": (_edited(step, folder, other_producer), r"was made by pytorch, not by torch_adreno's export"),
         "plan": (_edited(step, folder, lambda m: _with_props(m, **{fmt.PLAN_KEY: "{\"slots\": 3}"})),
                  r"step plan of .* is malformed: slots is not a list"),

@@ -41,6 +41,7 @@ from torch_adreno.remote import (
 from torch_adreno.remote.protocol import Message
 from torch_adreno.runner import StepRunner, choose_device
 from torch_adreno.runner import format as fmt
+from torch_adreno.runner import integrity
 
 pytestmark = pytest.mark.device
 
@@ -252,7 +253,7 @@ def test_a_learning_rate_set_remotely_trains_as_the_file_with_that_rate(server, 
     lr = next(t for t in model.graph.initializer if t.name == "lr")
     lr.CopyFrom(onnx.numpy_helper.from_array(np.array(0.2, dtype=onnx.numpy_helper.to_array(lr).dtype), "lr"))
     faster = tmp_path / "lr02.onnx"
-    onnx.save(model, str(faster))
+    onnx.save(integrity.seal(model), str(faster))
     runner = StepRunner.load(faster, choose_device(platforms[0]))
     expected = [runner.step(*b) for b in batches]
     default_runner = StepRunner.load(step, choose_device(platforms[0]))

@@ -1,4 +1,4 @@
-/* The fuzz target of the ONNX step-file reader (with the plan checks) and the safetensors reader.
+/* The fuzz target of the ONNX step-file reader (with the integrity and plan checks) and the safetensors reader.
  *
  * LLVMFuzzerTestOneInput is libFuzzer's entry (clang -fsanitize=fuzzer,address fuzz_readers.c
  * with -DTAS_LIBFUZZER, linked with the library). Without libFuzzer, main() is a deterministic
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "integrity.h"
 #include "onnx_reader.h"
 #include "safetensors.h"
 #include "step_plan.h"
@@ -21,6 +22,9 @@ static int read_step_bytes(const uint8_t *data, size_t size) {
     step_plan plan;
     memset(&plan, 0, sizeof plan);
     tas_status status = onnx_read_memory(data, size, "the input", &model, &error);
+    /* The integrity check runs on every mutant, but does not gate the plan's reader: a mutant
+     * almost never matches its record, and the plan's checks are what is fuzzed behind it. */
+    if (status == TAS_OK) integrity_verify(&model, "the input", &error);
     if (status == TAS_OK) status = plan_read(&model, "the input", &plan, &error);
     plan_free(&plan);
     onnx_free(&model);
