@@ -33,9 +33,8 @@ import torch_adreno
 from torch_adreno.cli.native import NativeBuild
 from torch_adreno.export.data_file import FORMAT, load_batches, save_batches
 from torch_adreno.models import MODELS, LeNet
-from torch_adreno.runner import StepRunner, choose_device
+from torch_adreno.runner import StepRunner, choose_device, integrity
 from torch_adreno.runner import format as fmt
-from torch_adreno.runner import integrity
 
 pytestmark = pytest.mark.device
 

@@ -39,9 +39,8 @@ from torch_adreno.remote import (
     protocol,
 )
 from torch_adreno.remote.protocol import Message
-from torch_adreno.runner import StepRunner, choose_device
+from torch_adreno.runner import StepRunner, choose_device, integrity
 from torch_adreno.runner import format as fmt
-from torch_adreno.runner import integrity
 
 pytestmark = pytest.mark.device
 

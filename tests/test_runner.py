@@ -19,9 +19,8 @@ from onnx import helper
 
 import torch_adreno
 from torch_adreno.models import MODELS, LeNet
-from torch_adreno.runner import UnsupportedStepFile, check_device, choose_device, read_step
+from torch_adreno.runner import UnsupportedStepFile, check_device, choose_device, integrity, read_step
 from torch_adreno.runner import format as fmt
-from torch_adreno.runner import integrity
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKER = '''

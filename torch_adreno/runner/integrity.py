@@ -74,7 +74,7 @@ def array_digest(array: np.ndarray) -> str:
     """The digest of ``array``'s values, little-endian in C order (what :func:`tensor_digest` gives
     for the initializer ``numpy_helper.from_array`` makes of it)."""
     little = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
-    return hashlib.sha256(memoryview(little.reshape(-1)).cast("B")).hexdigest()
+    return hashlib.sha256(little.reshape(-1).view(np.uint8).data).hexdigest()
 
 
 def _kernel_nodes(model: onnx.ModelProto) -> Iterable[onnx.NodeProto]:
