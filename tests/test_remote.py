@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from native_fixtures import SANITIZER_OPTIONS, view_and_copy_step
+from native_fixtures import SANITIZER_OPTIONS, damage_message, damaged_copies, view_and_copy_step
 
 from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import NativeBuild
@@ -323,6 +323,16 @@ def test_bad_messages_get_an_error_reply_naming_what_is_wrong(server, exported) 
     kind, payload = raw.request(Message.PROPERTIES)  # type: ignore[misc]
     assert kind == Message.PROPERTIES | protocol.REPLY and b'"max_alloc_bytes"' in payload  # still served
     raw.close()
+
+
+def test_a_damaged_step_file_is_refused_by_the_server_naming_the_part(server, exported, tmp_path) -> None:
+    step, data = exported("mlp")
+    with RemoteDevice("127.0.0.1", server.port) as device:
+        for damaged, what in damaged_copies(step, tmp_path).values():
+            with pytest.raises(RemoteServerError, match=damage_message(None, what)):
+                device.load_step(damaged)
+        remote = device.load_step(step)  # the same connection serves the sound file
+        assert np.isfinite(remote.step(*rows(data, 1)[0]))
 
 
 def test_a_client_gone_mid_message_or_mid_step_leaves_the_server_serving_the_next(server, exported) -> None:
