@@ -104,6 +104,11 @@ def _apt_options(folder: Path, host: str) -> list[str]:
 
 
 def _download(folder: Path, progress: bool) -> list[Path]:
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        raise EmulationUnavailable("ziglang is not installed (pip install ziglang): PoCL's linker under qemu is "
+                                   "zig's ld.lld") from None
     host = _host_architecture()
     if host != "amd64":
         raise EmulationUnavailable(f"this host is {host}; running aarch64 programs under qemu is set up for amd64 hosts")
@@ -175,11 +180,6 @@ def _unpack(folder: Path, debs: list[Path]) -> None:
     vendors = folder / "vendors"
     vendors.mkdir(exist_ok=True)
     (vendors / "pocl.icd").write_text(f"{libpocl[0]}\n")
-    try:
-        import ziglang  # noqa: F401
-    except ImportError:
-        raise EmulationUnavailable("ziglang is not installed (pip install ziglang): PoCL's linker under qemu is "
-                                   "zig's ld.lld") from None
     tools = folder / "bin"
     tools.mkdir(exist_ok=True)
     (tools / "ld").write_text(LD_WRAPPER.format(sysroot=sysroot, python=sys.executable))
