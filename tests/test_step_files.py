@@ -34,9 +34,10 @@ STEPS = 3
 
 
 def native_train(native, environment, step: Path, data: Path, device: str, out: Path, *extra: str,
-                 steps: int = STEPS) -> subprocess.CompletedProcess[str]:
+                 steps: int = STEPS, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    caching = ["--cache-dir", str(cache)] if cache else ["--no-cache"]
     return subprocess.run([str(native.executable), "train", str(step), "--data", str(data), "--steps", str(steps),
-                           "--out", str(out), "--device", device, "--no-cache", *extra],
+                           "--out", str(out), "--device", device, *caching, *extra],
                           capture_output=True, text=True, env=environment, timeout=600)
 
 
@@ -147,14 +148,15 @@ def test_both_runners_take_the_same_batches_from_safetensors_and_npz(native, env
     np.savez(tmp_path / "examples.npz", x=x, y=y)
     save_file({"x": x, "y": y}, str(tmp_path / "examples.safetensors"))
     runs = {}
-    for name in (data, tmp_path / "stacked.npz", tmp_path / "examples.npz", tmp_path / "examples.safetensors"):
-        for seed in ("0", "7"):
-            done = native_train(native, environment, step, name, device, tmp_path / "out.safetensors", "--seed", seed)
-            assert done.returncode == 0, (name, done.stderr[-2000:])
-            code, stdout, stderr = python_train(capsys, step, name, device, tmp_path / "out.npz", "--seed", seed)
-            assert code == 0, (name, stderr)
-            assert len(losses(stdout)) == STEPS and bits(losses(done.stdout)) == bits(losses(stdout)), (name, seed)
-            runs[name.name, seed] = bits(losses(stdout))
+    for name, seed in ((data, "0"), (data, "7"), (tmp_path / "stacked.npz", "0"), (tmp_path / "examples.npz", "0"),
+                       (tmp_path / "examples.npz", "7"), (tmp_path / "examples.safetensors", "0")):
+        done = native_train(native, environment, step, name, device, tmp_path / "out.safetensors", "--seed", seed,
+                            cache=tmp_path / "cache")
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+        code, stdout, stderr = python_train(capsys, step, name, device, tmp_path / "out.npz", "--seed", seed)
+        assert code == 0, (name, stderr)
+        assert len(losses(stdout)) == STEPS and bits(losses(done.stdout)) == bits(losses(stdout)), (name, seed)
+        runs[name.name, seed] = bits(losses(stdout))
     assert runs["stacked.npz", "0"] == runs[data.name, "0"] == runs[data.name, "7"]  # (stacked: no order to seed)
     assert runs["examples.npz", "0"] == runs["examples.safetensors", "0"] != runs["examples.npz", "7"]
     assert runs["examples.npz", "0"] != runs["stacked.npz", "0"]  # (shuffled, not the stacked order)
