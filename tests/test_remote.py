@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from native_fixtures import SANITIZER_OPTIONS, view_and_copy_step
+from native_fixtures import SANITIZER_OPTIONS, damage_message, damaged_copies, view_and_copy_step
 
 from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import NativeBuild
@@ -40,7 +40,7 @@ from torch_adreno.remote import (
     protocol,
 )
 from torch_adreno.remote.protocol import Message
-from torch_adreno.runner import StepRunner, choose_device
+from torch_adreno.runner import StepRunner, choose_device, integrity
 from torch_adreno.runner import format as fmt
 
 pytestmark = pytest.mark.device
@@ -253,7 +253,7 @@ def test_a_learning_rate_set_remotely_trains_as_the_file_with_that_rate(server, 
     lr = next(t for t in model.graph.initializer if t.name == "lr")
     lr.CopyFrom(onnx.numpy_helper.from_array(np.array(0.2, dtype=onnx.numpy_helper.to_array(lr).dtype), "lr"))
     faster = tmp_path / "lr02.onnx"
-    onnx.save(model, str(faster))
+    onnx.save(integrity.seal(model), str(faster))
     runner = StepRunner.load(faster, choose_device(platforms[0]))
     expected = [runner.step(*b) for b in batches]
     default_runner = StepRunner.load(step, choose_device(platforms[0]))
@@ -324,6 +324,16 @@ def test_bad_messages_get_an_error_reply_naming_what_is_wrong(server, exported) 
     kind, payload = raw.request(Message.PROPERTIES)  # type: ignore[misc]
     assert kind == Message.PROPERTIES | protocol.REPLY and b'"max_alloc_bytes"' in payload  # still served
     raw.close()
+
+
+def test_a_damaged_step_file_is_refused_by_the_server_naming_the_part(server, exported, tmp_path) -> None:
+    step, data = exported("mlp")
+    with RemoteDevice("127.0.0.1", server.port) as device:
+        for damaged, what in damaged_copies(step, tmp_path).values():
+            with pytest.raises(RemoteServerError, match=damage_message(None, what)):
+                device.load_step(damaged)
+        remote = device.load_step(step)  # the same connection serves the sound file
+        assert np.isfinite(remote.step(*rows(data, 1)[0]))
 
 
 def test_a_client_gone_mid_message_or_mid_step_leaves_the_server_serving_the_next(server, exported) -> None:

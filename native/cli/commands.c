@@ -1,5 +1,7 @@
 /* train and bench. */
+#include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +9,7 @@
 #include "cli.h"
 
 enum { OPTION_DATA = 1, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR, OPTION_CACHE,
-       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL };
+       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_CONTINUE_ON_NONFINITE };
 
 typedef struct run_options {
     common_options common;
@@ -16,6 +18,8 @@ typedef struct run_options {
     long print_every, warmup;
     int no_cache;
     int fill;  /* tas_open_options.fill_uninitialized_memory: 1 with the flag, else 0 (the variable) */
+    long long seed;  /* of the examples' order */
+    int continue_on_nonfinite;
     char cache_buffer[1024];
 } run_options;
 
@@ -29,7 +33,8 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         {"cache-dir", required_argument, NULL, OPTION_CACHE}, {"no-cache", no_argument, NULL, OPTION_NO_CACHE},
         {"print-every", required_argument, NULL, OPTION_PRINT_EVERY},
         {"warmup", required_argument, NULL, OPTION_WARMUP},
-        {"fill-uninitialized-memory", no_argument, NULL, OPTION_FILL}, {NULL, 0, NULL, 0},
+        {"fill-uninitialized-memory", no_argument, NULL, OPTION_FILL}, {"seed", required_argument, NULL, OPTION_SEED},
+        {"continue-on-nonfinite", no_argument, NULL, OPTION_CONTINUE_ON_NONFINITE}, {NULL, 0, NULL, 0},
     };
     memset(options, 0, sizeof *options);
     options->print_every = 1;
@@ -53,6 +58,17 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         case OPTION_CACHE: options->common.cache_dir = optarg; break;
         case OPTION_NO_CACHE: options->no_cache = 1; break;
         case OPTION_FILL: options->fill = 1; break;
+        case OPTION_CONTINUE_ON_NONFINITE: options->continue_on_nonfinite = 1; break;
+        case OPTION_SEED: {
+            char *end = NULL;
+            errno = 0;
+            options->seed = strtoll(optarg, &end, 10);
+            if (errno || end == optarg || *end) {
+                fprintf(stderr, "error: --seed takes an integer, got '%s'\n", optarg);
+                return 0;
+            }
+            break;
+        }
         case OPTION_PRINT_EVERY: if (!parse_count(optarg, "--print-every", &options->print_every)) return 0; break;
         case OPTION_WARMUP: if (!parse_count(optarg, "--warmup", &options->warmup)) return 0; break;
         default: break;
@@ -122,8 +138,17 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
             fprintf(stderr, "step %zu: ", i + 1);
             return report(step, status);
         }
-        if ((long)(i + 1) % options->print_every == 0 || i + 1 == steps)
+        int finite = isfinite(loss);
+        if ((long)(i + 1) % options->print_every == 0 || i + 1 == steps || !finite)
             printf("step %zu loss %.9g time %.3f ms\n", i + 1, (double)loss, times[i] * 1e3);
+        if (!finite && !options->continue_on_nonfinite) {
+            free(times);
+            fflush(stdout);
+            fprintf(stderr, "error: step %zu: the loss is %s, not finite: training diverged (a learning rate too "
+                    "high?) or the data holds non-finite values; stopped without writing the state "
+                    "(--continue-on-nonfinite trains on)\n", i + 1, isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf");
+            return EXIT_FAILED;
+        }
     }
     double elapsed = now_seconds() - started;
     for (int part = 0; part < 4; part++) qsort(times + part * steps, steps, sizeof *times, compare_doubles);
@@ -142,18 +167,19 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
 
 int command_train(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR,
-                                  OPTION_CACHE, OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_FILL};
+                                  OPTION_CACHE, OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_FILL, OPTION_SEED,
+                                  OPTION_CONTINUE_ON_NONFINITE};
     run_options options;
     if (!parse(argc, argv, "train", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     if (!options.common.data_path || !options.common.steps || !options.out_path) {
-        fprintf(stderr, "error: train needs --data FILE.safetensors, --steps N and --out STATE.safetensors\n");
+        fprintf(stderr, "error: train needs --data FILE (.safetensors or .npz), --steps N and --out STATE.safetensors\n");
         return EXIT_BAD_INPUT;
     }
     tas_step *step = NULL;
     batch_source batches;
     memset(&batches, 0, sizeof batches);
     int result = open_step(&options, 0, &step);
-    if (result == 0) result = batches_open(&batches, step, options.common.data_path);
+    if (result == 0) result = batches_open(&batches, step, options.common.data_path, options.seed);
     if (result == 0) result = train(step, &options, &batches);
     batches_close(&batches);
     tas_step_close(step);
@@ -205,14 +231,14 @@ static int bench(tas_step *step, const run_options *options, batch_source *batch
 
 int command_bench(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_DEVICE, OPTION_CACHE, OPTION_NO_CACHE,
-                                  OPTION_WARMUP, OPTION_FILL};
+                                  OPTION_WARMUP, OPTION_FILL, OPTION_SEED};
     run_options options;
     if (!parse(argc, argv, "bench", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     tas_step *step = NULL;
     batch_source batches;
     memset(&batches, 0, sizeof batches);
     int result = open_step(&options, 1, &step);
-    if (result == 0) result = batches_open(&batches, step, options.common.data_path);
+    if (result == 0) result = batches_open(&batches, step, options.common.data_path, options.seed);
     if (result == 0) result = bench(step, &options, &batches);
     batches_close(&batches);
     tas_step_close(step);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -30,7 +31,7 @@ from torch_adreno.export import ExportError, export_step, reset_state
 from torch_adreno.export.data_file import save_batches
 from torch_adreno.models import MODELS, LeNet
 from torch_adreno.profiler import profile
-from torch_adreno.runner.__main__ import batches as runner_batches
+from torch_adreno.runner.data import Batches
 from torch_adreno.training.optimizers import OPTIMIZERS, describe_optimizers, make_optimizer
 from torch_adreno.training.step import TrainingStep
 
@@ -184,7 +185,8 @@ def run_batches(name: str, seed: int, steps: int, batch_size: int) -> list[tuple
     after epoch as `python -m torch_adreno.runner` draws them), seeded by ``seed``."""
     if name == "digits":
         x_train, y_train, _, _ = digits_split(seed)
-        return list(runner_batches([x_train.numpy(), y_train.numpy()], batch_size, steps, seed))
+        examples = Batches([x_train.numpy(), y_train.numpy()], stacked=False, batch_size=batch_size, seed=seed)
+        return list(itertools.islice(examples, steps))
     generator = torch.Generator().manual_seed(seed)
     return [tuple(t.numpy() for t in MODELS[name].batch(generator)) for _ in range(steps)]
 
