@@ -104,6 +104,8 @@ EXTRA_DECOMPOSITIONS = [
     aten.smooth_l1_loss.default,
     aten.huber_loss.default,
     aten.repeat.default,
+    aten.linalg_vector_norm.default,
+    aten._weight_norm_interface.default,
 ]
 
 _graph_ids = itertools.count()

@@ -74,6 +74,8 @@ class ZooResult:
     params: int
     steps: int
     replayed: int = 0
+    #: Replayed steps checked against the compiled graphs (option ``verify_replay``).
+    verified: int = 0
     loss_rel: float | None = None
     params_rel: float | None = None
     seconds: float = 0.0
@@ -270,7 +272,7 @@ def run_model(entry: ZooModel, steps: int = DEFAULT_STEPS, options: Mapping[str,
                 result.reason = f"Dynamo refuses under the adreno backend only: {outcome.reason}"
         return result
     result.seconds = time.perf_counter() - started
-    result.replayed = step.replayed_steps
+    result.replayed, result.verified = step.replayed_steps, step.replays_verified
     ours = _Training(losses, _parameters(model))
     result.loss_rel, result.params_rel = relative_differences(ours, reference.eager)
     result.status, result.reason = reference.judge(ours)
