@@ -23,6 +23,7 @@ from torch_adreno.compiler.lowering import lower_graph
 from torch_adreno.compiler.memory import StorageKind, plan_memory
 from torch_adreno.config import Config
 from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.training.hyperparameters import _own_step_settings
 
 GROUPED = "multi-tensor grouping"
 
@@ -305,31 +306,42 @@ def test_training_step_runs_the_adam_update_in_two_launches():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.device
-def test_training_step_traces_an_unset_foreach_optimizer_through_its_multi_tensor_step():
+def test_an_optimizer_running_its_own_step_is_given_the_multi_tensor_update_for_the_call_only():
     # PyTorch picks the per-tensor step for host tensors when foreach is unset: Dynamo would trace
-    # its loop once per parameter. The step sets foreach for its lifetime (bitwise the same
-    # update) and gives the optimizer back as it was; an explicit choice is the user's.
+    # its loop once per parameter. The call sets foreach (bitwise the same update) and fused off
+    # (host code); an explicit foreach=False is the user's.
+    assert _own_step_settings({"foreach": None, "capturable": False, "fused": None}) == \
+        {"foreach": True, "capturable": True}
+    assert _own_step_settings({"foreach": False, "capturable": False}) == {}
+    assert _own_step_settings({"foreach": None, "differentiable": True}) == {}
+    assert _own_step_settings({"foreach": None, "fused": True, "capturable": False}) == \
+        {"fused": False, "foreach": True, "capturable": True}
+
+
+@pytest.mark.device
+def test_training_step_runs_an_unset_foreach_optimizer_and_leaves_its_settings_as_given():
+    # Rprop is no update rule the step traces itself: its own multi-tensor step(), during each call.
     torch.manual_seed(0)
     model, reference = _mlp((6, 10, 9, 3)), _mlp((6, 10, 9, 3))
     reference.load_state_dict(model.state_dict())
-    chosen = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
-    with torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), chosen):
-        assert chosen.param_groups[0]["foreach"] is False
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    opt = torch.optim.Rprop(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Rprop(reference.parameters(), lr=1e-2)
     x, y = torch.randn(12, 6), torch.randint(0, 3, (12,))
-    with torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt) as step:
-        assert opt.param_groups[0]["foreach"] is True
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch_adreno.TrainingStep(model, lambda m, x, y: F.cross_entropy(m(x), y), opt) as step, \
+            torch_adreno.profile() as prof:
         for _ in range(3):
             loss = step(x, y)
+            assert opt.param_groups[0]["foreach"] is None and opt.param_groups[0]["capturable"] is False
             ref_opt.zero_grad()
             ref_loss = F.cross_entropy(reference(x), y)
             ref_loss.backward()
             ref_opt.step()
             torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    assert prof.kernels, "the step ran no kernel"
     assert opt.param_groups[0]["foreach"] is None
-    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+    for p, q, b in zip(model.parameters(), reference.parameters(), before, strict=True):
+        assert not torch.equal(p, b)
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_adreno
+from torch_adreno.compiler.lowering import _warned_host_ops
 from torch_adreno.errors import BatchError, OptionError, UnsupportedOpError
 
 #: A traceback this long or longer is Dynamo's, not ours (ours: the user's frame, a few of ours).
@@ -102,7 +103,12 @@ def test_an_unknown_option_is_said_at_torch_compile_with_did_you_mean():
 def test_an_unknown_option_of_model_compile_is_said_there_too():
     with pytest.raises(OptionError, match=r"'fusoin' \(did you mean 'fusion'\?\)") as info:
         torch.nn.Linear(2, 2).compile(backend="adreno", options={"fusoin": False})
-    assert _frames(info.value) <= 6
+    # Raised at the model's compile, before Dynamo compiles anything: torch.compile's own calls
+    # and the check (6 frames here; how torch.compile reaches Dynamo varies with its settings).
+    frames = traceback.extract_tb(info.value.__traceback__)
+    shown = "".join(traceback.format_exception(info.value))
+    assert frames[-1].filename.endswith("torch_patches.py") and len(frames) <= 8, shown
+    assert not any("convert_frame" in f.filename or "torch_adreno" in f.filename for f in frames[:-1]), shown
 
 
 def _spectrum_model() -> torch.nn.Module:
@@ -166,6 +172,7 @@ def test_an_op_without_a_lowering_under_a_training_step_advises_the_step_option(
     before = model.weight.detach().clone()
     with_fallback = torch_adreno.TrainingStep(model, _sorted_loss, torch.optim.SGD(model.parameters(), lr=0.1),
                                               options={"fallback": "host"})
+    _warned_host_ops.discard("aten.kthvalue.default")  # (warned once per process: maybe by another test)
     with pytest.warns(UserWarning, match="runs on the host"):
         with_fallback(torch.randn(4, 3))
     with_fallback.synchronize()

@@ -215,7 +215,14 @@ def foreach_decompositions() -> dict[Any, Callable[..., Any]]:
             if "out" in overload.lower() or (name in ("addcmul", "addcdiv") and overload == "Tensor"):
                 continue
             table[op] = _foreach_decomposition(name, overload, op._schema)
+    table[aten._foreach_copy.default] = _foreach_copy
     return table
+
+
+def _foreach_copy(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> list[torch.Tensor]:
+    """The functional ``_foreach_copy``: each ``src`` in its ``self``'s shape and dtype
+    (Rprop's and others' multi-tensor steps keep a copy of the gradients this way)."""
+    return [aten.copy.default(destination, source) for destination, source in zip(self, src, strict=True)]
 
 
 OWN_DECOMPOSITIONS.update(foreach_decompositions())
