@@ -67,6 +67,7 @@ from torch_adreno.replay.capture import (
     StepRecorder,
     recording_of,
 )
+from torch_adreno.replay.driver_recording import DriverRecording
 from torch_adreno.replay.inputs import ScalarInputs
 from torch_adreno.replay.launch_list import Copy, Fill, Flush, Launch, LaunchList, Operation
 from torch_adreno.replay.memory import (
@@ -75,6 +76,13 @@ from torch_adreno.replay.memory import (
     step_fills,
     step_footprint,
     verify_step_memory,
+)
+from torch_adreno.replay.overlap import (
+    StepOverlap,
+    finished,
+    last_use,
+    overlap_refusal,
+    wait_for_other_replays,
 )
 from torch_adreno.runtime.enqueue import read_buffer
 from torch_adreno.runtime.events import BUS, LaunchRecord
@@ -102,11 +110,15 @@ class ReplayOptions:
     is held to (a target's; None: the present device's); ``fill_uninitialized_memory``: the launch
     list fills each internal identity's bytes where the recording's fills say (before its first
     use, and a graph's slot again before each buffer it holds in turn), so that a read of memory
-    nothing wrote in this step shows as NaN or an index error."""
+    nothing wrote in this step shows as NaN or an index error; ``recording``: how the driver records
+    the launch list (:func:`~torch_adreno.replay.driver_recording.driver_recording`; None, or one
+    of kind None: the C loop enqueues it operation by operation); ``overlap``: return once the loss
+    is read where that applies (:mod:`torch_adreno.replay.overlap`)."""
 
     def __init__(self, arena_kernels: bool = True, merge_copies: bool = True, verify_memory: bool = False,
                  limits: MemoryLimits | None = None, share_memory: bool = True,
-                 fill_uninitialized_memory: bool = False) -> None:
+                 fill_uninitialized_memory: bool = False, recording: DriverRecording | None = None,
+                 overlap: bool = False) -> None:
         self.arena_kernels = arena_kernels
         self.merge_copies = merge_copies
         self.verify_memory = verify_memory
@@ -114,6 +126,8 @@ class ReplayOptions:
         #: False: every identity made during the step gets memory of its own (a reference replay).
         self.share_memory = share_memory
         self.fill_uninitialized_memory = fill_uninitialized_memory
+        self.recording = recording if recording is not None and recording.kind else None
+        self.overlap = overlap
 
 
 class ReplayedStep:
@@ -144,9 +158,10 @@ class ReplayedStep:
         images = any(isinstance(op, RecordedLaunch) and op.source.images for op in recorder.operations)
         #: How the batch is put in place: in place, staged or uploaded (see :mod:`.batch`).
         self.batch_mode = batch_mode(residency.zero_copy, self.runtime.profile.unified_memory)
-        if self.batch_mode is BatchMode.IN_PLACE and images:
-            # An image is made over a buffer once, at binding: a batch bound anew each step would
-            # need new images each step, so the batch goes into the replay's own buffers instead.
+        if self.batch_mode is BatchMode.IN_PLACE and (images or options.recording is not None):
+            # An image is made over a buffer once, at binding, and a recording in the driver keeps
+            # the kernel arguments it was recorded with: a batch bound anew each step would need new
+            # images, or a new recording, each step, so it goes into the replay's own memory instead.
             self.batch_mode = BatchMode.UPLOADED
         limits = options.limits or MemoryLimits.of(self.runtime.profile)
         # The memory made during the step, the seeds and the batch's own copy live in the arena, each at
@@ -191,8 +206,29 @@ class ReplayedStep:
         self.covered = covered
         own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
         self.footprint = step_footprint(recorder, self.arena, list(own_images.values()), limits, residency.name_of)
-        #: The step's device operations on the replay's own queue (the C loop where available).
-        self._operations = LaunchList(self._queue, listed)
+        self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
+        self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
+        self._loss_shape = tuple(loss.shape)
+        self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
+        loss_used_last = last_use(recorder, loss_identity, covered)
+        #: Why a call waits for all of its step before returning (None: it returns once the loss
+        #: is read, the device finishing the step: :mod:`.overlap`).
+        self.overlap_refused = overlap_refusal(options.overlap, self.batch_mode, residency.zero_copy,
+                                               options.recording)
+        if self.overlap_refused is None and loss_used_last is None:
+            self.overlap_refused = "no operation of the step uses the loss"
+        self._overlap = None
+        if self.overlap_refused is None:
+            assert loss_used_last is not None
+            checks_before = sum(1 for d in described[:loss_used_last + 1] if d is not None and d[1].checks_indices)
+            self._overlap = StepOverlap(self.runtime, self.batch_input, (self._loss_buffer, self._loss_offset),
+                                        self._loss_shape, self._loss_dtype,
+                                        (checks_before, self._checking_launches - checks_before))
+            listed_per_step = self._overlap.operations(listed, loss_used_last)
+        #: The step's device operations on the replay's own queue (recorded in the driver, or the C
+        #: loop, where available).
+        self._operations = LaunchList(self._queue, listed if self._overlap is None else listed_per_step,
+                                      recording=options.recording)
         # Under profile(): on the runtime's queue, from Python, each call returning its event.
         self._profiled_operations = LaunchList(self.runtime.queue, listed, native=False).calls
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
@@ -200,10 +236,6 @@ class ReplayedStep:
         #: A replay's enqueues' arguments but the arena offsets (an ``int`` each): the buffers, mostly.
         self.offset_arguments = sum(self._offset_arguments)
         self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches) - self.offset_arguments
-        self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
-        self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
-        self._loss_shape = tuple(loss.shape)
-        self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
         self._loss_torch_dtype = loss.dtype
         self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
         self._synchronizations_seen = -1
@@ -329,45 +361,70 @@ class ReplayedStep:
             if described is not None:
                 BUS.launch(LaunchRecord(described[0], described[1], event))
 
+    @property
+    def enqueue_path(self) -> str:
+        """How an unprofiled call enqueues the step, and whether it returns before the device is
+        done: e.g. ``command buffer (cl_khr_command_buffer 1.0.0): 2 calls per step for 506
+        operations; returns once the loss is read``. (Profiled calls enqueue launch by launch.)"""
+        overlap = ("returns once the loss is read" if self._overlap is not None
+                   else f"waits for the whole step ({self.overlap_refused})")
+        return f"{self._operations.describe()}; {overlap}"
+
     def __call__(self, batch: tuple[Any, ...], started: float | None = None) -> torch.Tensor:
         """Run the step on ``batch`` (checked by the caller to match the capture's) and return the
         loss. ``started``: the ``time.perf_counter()`` at which the caller's own host work for this
-        step began (its checks), counted in :attr:`last_host_seconds`."""
+        step began (its checks), counted in :attr:`last_host_seconds`. Overlapped (:attr:`enqueue_path`),
+        the device may still run the step's backward and optimizer when this returns."""
         start = time.perf_counter() if started is None else started
         keep: list[Any] = []
         bind_start = time.perf_counter()
         profiled = BUS.active  # profiling: the runtime's queue, whose events time each launch
         queue = self.runtime.queue if profiled else self._queue
-        if not profiled and self.runtime.graph_calls != self._graph_calls_seen:
-            # Graphs enqueued on the runtime's queue since the last replay (the compiled path, an
-            # evaluation) may still be running: the replay's queue is not ordered after them.
-            # (The residency's own copies are waited for where they are made.)
-            self.runtime.queue.finish()
-            self._graph_calls_seen = self.runtime.graph_calls
-        self.batch_input.bind(batch, queue, keep)
-        self.batch_input.upload_seeds(queue, keep)
+        overlap = None if profiled else self._overlap
+        if not profiled:
+            if self.runtime.graph_calls != self._graph_calls_seen:
+                # Graphs enqueued on the runtime's queue since the last replay (the compiled path, an
+                # evaluation) may still be running: the replay's queue is not ordered after them.
+                # (The residency's own copies are waited for where they are made.)
+                self.runtime.queue.finish()
+                self._graph_calls_seen = self.runtime.graph_calls
+            wait_for_other_replays(self.runtime, queue)
+        self.batch_input.bind(batch, queue, keep, landing=overlap is not None)
+        self.batch_input.upload_seeds(queue, keep, landing=overlap is not None)
+        if overlap is not None:
+            self.batch_input.wait_for_landing(queue)
         self._scalar_inputs.upload(queue, keep)
         enqueue_start = time.perf_counter()
         self._enqueue_all(profiled)
         index_errors = self.runtime.index_errors
-        index_errors.launches += self._checking_launches
-        index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
+        index_check = None
+        if overlap is not None:
+            overlap.leave_running(queue)  # (the index record is read with the loss)
+        else:
+            index_errors.launches += self._checking_launches
+            index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
         end = time.perf_counter()
         self.last_host_seconds = end - start
         phases = self.last_phases
         phases["guard"], phases["batch"], phases["enqueue"] = bind_start - start, enqueue_start - bind_start, \
             end - enqueue_start
-        loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
-        # Blocking, on the queue of the launches: when it returns, the whole step is done.
-        read_buffer(queue, self._loss_buffer, loss, self._loss_offset, blocking=True)
+        if overlap is not None:
+            loss = overlap.loss()  # read after the loss's last use, while the device runs on
+        else:
+            loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
+            # Blocking, on the queue of the launches: when it returns, the whole step is done.
+            read_buffer(queue, self._loss_buffer, loss, self._loss_offset, blocking=True)
+            finished(self.runtime)
         #: When the loss was read: the caller counts its own work after it as "after".
         self.loss_read_at = time.perf_counter()
         phases["loss_read"] = self.loss_read_at - end
         BUS.transfer(REPLAY_GRAPH, "d2h", loss.nbytes, "loss", "output")
         self._defer_updates()
-        if index_check is not None:
+        if overlap is not None:
+            overlap.check_indices()
+        elif index_check is not None:
             index_errors.raise_if_set(queue)
-        del keep  # the batch's memory and the seeds were in use until the blocking read above
+        del keep  # the batch's memory and the seeds were in use until the loss was read
         return torch.from_numpy(loss).view(self._loss_torch_dtype)  # (bfloat16 is read as its bits)
 
     def run_stepwise(self, batch: tuple[Any, ...], after: Callable[[tuple[int, ...]], None]) -> torch.Tensor:

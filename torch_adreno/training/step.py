@@ -49,6 +49,7 @@ from torch_adreno.compiler.memory.footprint import DeviceFootprint
 from torch_adreno.config import Config
 from torch_adreno.replay import guards
 from torch_adreno.replay.capture import StepRecorder
+from torch_adreno.replay.driver_recording import driver_recording
 from torch_adreno.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.events import BUS, StepRecord
@@ -157,9 +158,13 @@ class TrainingStep:
         rebuild = config.replay_arena_kernels
         if rebuild == "auto":  # a GPU's (the target's, where one is given)
             rebuild = profile_for(self._residency.runtime.profile, config.target).is_gpu
+        runtime = self._residency.runtime
         self._replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies, config.verify_memory,
                                              self.memory_limits,
-                                             fill_uninitialized_memory=config.fill_uninitialized_memory)
+                                             fill_uninitialized_memory=config.fill_uninitialized_memory,
+                                             recording=driver_recording(runtime.device, config.replay_command_buffers,
+                                                                        runtime.entry.label),
+                                             overlap=config.replay_overlap)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
         # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
         self._hyperparameters = StepHyperparameters(optimizer)
@@ -260,7 +265,8 @@ class TrainingStep:
                 replay.last_phases["after"] = after
                 replay.last_host_seconds += after
                 if BUS.active:
-                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches, None, replay.footprint))
+                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches, None, replay.footprint,
+                                        replay.enqueue_path))
                 return loss
         # The compiled graphs must not see host_sync's mode (Dynamo would trace it).
         host_sync.suspend(self._residency)
