@@ -82,8 +82,9 @@ static int open_step(const run_options *options, int profile, tas_step **step) {
     printf("%s: %zu operations (%zu kernels) on %s, driver %s\n", options->common.step_path, summary.operations,
            summary.kernels, summary.device, summary.driver);
     if (!profile) { /* (a profiled step enqueues operation by operation: bench says so itself) */
-        const char *path = tas_step_enqueue_path(*step);
-        if (tas_step_error(*step)[0]) return report(*step, TAS_ERROR_DEVICE);
+        const char *path = NULL;
+        status = tas_step_enqueue_path(*step, &path);
+        if (status != TAS_OK) return report(*step, status);
         printf("enqueue: %s\n", path);
     }
     if (options->common.cache_dir)
@@ -228,12 +229,13 @@ static int bench_enqueue(const run_options *options, batch_source *batches, size
     int result = times == NULL ? EXIT_FAILED : 0;
     for (int recorded = options->no_recording ? 0 : 1; recorded >= 0 && result == 0; recorded--) {
         tas_step_set_recording(step, recorded);
-        char path[512];
-        snprintf(path, sizeof path, "%s", tas_step_enqueue_path(step));
-        if (tas_step_error(step)[0]) {
-            result = report(step, TAS_ERROR_DEVICE);
+        const char *described = NULL;
+        if ((status = tas_step_enqueue_path(step, &described)) != TAS_OK) {
+            result = report(step, status);
             break;
         }
+        char path[512];
+        snprintf(path, sizeof path, "%s", described);
         float loss;
         for (size_t i = 0; i < warmup + steps && result == 0; i++) {
             if ((status = tas_step_run(step, batches_at(batches, i), batches->row_bytes, &loss)) != TAS_OK) {

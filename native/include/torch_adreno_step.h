@@ -119,10 +119,10 @@ TAS_EXPORT tas_status tas_step_run(tas_step *step, const void *const *batch, con
  * operation. Results are the same bits either way. tas_step_set_recording(step, 0) enqueues
  * operation by operation from the next run, 1 the recording again (where there is one). */
 TAS_EXPORT tas_status tas_step_set_recording(tas_step *step, int recording);
-/* How runs enqueue the step now, e.g. "command buffer (cl_khr_command_buffer 1.0.0)" or "operation
- * by operation (the device offers no cl_khr_command_buffer)"; records the step first if no run did.
- * Valid until the next call on the step. */
-TAS_EXPORT const char *tas_step_enqueue_path(tas_step *step);
+/* Sets *path to how runs enqueue the step now, e.g. "command buffer (cl_khr_command_buffer 1.0.0)"
+ * or "operation by operation (the device offers no cl_khr_command_buffer)" (valid until the next
+ * call on the step); records the step first if no run did, which may fail. */
+TAS_EXPORT tas_status tas_step_enqueue_path(tas_step *step, const char **path);
 
 /* Where the last tas_step_run's wall time went, in milliseconds: the batch gathered and its writes
  * enqueued, the launches and copies enqueued, then the wait for the loss (the device's remaining

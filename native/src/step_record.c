@@ -407,13 +407,16 @@ tas_status tas_step_set_recording(tas_step *step, int recording) {
     return TAS_OK;
 }
 
-const char *tas_step_enqueue_path(tas_step *step) {
-    if (step == NULL) return "";
-    if (step->queue == NULL) return "not open";
-    if (step_recording_prepare(step) != TAS_OK) return step->error.message;
+tas_status tas_step_enqueue_path(tas_step *step, const char **path) {
+    if (step == NULL || path == NULL) return TAS_ERROR_ARGUMENT;
+    *path = "";
+    if (step->queue == NULL) return fail(&step->error, TAS_ERROR_ARGUMENT, "the step did not open");
+    tas_status status = step_recording_prepare(step);
+    if (status != TAS_OK) return status;
     if (!step_recording_ready(step) && step->recording != NULL)
         snprintf(step->recording_text, sizeof step->recording_text, "operation by operation (tas_step_set_recording 0)");
     else
         snprintf(step->recording_text, sizeof step->recording_text, "%s", step->recording_path);
-    return step->recording_text;
+    *path = step->recording_text;
+    return TAS_OK;
 }

@@ -79,8 +79,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.tas_step_reset_times.argtypes = [handle]
     lib.tas_step_reset_times.restype = None
     lib.tas_step_set_recording.argtypes = [handle, ctypes.c_int]
-    lib.tas_step_enqueue_path.argtypes = [handle]
-    lib.tas_step_enqueue_path.restype = ctypes.c_char_p
+    lib.tas_step_enqueue_path.argtypes = [handle, ctypes.POINTER(ctypes.c_char_p)]
     return lib
 
 
@@ -196,11 +195,9 @@ class NativeStep:
         """How a step is enqueued now (tas_step_enqueue_path): a command buffer, or operation by
         operation and why."""
         self._require_open()
-        text = self._lib.tas_step_enqueue_path(self._handle)
-        message = self._message()
-        if message:
-            raise NativeStepError(4, message)
-        return (text or b"").decode()
+        text = ctypes.c_char_p()
+        self._check(self._lib.tas_step_enqueue_path(self._handle, ctypes.byref(text)))
+        return (text.value or b"").decode()
 
     def profile(self, reset: bool = False) -> dict[str, Any]:
         """As :meth:`RemoteStep.profile`: the last step's phases and, opened with ``profile``, each
