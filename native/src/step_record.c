@@ -413,7 +413,7 @@ tas_status tas_step_enqueue_path(tas_step *step, const char **path) {
     if (step->queue == NULL) return fail(&step->error, TAS_ERROR_ARGUMENT, "the step did not open");
     tas_status status = step_recording_prepare(step);
     if (status != TAS_OK) return status;
-    if (!step_recording_ready(step) && step->recording != NULL)
+    if (step->recording_disabled && !step->profile)
         snprintf(step->recording_text, sizeof step->recording_text, "operation by operation (tas_step_set_recording 0)");
     else
         snprintf(step->recording_text, sizeof step->recording_text, "%s", step->recording_path);
