@@ -49,6 +49,7 @@ from torch_adreno.replay.batch import BatchInput, BatchMode
 from torch_adreno.replay.capture import RecordedLaunch, StepRecorder
 from torch_adreno.replay.driver_recording import DriverRecording
 from torch_adreno.replay.launch_list import Copy, Operation
+from torch_adreno.replay.operations import BoundOperations
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.enqueue import read_buffer
 
@@ -89,11 +90,26 @@ def finished(runtime: DeviceRuntime) -> None:
 
 
 class StepOverlap:
-    """The overlapped form of one replay's step (see the module docstring). ``checks``: the
-    launches that check indices up to the loss's read and after it."""
+    """The overlapped form of one replay's step (see the module docstring). ``loss_used_last``: the
+    launch list's last operation that uses the loss; ``checks``: the launches that check indices
+    up to it and after it."""
+
+    @classmethod
+    def of(cls, runtime: DeviceRuntime, batch_input: BatchInput, recorder: StepRecorder, loss_identity: int,
+           bound: BoundOperations, loss_place: tuple[cl.Buffer, int], loss_shape: tuple[int, ...],
+           loss_dtype: np.dtype[Any]) -> StepOverlap | None:
+        """The overlapped form of the step ``bound`` holds (its loss identity ``loss_identity``, at
+        ``loss_place``); None where no operation uses the loss."""
+        loss_used_last = last_use(recorder, loss_identity, bound.covered)
+        if loss_used_last is None:
+            return None
+        checks = [d is not None and d[1].checks_indices for d in bound.described]
+        return cls(runtime, batch_input, loss_place, loss_shape, loss_dtype, loss_used_last,
+                   (sum(checks[:loss_used_last + 1]), sum(checks[loss_used_last + 1:])))
 
     def __init__(self, runtime: DeviceRuntime, batch_input: BatchInput, loss_place: tuple[cl.Buffer, int],
-                 loss_shape: tuple[int, ...], loss_dtype: np.dtype[Any], checks: tuple[int, int]) -> None:
+                 loss_shape: tuple[int, ...], loss_dtype: np.dtype[Any], loss_used_last: int,
+                 checks: tuple[int, int]) -> None:
         self._runtime = runtime
         #: The queue the batch and seeds go up on, beside the step queue.
         self.upload_queue = cl.CommandQueue(runtime.context)
@@ -103,16 +119,18 @@ class StepOverlap:
                                                                      landed[2])]
         self._loss_buffer, self._loss_offset = loss_place
         self._loss_shape, self._loss_dtype = loss_shape, loss_dtype
+        self._loss_used_last = loss_used_last
         self._checks_before, self._checks_after = checks
         self._loss: np.ndarray | None = None
         self._read: cl.Event | None = None
         self._index_read: cl.Event | None = None
         self._queue: cl.CommandQueue | None = None
 
-    def operations(self, listed: Sequence[Operation], loss_used_last: int) -> list[Operation]:
+    def operations(self, listed: Sequence[Operation]) -> list[Operation]:
         """``listed`` with the landing copy first and the loss read (and the index record's) after
-        operation ``loss_used_last``."""
-        return [*self.head, *listed[:loss_used_last + 1], self._read_loss, *listed[loss_used_last + 1:]]
+        the last operation that uses the loss."""
+        at = self._loss_used_last + 1
+        return [*self.head, *listed[:at], self._read_loss, *listed[at:]]
 
     def _read_loss(self, queue: cl.CommandQueue) -> None:
         self._queue = queue

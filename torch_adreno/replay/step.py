@@ -15,16 +15,21 @@ per buffer argument (NVIDIA's ~0.45 us each with the device busy), and resnet_mi
 300 buffer arguments instead of 648. A replay then:
 
 1. puts the batch in place: on a unified-memory device with zero-copy, binds each new batch's host
-   memory to the kernels that read it (a host-pointer buffer made over it, nothing copied); on a
-   device with memory of its own, copies it into pinned staging memory mapped once and uploads
-   that asynchronously, with the step's seeds, in one write (a driver stages pageable memory
-   itself, synchronously, and charges each write's enqueue); else (zero-copy off on unified memory)
-   uploads it from its own memory;
+   memory to the kernels that read it (a host-pointer buffer made over it, nothing copied; not
+   where the list is recorded in the driver, which keeps arguments as recorded: then it is
+   uploaded); on a device with memory of its own, copies it into pinned staging memory mapped once
+   and uploads that asynchronously, with the step's seeds, in one write (a driver stages pageable
+   memory itself, synchronously, and charges each write's enqueue); else (zero-copy off on unified
+   memory) uploads it from its own memory;
 2. draws fresh random seeds from torch's default generator in the capture's order (staged: into
    the same write);
-3. enqueues the launches in one loop with nothing in it but the enqueue (with
-   ``fill_uninitialized_memory``, fills of the step's memory before its first writes among them);
-4. reads the loss (the one blocking wait of the step).
+3. enqueues the launches: the list recorded once into a ``cl_khr_command_buffer`` where the device
+   offers one (:mod:`.driver_recording`), else in one C loop with nothing in it but the enqueue
+   (with ``fill_uninitialized_memory``, fills of the step's memory before its first writes among
+   them);
+4. reads the loss (the one wait of the step): with the batch copied and not zero-copy, right after
+   the loss is computed, the device running the backward and optimizer on after the call returns
+   while the next batch lands in a second buffer (:mod:`.overlap`); else after the whole step.
 
 Before it allocates anything, a replay holds its device footprint (persistent state, arena,
 images, the compiled graphs' arenas: :attr:`ReplayedStep.footprint`) to the global memory and
@@ -33,10 +38,11 @@ largest allocation of its limits (:class:`ReplayOptions`), refusing with a
 
 No Dynamo, AOTAutograd wrapper or autograd engine runs. What a replay assumes (the same batch
 geometry, the same tensors, hyperparameters, modes) is checked by its owner before each call
-(:mod:`torch_adreno.replay.guards`). The enqueue loop is :meth:`ReplayedStep._enqueue_all`, over a
-:class:`~torch_adreno.replay.launch_list.LaunchList`: the one place a driver-recorded queue
-(``cl_qcom_recordable_queues``) would replace. The parts: :mod:`.batch` (the batch and seeds),
-:mod:`.buffers` (where identities live), :mod:`.arena_kernels` (the kernels rebuilt for the arena).
+(:mod:`torch_adreno.replay.guards`). The enqueue is :meth:`ReplayedStep._enqueue_all`, over a
+:class:`~torch_adreno.replay.launch_list.LaunchList` (recorded in the driver or not; profiled calls
+enqueue launch by launch, each with its event). The parts: :mod:`.batch` (the batch and seeds),
+:mod:`.buffers` (where identities live), :mod:`.arena_kernels` (the kernels rebuilt for the arena),
+:mod:`.operations` (the operations, arguments bound), :mod:`.overlap` (the early return).
 """
 
 from __future__ import annotations
@@ -52,24 +58,21 @@ import torch
 from torch_adreno.compiler.memory.footprint import MemoryLimits
 from torch_adreno.replay.arena_kernels import (
     MergedCopies,
-    ReplayKernel,
     arena_kernels,
     merged_copies,
 )
-from torch_adreno.replay.batch import REPLAY_GRAPH, BatchBinding, BatchInput, BatchMode, batch_mode
+from torch_adreno.replay.batch import REPLAY_GRAPH, BatchInput, BatchMode, batch_mode
 from torch_adreno.replay.buffers import StepBuffers
 from torch_adreno.replay.capture import (
     INTERNAL,
     PERSISTENT,
-    RecordedCopy,
-    RecordedFill,
     RecordedLaunch,
     StepRecorder,
     recording_of,
 )
 from torch_adreno.replay.driver_recording import DriverRecording
 from torch_adreno.replay.inputs import ScalarInputs
-from torch_adreno.replay.launch_list import Copy, Fill, Flush, Launch, LaunchList, Operation
+from torch_adreno.replay.launch_list import LaunchList
 from torch_adreno.replay.memory import (
     arena_layout,
     plan_step_memory,
@@ -77,27 +80,13 @@ from torch_adreno.replay.memory import (
     step_footprint,
     verify_step_memory,
 )
-from torch_adreno.replay.overlap import (
-    StepOverlap,
-    finished,
-    last_use,
-    overlap_refusal,
-    wait_for_other_replays,
-)
+from torch_adreno.replay.operations import CaptureError, bind_operations
+from torch_adreno.replay.overlap import StepOverlap, finished, overlap_refusal, wait_for_other_replays
 from torch_adreno.runtime.enqueue import read_buffer
 from torch_adreno.runtime.events import BUS, LaunchRecord
-from torch_adreno.runtime.images import image_views
 from torch_adreno.runtime.residency import Residency, host_array
 
 __all__ = ["REPLAY_GRAPH", "BatchMode", "CaptureError", "ReplayOptions", "ReplayedStep"]
-
-#: Launch counts after which a replay flushes the queue: early, then at doubling intervals.
-FLUSH_AFTER = frozenset({4, 16, 48, 112, 240, 496, 1008})
-
-
-class CaptureError(RuntimeError):
-    """A recorded step cannot be replayed; the message says why (the step runs the full path)."""
-
 
 class ReplayOptions:
     """How a replay is built (from :class:`~torch_adreno.config.Config`): ``arena_kernels``
@@ -186,8 +175,6 @@ class ReplayedStep:
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
         self._scalar_inputs = ScalarInputs(recorder.identities, {index for _, index in recorder.updated}, inputs,
                                            residency, REPLAY_GRAPH)
-        #: The images the kernels read (a kernel argument holds no reference).
-        self._images: list[Any] = []
         kernels = arena_kernels(self.runtime, recorder, self._buffers.located, self._buffers.slabs,
                                 options.arena_kernels)
         #: Per launch, whether its kernel was rewritten to take the arenas (else bound as compiled).
@@ -197,11 +184,13 @@ class ReplayedStep:
         #: The slabs the kernels take (a kernel argument holds no reference).
         self._bases = list({id(b): b for k in kernels for b in k.slabs or ()}.values())
         self._bases += [slab for slab in copies.slabs if all(slab is not b for b in self._bases)]
-        #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
-        self._launches: list[tuple[str, Any, cl.Kernel]] = []
-        self._offset_arguments: list[int] = []
         fills = step_fills(recorder, self.memory) if options.fill_uninitialized_memory else {}
-        listed, described, covered = self._bind_operations(recorder, kernels, copies, bindings, fills)
+        bound = bind_operations(self.runtime, recorder, self._buffers, kernels, copies, bindings, fills)
+        listed, described, covered = bound.listed, bound.described, bound.covered
+        #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
+        self._launches, self._offset_arguments = bound.launches, bound.offset_arguments
+        #: The images the kernels read (a kernel argument holds no reference).
+        self._images = bound.images
         #: Per operation of the launch list, the positions of the recorded operations it does.
         self.covered = covered
         own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
@@ -210,24 +199,16 @@ class ReplayedStep:
         self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
         self._loss_shape = tuple(loss.shape)
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
-        loss_used_last = last_use(recorder, loss_identity, covered)
+        refused = overlap_refusal(options.overlap, self.batch_mode, residency.zero_copy, options.recording)
+        self._overlap = None if refused else StepOverlap.of(self.runtime, self.batch_input, recorder, loss_identity, bound,
+                                                            (self._loss_buffer, self._loss_offset), self._loss_shape,
+                                                            self._loss_dtype)
         #: Why a call waits for all of its step before returning (None: it returns once the loss
         #: is read, the device finishing the step: :mod:`.overlap`).
-        self.overlap_refused = overlap_refusal(options.overlap, self.batch_mode, residency.zero_copy,
-                                               options.recording)
-        if self.overlap_refused is None and loss_used_last is None:
-            self.overlap_refused = "no operation of the step uses the loss"
-        self._overlap = None
-        if self.overlap_refused is None:
-            assert loss_used_last is not None
-            checks_before = sum(1 for d in described[:loss_used_last + 1] if d is not None and d[1].checks_indices)
-            self._overlap = StepOverlap(self.runtime, self.batch_input, (self._loss_buffer, self._loss_offset),
-                                        self._loss_shape, self._loss_dtype,
-                                        (checks_before, self._checking_launches - checks_before))
-            listed_per_step = self._overlap.operations(listed, loss_used_last)
+        self.overlap_refused = refused or (None if self._overlap else "no operation of the step uses the loss")
         #: The step's device operations on the replay's own queue (recorded in the driver, or the C
         #: loop, where available).
-        self._operations = LaunchList(self._queue, listed if self._overlap is None else listed_per_step,
+        self._operations = LaunchList(self._queue, self._overlap.operations(listed) if self._overlap else listed,
                                       recording=options.recording)
         # Under profile(): on the runtime's queue, from Python, each call returning its event.
         self._profiled_operations = LaunchList(self.runtime.queue, listed, native=False).calls
@@ -248,95 +229,6 @@ class ReplayedStep:
         #: work), and "after" (the caller's bookkeeping once the loss is read; set by the caller).
         self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
         self.loss_read_at = 0.0
-
-    def _bind_operations(self, recorder: StepRecorder, kernels: list[ReplayKernel], copies: MergedCopies,
-                         batch_of: dict[int, BatchBinding], fills: dict[int, list[RecordedFill]],
-                         ) -> tuple[list[Operation], list[tuple[str, Any] | None], list[tuple[int, ...]]]:
-        """The step's device work in order, every kernel argument bound once: the operations of a
-        launch list, per operation the (graph, source) a profile reports (None: a copy, a fill, a
-        flush), and per operation the positions of the recorded operations it does (a merged run
-        of copies: several; a fill, a flush or an image refresh: none). ``fills``: by operation,
-        the fills right before it."""
-        listed: list[Operation] = []
-        described: list[tuple[str, Any] | None] = []
-        covered: list[tuple[int, ...]] = []
-
-        def merged_run(first: int) -> tuple[int, ...]:
-            """The positions of the run of copies merged into the kernel at ``first``."""
-            end = first + 1
-            while end in copies.by_position and copies.by_position[end] is None:
-                end += 1
-            return tuple(range(first, end))
-        launched = iter(kernels)
-        buffers = self._buffers
-
-        def bind_or_defer(kernel: cl.Kernel, position: int, index: int, buffer: cl.Buffer | None) -> None:
-            if index in batch_of and batch_of[index].buffer is None:
-                batch_of[index].consumers.append((kernel, position))  # bound by each replay
-            else:
-                kernel.set_arg(position, buffer)
-
-        def launch(graph: str, kernel: cl.Kernel, source: Any, positions: tuple[int, ...], offsets: int = 0) -> None:
-            self._launches.append((graph, source, kernel))
-            self._offset_arguments.append(offsets)
-            listed.append(Launch(kernel, source.global_size, source.local_size, source.name))
-            described.append((graph, source))
-            covered.append(positions)
-
-        def other(operation: Operation) -> None:
-            listed.append(operation)
-            described.append(None)
-            covered.append(())
-
-        for position, op in enumerate(recorder.operations):
-            for fill in fills.get(position, ()):
-                buffer, at = buffers.place(fill.identity)
-                for operation in Fill.of(buffer, at + fill.offset, fill.nbytes):
-                    other(operation)
-            if isinstance(op, RecordedCopy):
-                if position in copies.by_position:
-                    merged = copies.by_position[position]
-                    if merged is not None:
-                        # (the run it starts: every position merged into this one kernel)
-                        launch(REPLAY_GRAPH, merged[0], merged[1], merged_run(position))
-                    continue
-                try:
-                    (destination, at), (source_buffer, start) = buffers.place(op.destination), buffers.place(op.source)
-                except ValueError as err:
-                    raise CaptureError(str(err)) from None
-                listed.append(Copy(source_buffer, destination, start, at, op.nbytes))
-                described.append(None)
-                covered.append((position,))
-                continue
-            replay_kernel = next(launched)
-            kernel, slabs, source = replay_kernel.kernel, replay_kernel.slabs, op.source
-            kept = [index for argument, index in enumerate(op.args) if argument not in replay_kernel.placed]
-            if slabs is None:
-                # Kept as compiled, bound to the arena's sub-buffers (images over them: a copied image
-                # is refreshed before each read).
-                for argument, index in enumerate(op.args):
-                    bind_or_defer(kernel, argument, index, buffers.buffer(index) if index not in batch_of
-                                  or batch_of[index].buffer is not None else None)
-                if source.images:
-                    named = list(zip(source.params, op.args, strict=True))
-                    by_param = {name: buffers.buffer(index) for name, index in named}
-                    in_arena = {name: where for name, index in named
-                                if index in self.arena.offset_of and (where := buffers.located(index)) is not None}
-                    for image in image_views(self.runtime).bind(kernel, source, by_param.__getitem__, in_arena.get):
-                        self._images.append(image)
-                        if not image.shared:
-                            other(image.refresh)
-            else:  # (its slabs and offsets bound already)
-                for argument, index in enumerate(kept, start=replay_kernel.first_argument):
-                    bind_or_defer(kernel, argument, index, buffers.buffers[index])
-            if source.checks_indices:  # the device's index error record and the launch's token, after those
-                self.runtime.index_errors.bind(kernel, source, replay_kernel.first_argument + len(kept))
-            launch(op.graph, kernel, source, (position,), len(replay_kernel.offsets))
-            if len(self._launches) in FLUSH_AFTER:
-                # Hand what is enqueued to the device now, so that it computes while the host enqueues
-                # the rest (some drivers submit only at a flush or a blocking call).
-                other(Flush())
-        return listed, described, covered
 
     @property
     def kernel_launches(self) -> int:
