@@ -45,13 +45,14 @@ from typing import Any
 
 import torch
 
-from torch_adreno.compiler.memory.footprint import DeviceFootprint
+from torch_adreno.compiler.memory.footprint import DeviceFootprint, MemoryLimits
 from torch_adreno.config import Config
 from torch_adreno.replay import guards
 from torch_adreno.replay.capture import StepRecorder
 from torch_adreno.replay.driver_recording import driver_recording
 from torch_adreno.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS, StepRecord
 from torch_adreno.runtime.residency import StepContext
 from torch_adreno.target.profiles import profile_for
@@ -110,6 +111,17 @@ def _sync_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, hook: 
             optimizer.register_load_state_dict_pre_hook(hook)]
 
 
+def replay_options(config: Config, runtime: DeviceRuntime, limits: MemoryLimits) -> ReplayOptions:
+    """How a TrainingStep's replays are built on ``runtime`` (held to ``limits``), from its options."""
+    rebuild = config.replay_arena_kernels
+    if rebuild == "auto":  # a GPU's (the target's, where one is given)
+        rebuild = profile_for(runtime.profile, config.target).is_gpu
+    return ReplayOptions(bool(rebuild), config.replay_merge_copies, config.verify_memory, limits,
+                         fill_uninitialized_memory=config.fill_uninitialized_memory,
+                         recording=driver_recording(runtime.device, config.replay_command_buffers, runtime.entry.label),
+                         overlap=config.replay_overlap)
+
+
 class TrainingStep:
     """``step(*batch)`` runs ``loss_fn(model, *batch)``, its backward and ``optimizer.step()`` on the
     device, clears the gradients and returns the loss (detached). See the module docstring for
@@ -155,16 +167,7 @@ class TrainingStep:
         self._memory = StepMemory(profile_for(self._residency.runtime.profile, config.target))
         #: The largest allocation and global memory this step is held to (the target's, else the device's).
         self.memory_limits = self._memory.limits
-        rebuild = config.replay_arena_kernels
-        if rebuild == "auto":  # a GPU's (the target's, where one is given)
-            rebuild = profile_for(self._residency.runtime.profile, config.target).is_gpu
-        runtime = self._residency.runtime
-        self._replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies, config.verify_memory,
-                                             self.memory_limits,
-                                             fill_uninitialized_memory=config.fill_uninitialized_memory,
-                                             recording=driver_recording(runtime.device, config.replay_command_buffers,
-                                                                        runtime.entry.label),
-                                             overlap=config.replay_overlap)
+        self._replay_options = replay_options(config, self._residency.runtime, self.memory_limits)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
         # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
         self._hyperparameters = StepHyperparameters(optimizer)
