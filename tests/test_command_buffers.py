@@ -1,11 +1,13 @@
 """A replayed step recorded once into a ``cl_khr_command_buffer`` and enqueued whole each step
 (option ``replay_command_buffers``): the same operations in the same order, so the same bits as
 the C loop enqueueing them one by one, on the device that offers command buffers (Intel's CPU
-runtime here; the suite's PoCL offers none). Qualcomm's recordable queues have no device here: only
-the choice that refuses them by default is tested."""
+runtime here; the suite's PoCL offers none). Qualcomm's recordable queues have no device here: their
+entry points are stubs that log calls, which checks our side of the calls only."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import warnings
 
 import numpy as np
@@ -137,3 +139,76 @@ def test_profiled_replays_enqueue_launch_by_launch_and_say_so() -> None:
     assert prof.replayed_steps == 1 and prof.kernel_launches == step.replay.kernel_launches
     assert prof.replay_enqueue == step.replay.enqueue_path
     assert f"enqueued launch by launch here (each launch timed); unprofiled: {step.replay.enqueue_path}" in prof.table()
+
+
+def test_recordable_queue_runs_are_split_and_enqueued_through_a_stub_of_qualcomms_entry_points(monkeypatch) -> None:
+    """No Adreno here: Qualcomm's four entry points are stubs that log their calls, and launches are
+    "recorded" on an ordinary queue (they run there). What this checks is ours: launches grouped
+    into recordings of at most CL_DEVICE_RECORDABLE_QUEUE_MAX_SIZE, copies, fills and flushes
+    between them through the C loop, every call's arguments (the structure launch_list.c reads),
+    each recording enqueued with no updates, and each released."""
+    from torch_adreno.replay.driver_recording import (
+        RECORDABLE_QUEUE,
+        DriverRecording,
+        RecordedRuns,
+        _RecordableQueueApi,
+    )
+    from torch_adreno.replay.native_loop import native_loop
+
+    loop = native_loop()
+    if loop is None:
+        pytest.fail("the C loop is not available here")
+    calls: list[tuple] = []
+    recordings = iter(range(0x1000, 0x2000))
+
+    @ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32))
+    def new_recording(queue, status):
+        status[0] = 0
+        handle = next(recordings)
+        calls.append(("new", handle))
+        return handle
+
+    @ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+    def end_recording(handle):
+        calls.append(("end", handle))
+        return 0
+
+    @ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+    def release_recording(handle):
+        calls.append(("release", handle))
+        return 0
+
+    @ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                      ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                      ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p)
+    def enqueue_recording(queue, handle, *updates):
+        calls.append(("enqueue", handle, tuple(u or 0 for u in updates)))
+        return 0
+
+    stubs = [new_recording, end_recording, release_recording, enqueue_recording]
+    api = _RecordableQueueApi(*(ctypes.cast(f, ctypes.c_void_p).value for f in stubs))
+    recording = DriverRecording(RECORDABLE_QUEUE, "stub entry points", api, loop, max_launches=2)
+    context = cl.create_some_context(interactive=False)
+    queue, recorded_on = cl.CommandQueue(context), cl.CommandQueue(context)
+    monkeypatch.setattr(RecordedRuns, "_recordable", lambda self: recorded_on.int_ptr)
+    kernel = cl.Kernel(cl.Program(context, _SOURCE).build(), "affine")
+    first = cl.Buffer(context, cl.mem_flags.READ_WRITE, 256)
+    second = cl.Buffer(context, cl.mem_flags.READ_WRITE, 256)
+    kernel.set_arg(0, first)
+    launch = Launch(kernel, (64,), None)
+    seen: list[int] = []
+    listed = LaunchList(queue, [launch, launch, launch, Copy(first, second, 0, 0, 64), Flush(), launch,
+                                lambda q: seen.append(1), launch], recording=recording)
+    assert listed.recorded == RECORDABLE_QUEUE
+    # Recorded: launches 0-1, launch 2 (at most 2 a recording), launch 5, launch 7.
+    assert [c[0] for c in calls] == ["new", "end"] * 4
+    del calls[:]
+    listed()
+    no_updates = (0,) * 11
+    assert calls == [("enqueue", 0x1000, no_updates), ("enqueue", 0x1001, no_updates),
+                     ("enqueue", 0x1002, no_updates), ("enqueue", 0x1003, no_updates)]
+    assert seen == [1] and listed.host_calls == 6  # 4 recordings, the copy and flush's run, the Python call
+    queue.finish()
+    del listed
+    gc.collect()
+    assert sorted(c[1] for c in calls if c[0] == "release") == [0x1000, 0x1001, 0x1002, 0x1003]
