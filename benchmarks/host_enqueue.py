@@ -10,7 +10,9 @@ Per device and model, three measurements:
   memory when recorded) and in copy mode (``zero_copy=False``, a device with memory of its own
   simulated: there the step returns at its loss read). Medians of ``last_phases`` (guard, batch,
   enqueue, loss_read, after) and ``last_host_seconds``, the wall time per call, the calls a step
-  makes to enqueue, and the path (``ReplayedStep.enqueue_path``);
+  makes to enqueue, and the path (``ReplayedStep.enqueue_path``); then the enqueue call alone with
+  the device idle before it (``enqueue_idle_ms``: on a CPU runtime the device's threads share the
+  host's cores, so the in-step phases carry the device's load);
 - the peers' script (``adreno_peer.py --mode trainstep``: lenet and resnet_mini, the models it
   has), run before and after through the options' environment variables: its median step time;
 - the native runtime (``torch-adreno-step bench``): the exported step's device time and its
@@ -108,6 +110,7 @@ def replay_phases(name: str, device: str, zero_copy: str | bool, steps: int) -> 
                 wall = time.perf_counter() - started
                 replay = step.replay
                 samples[label].append({"wall": wall, "host": replay.last_host_seconds, **replay.last_phases})
+    idle = {label: enqueue_idle(step) for label, step in runs.items()}
     records = []
     for label, step in runs.items():
         replay = step.replay
@@ -118,12 +121,29 @@ def replay_phases(name: str, device: str, zero_copy: str | bool, steps: int) -> 
             "enqueue_calls": replay._operations.host_calls, "batch_mode": replay.batch_mode.value,
             "enqueue_path": replay.enqueue_path,
             "wall_ms": round(statistics.median(s["wall"] for s in taken) * 1e3, 4),
-            "host_ms": round(statistics.median(s["host"] for s in taken) * 1e3, 4)}
+            "host_ms": round(statistics.median(s["host"] for s in taken) * 1e3, 4),
+            "enqueue_idle_ms": round(idle[label] * 1e3, 4)}
         for phase in PHASES:
             record[f"{phase}_ms"] = round(statistics.median(s[phase] for s in taken) * 1e3, 4)
         records.append(record)
         step.close()
     return records
+
+
+def enqueue_idle(step: TrainingStep, repeats: int = 15) -> float:
+    """Median seconds of the replay's enqueue call alone (its launch list, recorded or not) with the
+    device idle before it: each time the queue is finished first and after. (It runs the step's
+    operations again on the device's current state: the model is not used after this.)"""
+    replay = step.replay
+    queue = replay._operations.queue
+    times = []
+    for _ in range(repeats):
+        queue.finish()
+        started = time.perf_counter()
+        replay._operations()
+        times.append(time.perf_counter() - started)
+        queue.finish()
+    return statistics.median(times)
 
 
 def peer_step_times(name: str, device: str, steps: int, script: Path) -> list[dict[str, Any]]:
