@@ -31,6 +31,13 @@ the CUDA kernels of one more step under ``torch.profiler`` (``device_ms``; ``dev
 for every peer beside eager's): on the shared GPU host eager's wall time for ResNet-18 varied from
 8.8 to 12.4 ms between four runs of one day (2026-12-04), with its host's share of each step.
 
+Energy per step (``energy_j_per_step``): after its timed steps each peer runs its step back to back
+for at least ``--energy-seconds`` (1 s) and ``--energy-steps`` (60) inside one window of the
+profiler's energy reader (:mod:`energy_window`): the GPU's NVML energy counter, the same GPU for the
+CUDA peers and for ours (NVIDIA's OpenCL device, matched by PCI address). Where nothing is read (the
+host's CPU, a CPU OpenCL runtime, no NVIDIA driver) the record says ``energy_not_measured`` with
+the reason, and the window is not run. ``--no-energy`` skips it.
+
 Each workload runs in a fresh process (its memory returned after it) whose caches -- the program
 binaries (``TORCH_ADRENO_CACHE_DIR``), PyTorch's compile cache (``TORCHINDUCTOR_CACHE_DIR``) and the
 drivers' (``POCL_CACHE_DIR``, ``CUDA_CACHE_PATH``) -- start empty unless ``--warm-caches``.
@@ -69,6 +76,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import gpt2_lora
 from common import DEVICE, RESULTS, append_jsonl, device_arg, results_file, run_context
+from energy_window import MIN_SECONDS, MIN_STEPS, cuda_meter, energy_per_step, ours_meter
+from workloads_report import breakdown_text, fmt, plot, table
 
 import torch_adreno
 from torch_adreno.profiler.roofline import device_peaks
@@ -194,8 +203,10 @@ def _timed(step: Callable[[], float], warmup: int, steps: int, sync: Callable[[]
             "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
 
 
-def torch_peer(work: Workload, base: nn.Module, peer: str, steps: int, warmup: int) -> dict[str, Any]:
-    """Eager or inductor, as PyTorch runs the step on CUDA (or eager on the host without CUDA)."""
+def torch_peer(work: Workload, base: nn.Module, peer: str, steps: int, warmup: int,
+               energy: tuple[float, int] | None = None) -> dict[str, Any]:
+    """Eager or inductor, as PyTorch runs the step on CUDA (or eager on the host without CUDA);
+    ``energy``: (seconds, steps) of the window its joules per step are read over (None: not read)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     tf32 = peer.endswith("_tf32")
@@ -228,6 +239,8 @@ def torch_peer(work: Workload, base: nn.Module, peer: str, steps: int, warmup: i
 
     counters.clear()
     row = _timed(step, warmup, steps, sync)
+    if energy is not None:
+        row.update(energy_per_step(step, sync, cuda_meter(), *energy))
     row.update(peer_device=torch.cuda.get_device_name() if cuda else "cpu", tf32=tf32 if cuda else None,
                label=LABELS[peer] if cuda else CPU_EAGER_LABEL, host_threads=torch.get_num_threads())
     if peer.startswith("inductor"):
@@ -294,8 +307,9 @@ def breakdown(prof: torch_adreno.profile, rows: int) -> dict[str, Any]:
 
 
 def ours(work: Workload, base: nn.Module, device: str | int | None, steps: int, warmup: int, rows: int,
-         profile: bool = True) -> dict[str, Any]:
-    """``TrainingStep`` replayed; the batch on the host, the loss read inside each step's window."""
+         profile: bool = True, energy: tuple[float, int] | None = None) -> dict[str, Any]:
+    """``TrainingStep`` replayed; the batch on the host, the loss read inside each step's window;
+    ``energy`` as :func:`torch_peer`'s."""
     torch._dynamo.reset()
     model = copy.deepcopy(base)
     x, y = work.batch()
@@ -313,6 +327,8 @@ def ours(work: Workload, base: nn.Module, device: str | int | None, steps: int, 
         return loss
 
     row = _timed(step, warmup, steps, lambda: None)
+    if energy is not None:  # each step reads its loss: the device is done when step() returns
+        row.update(energy_per_step(step, lambda: None, ours_meter(device), *energy))
     # The host's own work of each replayed step, by phase (the device idles through guard + batch).
     row["replay_host_phases_ms"] = {phase: statistics.median(values) * 1e3 for phase, values in phases.items() if values}
     row["compile_s"] = sum(row["warmup_call_s"][:2])  # the calls before the first replay
@@ -347,14 +363,15 @@ def child(args: argparse.Namespace) -> None:
               "trainable_params": sum(p.numel() for p in base.parameters() if p.requires_grad)}
     records = []
     peers = ["ours"] if args.phase == "warm" else args.peers
+    energy = None if args.no_energy or args.phase == "warm" else (args.energy_seconds, args.energy_steps)
     for peer in peers:
         print(f"[{work.name}] {peer}{' (warm compile)' if args.phase == 'warm' else ''} ...", flush=True)
         try:
             if peer == "ours":
                 row = ours(work, base, device, args.steps if args.phase != "warm" else 1, args.warmup, args.rows,
-                           profile=args.phase != "warm")
+                           profile=args.phase != "warm", energy=energy)
             else:
-                row = torch_peer(work, base, peer, args.steps, args.warmup)
+                row = torch_peer(work, base, peer, args.steps, args.warmup, energy)
         except Exception as error:  # one peer failing does not lose the others' rows
             row = {"label": LABELS.get(peer, peer), "error": f"{type(error).__name__}: {str(error)[:2000]}"}
             print(f"[{work.name}] {peer} failed: {row['error'][:500]}", flush=True)
@@ -385,7 +402,10 @@ def run_child(args: argparse.Namespace, workload: str, phase: str, caches: Path 
         out_path = Path(out.name)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", workload, "--phase", phase,
                "--child-out", str(out_path), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--rows", str(args.rows), "--peers", *args.peers]
+               "--rows", str(args.rows), "--peers", *args.peers, "--energy-seconds", str(args.energy_seconds),
+               "--energy-steps", str(args.energy_steps)]
+    if args.no_energy:
+        command.append("--no-energy")
     if args.small:
         command.append("--small")
     if args.device is not None:
@@ -404,89 +424,6 @@ def run_child(args: argparse.Namespace, workload: str, phase: str, caches: Path 
         out_path.unlink(missing_ok=True)
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
-
-
-def breakdown_text(row: dict[str, Any], rows: int) -> str:
-    """The profiled step of ours: totals, then by kernel kind, ATen op and kernel, each row's GFLOP/s
-    and GB/s also as a share of the device's measured FLOP/s and bandwidth peaks."""
-    peaks = row.get("device_peaks") if isinstance(row.get("device_peaks"), dict) else None
-    lines = [f"  ours, one replayed step: device {row['device_ms']:.3f} ms, {row['launches']} launches, "
-             f"kernel bytes {(row['kernel_bytes_read'] + row['kernel_bytes_written']) / 1e9:.4f} GB, "
-             f"{row['gflop']:.3f} GFLOP, replay host {_fmt(row['replay_host_us'], '.0f')} us, "
-             f"host fallback ops {len(row['host_fallback_ops'])}"
-             + (f"; device peaks measured: {peaks['gflops']:.0f} GFLOP/s, {peaks['bandwidth_gbs']:.0f} GB/s"
-                if peaks else ""),
-             f"  {'kind / op / kernel':<52} {'calls':>5} {'ms':>9} {'share':>6} {'GFLOP':>8} {'GFLOP/s':>9} "
-             f"{'MB':>9} {'GB/s':>8} {'%FLOP':>6} {'%BW':>5}"]
-
-    def line(name: str, r: dict[str, Any]) -> str:
-        flop = r["gflops"] / peaks["gflops"] if peaks and r["gflops"] is not None else None
-        bandwidth = r["gbs"] / peaks["bandwidth_gbs"] if peaks and r["gbs"] is not None else None
-        return (f"  {name[:52]:<52} {r['calls']:>5} {r['time_ms']:>9.3f} {r['share']:>6.1%} {r['gflop']:>8.3f} "
-                f"{_fmt(r['gflops'], '9.1f'):>9} {r['mb']:>9.2f} {_fmt(r['gbs'], '8.1f'):>8} "
-                f"{_fmt(flop, '6.0%'):>6} {_fmt(bandwidth, '5.0%'):>5}")
-
-    lines += [line(f"[{kind}]", r) for kind, r in row["by_kind"].items()]
-    lines += [line(r["name"].removeprefix("aten."), r) for r in row["by_op"][:rows]]
-    lines += [line(r["name"], r) + f"  {','.join(r['ops'])[:60]}" for r in row["by_kernel"][:rows]]
-    return "\n".join(lines)
-
-
-def table(records: list[dict[str, Any]]) -> str:
-    header = (f"{'workload':<13} {'peer':<53} {'median ms':>9} {'min ms':>8} {'x eager':>7} {'loss first':>10} "
-              f"{'loss last':>10} {'compile s':>9} {'warm s':>6} {'device ms':>9} {'launches':>8} {'GB':>7} "
-              f"{'GFLOP':>8} replayed")
-    lines = [header]
-    for r in records:
-        if r.get("phase") == "warm":
-            continue
-        if "error" in r:
-            lines.append(f"{r['workload']:<13} {r.get('label', r['peer']):<53} ERROR {r['error'][:200]}")
-            continue
-        eager = next((e for e in records if e["workload"] == r["workload"] and e["peer"] == "eager"
-                      and "median_ms" in e), None)
-        ratio = r["median_ms"] / eager["median_ms"] if eager else None
-        compile_s = r.get("compile_s", r["first_call_s"] if r["peer"].startswith("inductor") else None)
-        kernel_gb = ((r["kernel_bytes_read"] + r["kernel_bytes_written"]) / 1e9 if "kernel_bytes_read" in r else None)
-        replayed = (f"{r['replayed_steps']} ({'all timed' if r['timed_steps_replayed'] else 'NOT all timed'})"
-                    if "replayed_steps" in r else "")
-        lines.append(
-            f"{r['workload']:<13} {r['label']:<53} {r['median_ms']:>9.2f} {r['min_ms']:>8.2f} {_fmt(ratio, '7.2f'):>7} "
-            f"{r['loss_first']:>10.5f} {r['loss_last']:>10.5f} {_fmt(compile_s, '9.1f'):>9} "
-            f"{_fmt(r.get('compile_warm_s'), '6.1f'):>6} {_fmt(r.get('device_ms'), '9.2f'):>9} "
-            f"{_fmt(r.get('launches'), '8d'):>8} {_fmt(kernel_gb, '7.3f'):>7} {_fmt(r.get('gflop'), '8.2f'):>8} "
-            f"{replayed}")
-    return "\n".join(lines)
-
-
-def plot(records: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in records if r.get("phase") != "warm" and "median_ms" in r]
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    if not workloads:
-        return
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 4.2), squeeze=False)
-    for ax, workload in zip(axes[0], workloads, strict=True):
-        mine = [r for r in rows if r["workload"] == workload]
-        bars = ax.bar(range(len(mine)), [r["median_ms"] for r in mine],
-                      color=["tab:red" if r["peer"] == "ours" else "tab:blue" for r in mine])
-        ax.bar_label(bars, fmt="%.1f", fontsize=8)
-        ax.set_xticks(range(len(mine)), [r["label"].split(" (")[0] for r in mine], rotation=30, ha="right",
-                      fontsize=8)
-        ax.set_title(mine[0].get("title", workload), fontsize=8)
-        ax.set_ylabel("step ms (median)")
-    fig.suptitle(f"training step, {rows[0].get('device', '')}, torch {rows[0].get('torch', '')}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-
-
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -495,6 +432,19 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _at_least(kind: Callable[[str], Any], low: float) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low:g}, got {text}")
+        return value
+
+    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -508,6 +458,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=_positive, default=3,
                         help="untimed steps first (default 3; at least 2: ours replays from its third call)")
     parser.add_argument("--device", default=None, help="OpenCL device for ours (index or name part)")
+    parser.add_argument("--energy-seconds", type=_at_least(float, MIN_SECONDS), default=MIN_SECONDS,
+                        help=f"each peer's energy window lasts at least this long (default and minimum "
+                             f"{MIN_SECONDS:g} s: the counters smooth over about a second)")
+    parser.add_argument("--energy-steps", type=_at_least(int, MIN_STEPS), default=MIN_STEPS,
+                        help=f"and holds at least this many steps (default and minimum {MIN_STEPS})")
+    parser.add_argument("--no-energy", action="store_true", help="do not read joules per step")
     parser.add_argument("--rows", type=_positive, default=12, help="rows of each per-op breakdown (default 12)")
     parser.add_argument("--out", type=Path, default=RESULTS / DEVICE / "workloads.jsonl", help="JSON-lines file to append to")
     parser.add_argument("--plot", nargs="?", type=Path, const=Path(), default=None, metavar="PNG",
@@ -585,7 +541,7 @@ def main() -> None:
         print("\n" + table(records))
     for r in records:
         if r["peer"] == "ours" and "loss_first_diff_vs_eager" in r:
-            ratios = ", ".join(f"{_fmt(r.get(f'over_{p}'), '.2f')}x {r['eager_label'] if p == 'eager' else LABELS[p]}"
+            ratios = ", ".join(f"{fmt(r.get(f'over_{p}'), '.2f')}x {r['eager_label'] if p == 'eager' else LABELS[p]}"
                                for p in ("eager", "eager_tf32", "inductor_cg", "inductor_cg_tf32") if f"over_{p}" in r)
             print(f"{r['workload']}: ours' first loss {r['loss_first']:.6f}, eager's {r['eager_loss_first']:.6f} "
                   f"(|diff| {r['loss_first_diff_vs_eager']:.2e}); last {r['loss_last']:.6f} vs "

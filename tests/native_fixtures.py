@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from onnx import helper
 from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import NativeBuild, NativeBuildError, build_native, opencl_environment
 from torch_adreno.runner import format as fmt
+from torch_adreno.runner import integrity
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Batches in each exported data file; runs take them in turn.
@@ -134,7 +136,7 @@ def view_and_copy_step() -> onnx.ModelProto:
         "slots": [24, 24, 4], "batch": [{"input": "batch_0", "position": 0, "shape": [4, 3], "dtype": "float32"}],
         "loss": {"identity": 4, "dtype": "float32", "shape": []}}
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
-    return model
+    return integrity.seal(model)
 
 
 def gpt2_lora_parts(batches: int) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, list[tuple[torch.Tensor, ...]]]:
@@ -212,4 +214,36 @@ def partial_write_step(fills: bool = True) -> onnx.ModelProto:
     if fills:
         plan[fmt.FILLS_KEY] = [[0, 1, 0, 16], [1, 2, 0, 16], [2, 1, 0, 16], [3, 4, 0, 4]]
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
-    return model
+    return integrity.seal(model)
+
+
+def damaged_copies(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
+    """Copies of an exported ``step`` damaged as storage damages files, each with the part a
+    runner must name (:func:`damage_message`): 20 bytes flipped inside the data of its largest
+    parameter, and 200 bytes flipped inside a kernel's OpenCL source (each copy still a valid ONNX
+    model)."""
+    data = step.read_bytes()
+    model = onnx.load(str(step))
+    parameter = max((t for t in model.graph.initializer if not t.name.startswith(("optimizer.", "lr"))),
+                    key=lambda t: len(t.raw_data))
+    start = data.find(parameter.raw_data)
+    assert start > 0 and data.count(parameter.raw_data[:256]) == 1, parameter.name
+    tensor = bytearray(data)
+    for k in range(20):
+        tensor[start + 64 + 13 * k] ^= 0x5A
+    source = bytearray(data)
+    kernel = data.find(b"__kernel")
+    for k in range(200):
+        source[kernel + k] ^= 0x01
+    copies = {"tensor": (folder / "damaged_tensor.onnx", bytes(tensor), f"the data of initializer {parameter.name}"),
+              "source": (folder / "damaged_source.onnx", bytes(source), "the kernel sources")}
+    for path, content, _ in copies.values():
+        path.write_bytes(content)
+    return {part: (path, what) for part, (path, _, what) in copies.items()}
+
+
+def damage_message(path: Path | None, what: str) -> str:
+    """The pattern of a runner's message for the damaged file ``path`` (None: a file with no name,
+    sent to the step server) whose ``what`` is damaged."""
+    named = ".+" if path is None else r"\S*" + re.escape(path.name)
+    return rf"damaged file: {named}: {re.escape(what)}: not as exported \(its SHA-256 differs"

@@ -49,6 +49,7 @@ REGEX_USES: dict[str, str] = {
     "target.profiles": "an OpenCL device's name, for the Adreno model number",
     "compiler.lowering.context": "a Dynamo source path, for a parameter's name",
     "tools.testing.opinfo_errors": "eager's error messages, for the op they name",
+    "training.pieces": "Dynamo's graph-break message, for its reason without its hints",
 }
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import torch_adreno
 
 
 def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -57,3 +61,38 @@ def test_opinfo_command_counts_and_writes_json_lines(tmp_path):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len({r["op"] for r in lines}) == 1 and all(r["passed"] for r in lines)
     assert re.search(r"total: \d+/\d+ samples pass \(100\.0%\) over 1 OpInfo entries", result.stdout)
+
+
+@pytest.mark.device
+def test_bench_shows_progress_and_writes_into_a_folder_of_the_current_directory(tmp_path):
+    """A fresh process in an empty directory: the progress bar names what runs (compiling is most
+    of a short run), and the results go to ./torch_adreno_bench, not into the package or checkout."""
+    package = Path(torch_adreno.__file__).resolve().parent
+    before = {p for p in package.parent.rglob("suite.*")}
+    done = subprocess.run([sys.executable, "-m", "torch_adreno", "bench", "--models", "mlp", "--variants", "eager",
+                           "unfused", "--steps", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(package.parent)}, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    bar = done.stderr.replace("\r", "\n")
+    assert "benchmark suite" in bar and "mlp unfused: compiling" in bar, bar
+    assert re.search(r"\b9/9 \[", bar), bar  # eager: 2 warm-up + 2 timed; unfused: the same and 1 profiled
+    out = tmp_path / "torch_adreno_bench"
+    assert (out / "suite.jsonl").is_file() and (out / "suite.png").is_file()
+    assert {json.loads(line)["variant"] for line in (out / "suite.jsonl").read_text().splitlines()} == {"eager",
+                                                                                                       "unfused"}
+    assert {p for p in package.parent.rglob("suite.*")} == before, "bench wrote into the package or checkout"
+
+
+def test_bench_defaults_are_the_quick_run_and_full_is_the_suite():
+    import argparse
+
+    from torch_adreno.cli import bench as bench_cli
+
+    parser = argparse.ArgumentParser()
+    bench_cli.register(parser.add_subparsers())
+    quick = parser.parse_args(["bench"])
+    assert bench_cli.measured(quick) == (bench_cli.QUICK_MODELS, bench_cli.QUICK_STEPS)
+    assert quick.out == Path("torch_adreno_bench") and not quick.out.is_absolute()
+    full = parser.parse_args(["bench", "--full", "--out", "elsewhere"])
+    assert bench_cli.measured(full) == (bench_cli.FULL_MODELS, bench_cli.FULL_STEPS) and full.out == Path("elsewhere")
+    assert bench_cli.measured(parser.parse_args(["bench", "--full", "--steps", "3"]))[1] == 3

@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: The README's setup commands, which .ci/run runs (the README says so: they must stay the same).
-SETUP_COMMANDS = ('pip install "torch==2.13.0" -e ".[test]"', "python -m pytest")
+SETUP_COMMANDS = ('pip install "torch==2.13.0" -e ".[test]" --extra-index-url https://download.pytorch.org/whl/cpu '
+                  '--retries 1', "python -m pytest")
 #: Wording that names development rounds (a numbered or "this"/"last" session) rather than the product.
 ROUNDS = re.compile(r"session[ _-]?\d+|\b(?:this|last|next|previous) session\b", re.IGNORECASE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -80,8 +81,18 @@ def test_the_readme_is_a_front_door_with_cis_setup_commands() -> None:
     section = text.split("## Set up and test", 1)[1].split("\n## ", 1)[0]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     assert tuple(block.strip().splitlines()) == SETUP_COMMANDS, block
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert all(command in ci for command in SETUP_COMMANDS), "the README's setup commands must be .ci/run's"
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith(("#", "set ", "cd ", "export "))]
+    assert tuple(ci) == SETUP_COMMANDS, "the README's setup commands must be .ci/run's, exactly"
+
+
+def test_the_readme_setup_takes_the_cpu_build_and_says_how_to_pick_another() -> None:
+    """PyPI's default Linux torch is the CUDA build with its CUDA packages (several GB): the setup
+    names PyTorch's CPU index, and the README says how to pick a CUDA, ROCm or Termux build."""
+    setup = SETUP_COMMANDS[0].split()
+    assert setup[setup.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    section = README.read_text().split("## Set up and test", 1)[1].split("\n## ", 1)[0]
+    assert all(word in section for word in ("CUDA", "ROCm", "Termux", "pkg install python-torch", "2.13.0+cpu"))
 
 
 def test_readme_and_docs_name_no_development_rounds() -> None:

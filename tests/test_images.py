@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import re
 from importlib import resources
 
@@ -258,10 +259,11 @@ def test_images_shared_with_buffers_where_the_device_allows() -> None:
 
 
 @pytest.mark.device
-def test_a_refused_shared_image_becomes_a_copy_and_released_buffers_drop_their_images() -> None:
+def test_a_refused_shared_image_becomes_a_copy_and_released_buffers_drop_their_images(caplog) -> None:
     runtime = get_runtime()
     if runtime.profile.image_from_buffer:
         pytest.skip("the device shares images with buffers: nothing refuses here")
+    caplog.set_level(logging.INFO, logger="torch_adreno")
     # Told the device shares, PoCL's driver refuses the image over the buffer: a copied image.
     views = ImageViews(runtime.context, dataclasses.replace(runtime.profile, image_from_buffer=True))
     operand = ImageOperand("x", 4, 4)
@@ -272,6 +274,11 @@ def test_a_refused_shared_image_becomes_a_copy_and_released_buffers_drop_their_i
     del entry, buffer  # only the table holds the buffer now: the next new image releases both
     views.image_for(cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 256), operand)
     assert len(views) == 1 and views.copies_made == 2
+    views.image_for(cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, 512), ImageOperand("y", 8, 4))
+    assert views.copies_made == views.refused == 3
+    # The driver's refusal is said once for the device, in one line, not once per tensor.
+    said = [r.getMessage() for r in caplog.records if "refuses images" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and "copies instead" in said[0], said
 
 
 def _train_reference_model(name: str, steps: int, images: bool):

@@ -22,6 +22,8 @@ from native_fixtures import (
     SANITIZER_OPTIONS,
     STEPS,
     build_once,
+    damage_message,
+    damaged_copies,
     gpt2_lora_parts,
     partial_write_step,
     view_and_copy_step,
@@ -33,7 +35,7 @@ import torch_adreno
 from torch_adreno.cli.native import NativeBuild
 from torch_adreno.export.data_file import FORMAT, load_batches, save_batches
 from torch_adreno.models import MODELS, LeNet
-from torch_adreno.runner import StepRunner, choose_device
+from torch_adreno.runner import StepRunner, choose_device, integrity
 from torch_adreno.runner import format as fmt
 
 pytestmark = pytest.mark.device
@@ -285,10 +287,11 @@ def test_fills_make_an_unwritten_read_nan_and_change_no_bit_of_a_trained_step(na
     for device in platforms:
         out = tmp_path / "state.safetensors"
         assert native_losses(train(native, environment, planted, planted_data, device, out, 2, "--no-cache")) == [27.5, 28.5]
-        filled = train(native, environment, planted, planted_data, device, out, 2, "--no-cache", "--fill-uninitialized-memory")
+        filled = train(native, environment, planted, planted_data, device, out, 2, "--no-cache", "--fill-uninitialized-memory",
+                       "--continue-on-nonfinite")
         assert all(np.isnan(native_losses(filled))) and len(native_losses(filled)) == 2, device
         by_variable = train(native, dict(environment, **{fmt.FILL_VARIABLE: "1"}), planted, planted_data, device, out, 1,
-                            "--no-cache")
+                            "--no-cache", "--continue-on-nonfinite")
         assert np.isnan(native_losses(by_variable)).all(), device
         refused = train(native, environment, unlisted, planted_data, device, out, 1, "--no-cache", "--fill-uninitialized-memory")
         assert refused.returncode == 2 and "lists no fills" in refused.stderr, refused.stderr
@@ -305,7 +308,7 @@ def _edited(step: Path, folder: Path, edit) -> Path:
     model = onnx.load(str(step))
     edit(model)
     path = folder / f"edited_{len(list(folder.glob('edited_*.onnx')))}.onnx"
-    onnx.save(model, str(path))
+    onnx.save(integrity.seal(model), str(path))  # (an edit, not damage: the refusal is the edit's)
     return path
 
 
@@ -326,6 +329,14 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
 
     def other_producer(m):
         m.producer_name = "pytorch"
+
+    unsealed, unreadable = folder / "unsealed.onnx", folder / "unreadable.onnx"
+    for path, record in ((unsealed, None), (unreadable, "{not json")):
+        model = onnx.load(str(step))
+        kept = [p for p in model.metadata_props if p.key != integrity.INTEGRITY_KEY]
+        helper.set_model_props(model, {**{p.key: p.value for p in kept},
+                                       **({integrity.INTEGRITY_KEY: record} if record else {})})
+        onnx.save(model, str(path))
 
     def unknown_attribute(m):
         _kernel(m).attribute.append(helper.make_attribute("tiling", [8, 8]))
@@ -352,7 +363,7 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
         "truncated": (truncated, r"is not a valid ONNX model \(.*\): truncated or corrupted\? export it again"),
         "not onnx": (text, r"is not a valid ONNX model"),
         "format": (_edited(step, folder, lambda m: _with_props(m, **{fmt.FORMAT_KEY: "99"})),
-                   r"has step format 99; this runner reads format 3"),
+                   r"has step format 99; this runner reads format 4"),
         "producer": (_edited(step, folder, other_producer), r"was made by pytorch, not by torch_adreno's export"),
         "plan": (_edited(step, folder, lambda m: _with_props(m, **{fmt.PLAN_KEY: "{\"slots\": 3}"})),
                  r"step plan of .* is malformed: slots is not a list"),
@@ -365,6 +376,10 @@ def _bad_steps(step: Path, folder: Path) -> dict[str, tuple[Path, str]]:
                  r"step plan of .* is malformed: fill 0 is not inside the slot of an internal identity"),
         "allocation": (_edited(step, folder, huge_slot),
                        r"cannot run this step: a buffer of 1125899906842624 bytes \(device allocations: at most"),
+        **{f"damaged {part}": (path, damage_message(path, what))
+           for part, (path, what) in damaged_copies(step, folder).items()},
+        "no record": (unsealed, r"damaged file: \S+ has no integrity record"),
+        "record": (unreadable, r"damaged file: \S+: its integrity record \(metadata torch_adreno.integrity\) is unreadable"),
     }
 
 
@@ -388,8 +403,24 @@ def _bad_data(data: Path, folder: Path) -> dict[str, tuple[Path, str]]:
     missing, wrong = folder / "missing.safetensors", folder / "wrong.safetensors"
     save_file({"batch_0": arrays["batch_0"]}, str(missing))
     save_file({"batch_0": arrays["batch_0"][:, :, :100].copy(), "batch_1": arrays["batch_1"]}, str(wrong))
-    paths["missing tensor"] = (missing, r"has no tensor batch_1; the step takes batch_0 float32\[\d+, 784\]")
-    paths["wrong shape"] = (wrong, r"tensor batch_0 must stack the step's batches")
+    paths["missing tensor"] = (missing, r"has no array for every batch input \(it has batch_0\); the step takes "
+                                        r"batch_0 float32\[\d+, 784\]")
+    paths["wrong shape"] = (wrong, r"array batch_0 is batch_0 float32\[\d+, \d+, 100\]; for batch_0 float32\[\d+, 784\] "
+                                   r"it holds batches stacked over steps")
+    archive = folder / "stacked.npz"
+    np.savez(archive, **arrays)
+    whole = archive.read_bytes()
+    npz = {"npz truncated": (whole[: len(whole) // 2], r"not a valid \.npz archive: no end of central directory"),
+           "npz crc": (whole[:100] + bytes([whole[100] ^ 1]) + whole[101:], r"damaged file: .* fails its CRC-32"),
+           "npz no zip": (b"PK\x03\x04" + bytes(64), r"not a valid \.npz archive"),
+           "not data": (b"col1,col2\n1,2\n", r"is neither a safetensors file nor an \.npz archive")}
+    for name, (content, message) in npz.items():
+        path = folder / f"{name.replace(' ', '_')}.npz"
+        path.write_bytes(content)
+        paths[name] = (path, message)
+    compressed = folder / "compressed.npz"
+    np.savez_compressed(compressed, **arrays)
+    paths["npz compressed"] = (compressed, r"array batch_\d is compressed \(numpy\.savez_compressed\)")
     return paths
 
 
@@ -420,17 +451,20 @@ def test_the_sanitized_build_trains_the_mlp_bit_for_bit(sanitized, environment, 
 
 def test_fuzzed_step_and_safetensors_files_never_crash_the_readers(sanitized, exported, tmp_path) -> None:
     """The readers' fuzz driver under AddressSanitizer (leaks included) and UBSan: thousands of
-    mutants of a real step file (its tensors cut short: the reader keeps no tensor data) and of a
-    safetensors file; each is read or refused."""
+    mutants of a real step file (its tensors cut short: the reader keeps no tensor data), of a
+    safetensors file and of an .npz archive; each is read or refused."""
     assert sanitized.fuzz_driver is not None
     step, _data = exported("mlp")
     model = onnx.load(str(step))
     for tensor in model.graph.initializer:
         tensor.raw_data = tensor.raw_data[:8]
-    seeds = {"onnx": (tmp_path / "seed.onnx", 5000), "safetensors": (tmp_path / "seed.safetensors", 20000)}
+    seeds = {"onnx": (tmp_path / "seed.onnx", 5000), "safetensors": (tmp_path / "seed.safetensors", 20000),
+             "npz": (tmp_path / "seed.npz", 20000)}
     onnx.save(model, str(seeds["onnx"][0]))
     save_file({"x": np.arange(6, dtype=np.float32).reshape(2, 3), "y": np.arange(2, dtype=np.int64),
                "flag": np.array([True, False]), "lr": np.array(0.5, np.float32)}, str(seeds["safetensors"][0]))
+    np.savez(seeds["npz"][0], x=np.arange(6, dtype=np.float32).reshape(2, 3), y=np.arange(2, dtype=np.int64),
+             flag=np.array([True, False]), lr=np.array(0.5, np.float32))
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:halt_on_error=1", UBSAN_OPTIONS="halt_on_error=1")
     for reader, (seed, count) in seeds.items():
         done = subprocess.run([str(sanitized.fuzz_driver), reader, str(seed), str(count), "48"], capture_output=True,

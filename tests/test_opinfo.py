@@ -22,7 +22,7 @@ CI_SUBSET = [
     "nn.functional.gelu", "nn.functional.silu", "nn.functional.embedding",
     "nn.functional.scaled_dot_product_attention",
     "cat", "stack", "gather", "scatter", "index_select", "transpose", "flip",
-    "topk", "sort", "histc", "scatter_reduce.amax",
+    "topk", "sort", "histc", "scatter_reduce.amax", "linalg.vector_norm",
 ]
 SAMPLES_PER_OP = 2
 

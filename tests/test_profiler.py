@@ -54,7 +54,7 @@ def test_records_name_fx_nodes_modules_and_source_lines(lenet_profile):
 
 def test_table_by_module_ranks_the_slowest_module(lenet_profile):
     text = lenet_profile.table(sort_by="device_time", group_by="module")
-    first_row = text.splitlines()[5]
+    first_row = text.splitlines()[6]
     slowest = max(lenet_profile.grouped("module").items(), key=lambda kv: kv[1]["time"])[0]
     assert first_row.startswith(slowest)
     with pytest.raises(ValueError, match="sort_by"):
@@ -73,7 +73,7 @@ def test_roofline_classifies_kernels(lenet_profile):
     text = prof.table(roofline=True, row_limit=len(rows))
     labelled = 0
     ordered = sorted(rows.items(), key=lambda kv: -kv[1]["time"])  # the table's order; it cuts names at 44
-    lines = text.splitlines()[5:]
+    lines = text.splitlines()[6:]
     assert len(lines) == len(ordered)
     for line, (name, row) in zip(lines, ordered, strict=True):
         assert line.startswith(name[:44]), (line, name)

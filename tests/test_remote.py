@@ -15,6 +15,7 @@ import signal
 import socket
 import struct
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from native_fixtures import SANITIZER_OPTIONS, view_and_copy_step
+from native_fixtures import SANITIZER_OPTIONS, damage_message, damaged_copies, view_and_copy_step
 
 from torch_adreno.cli import main as cli_main
 from torch_adreno.cli.native import NativeBuild
@@ -39,7 +40,7 @@ from torch_adreno.remote import (
     protocol,
 )
 from torch_adreno.remote.protocol import Message
-from torch_adreno.runner import StepRunner, choose_device
+from torch_adreno.runner import StepRunner, choose_device, integrity
 from torch_adreno.runner import format as fmt
 
 pytestmark = pytest.mark.device
@@ -252,7 +253,7 @@ def test_a_learning_rate_set_remotely_trains_as_the_file_with_that_rate(server, 
     lr = next(t for t in model.graph.initializer if t.name == "lr")
     lr.CopyFrom(onnx.numpy_helper.from_array(np.array(0.2, dtype=onnx.numpy_helper.to_array(lr).dtype), "lr"))
     faster = tmp_path / "lr02.onnx"
-    onnx.save(model, str(faster))
+    onnx.save(integrity.seal(model), str(faster))
     runner = StepRunner.load(faster, choose_device(platforms[0]))
     expected = [runner.step(*b) for b in batches]
     default_runner = StepRunner.load(step, choose_device(platforms[0]))
@@ -325,6 +326,16 @@ def test_bad_messages_get_an_error_reply_naming_what_is_wrong(server, exported) 
     raw.close()
 
 
+def test_a_damaged_step_file_is_refused_by_the_server_naming_the_part(server, exported, tmp_path) -> None:
+    step, data = exported("mlp")
+    with RemoteDevice("127.0.0.1", server.port) as device:
+        for damaged, what in damaged_copies(step, tmp_path).values():
+            with pytest.raises(RemoteServerError, match=damage_message(None, what)):
+                device.load_step(damaged)
+        remote = device.load_step(step)  # the same connection serves the sound file
+        assert np.isfinite(remote.step(*rows(data, 1)[0]))
+
+
 def test_a_client_gone_mid_message_or_mid_step_leaves_the_server_serving_the_next(server, exported) -> None:
     step, data = exported("mlp")
     raw = Raw(server.port)
@@ -378,6 +389,41 @@ def test_timeouts_and_a_dead_server_are_clear_errors(native, environment, platfo
             remote.step(*rows(data, 1)[0])
     finally:
         running.process.kill()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on loopback that accepts connections (the kernel's backlog) and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def test_a_port_that_accepts_and_never_answers_is_named_within_seconds(silent_port) -> None:
+    start = time.perf_counter()
+    with pytest.raises(RemoteTimeout, match=rf"127\.0\.0\.1:{silent_port} accepted the connection but no step "
+                       rf"server greeted within 0\.5 s: is `torch-adreno-step serve --port {silent_port}`"):
+        RemoteDevice("127.0.0.1", silent_port, reply_timeout=0.5)
+    assert time.perf_counter() - start < 5
+
+
+def test_a_training_step_on_a_silent_port_says_so_within_seconds(silent_port) -> None:
+    """The default timeouts: a TrainingStep on remote:HOST:PORT names the address in seconds, not
+    after the two minutes a step may take."""
+    import torch
+
+    import torch_adreno
+
+    model = torch.nn.Linear(2, 2)
+    start = time.perf_counter()
+    with pytest.raises(RemoteTimeout, match=rf"127\.0\.0\.1:{silent_port} accepted the connection but no step"):
+        torch_adreno.TrainingStep(model, lambda m, x: m(x).sum(), torch.optim.SGD(model.parameters(), lr=0.1),
+                                  options={"device": f"remote:127.0.0.1:{silent_port}"})
+    assert time.perf_counter() - start < 15
 
 
 def test_a_server_off_loopback_needs_a_token(sanitized, environment, platforms, tmp_path, monkeypatch) -> None:

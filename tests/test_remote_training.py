@@ -186,6 +186,11 @@ def test_a_profile_shows_the_remote_kernels_with_their_device_times(server) -> N
     assert remote.steps[0].launches == remote.kernel_launches
     assert all(k.device_time_us is not None and k.device_time_us > 0 for k in remote.kernels)
     assert remote.device_time_us > 0 and "conv" in remote.table(group_by="kernel")
+    # Each kernel names where it ran: the remote device, and the local device for the local replay.
+    assert remote.devices == (f"remote:127.0.0.1:{server.port}",)
+    assert local.devices == (select_device(None, use_environment=False).label,)
+    with pytest.raises(ValueError, match="a roofline is of one device of this machine"):
+        remote.device_peaks()
 
 
 def test_project_calibrates_by_the_kernels_measured_on_a_remote_device(server, capsys) -> None:

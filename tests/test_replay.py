@@ -168,14 +168,19 @@ def _assert_guard_fell_back(prof, words: str) -> None:
 
 @pytest.mark.parametrize("options", MODES)
 def test_guard_new_hyperparameters(options) -> None:
-    """A float hyperparameter other than the learning rate is compiled in: a new value is a new
-    capture. A new learning rate is an input of the replay (below)."""
+    """A new momentum is an input of the replay, uploaded; a setting compiled into the step
+    (``nesterov``) is a new capture."""
     run = _Lockstep(options)
     assert run.run(4).replayed_steps == 2
     for opt in (run.opt, run.reference_opt):
         opt.param_groups[0]["momentum"] = 0.5
     prof = run.run(4)
-    _assert_guard_fell_back(prof, "hyperparameter 'momentum' of group 0 changed")
+    assert prof.replayed_steps == 4 and not prof.replay_fallbacks, prof.replay_fallbacks
+    run.check_parameters()
+    for opt in (run.opt, run.reference_opt):
+        opt.param_groups[0]["nesterov"] = True
+    prof = run.run(4)
+    _assert_guard_fell_back(prof, "hyperparameter 'nesterov' of group 0 changed")
     assert prof.replayed_steps == 3
     run.check_parameters()
 
@@ -269,10 +274,21 @@ def test_guard_state_loaded_or_replaced(options) -> None:
     run.check_parameters()
 
 
+def _guard_as_a_call_sees_it(run: _Lockstep):
+    """The replay's guard, run with the groups as a call holds them (hyperparameters as inputs)."""
+    (_, guard), = run.step._replays.values()
+
+    def check(batch):
+        with run.step._hyperparameters.applied():
+            return guard(batch)
+
+    return check
+
+
 def test_guard_replaced_submodule() -> None:
     run = _Lockstep()
     run.run(3)
-    (_, guard), = run.step._replays.values()
+    guard = _guard_as_a_call_sees_it(run)
     x, y = next(run.batches)
     assert guard((x, y)) is None
     run.model[3] = torch.nn.Linear(32, 5)
@@ -571,9 +587,9 @@ def test_a_prestaged_batch_whose_guard_fails_runs_the_full_step(monkeypatch) -> 
     run = _Lockstep(COPY)
     assert run.run(4).replayed_steps == 2
     for opt in (run.opt, run.reference_opt):
-        opt.param_groups[0]["momentum"] = 0.5
+        opt.param_groups[0]["nesterov"] = True  # compiled in: the guard fails
     prof = run.run(4)
-    _assert_guard_fell_back(prof, "hyperparameter 'momentum' of group 0 changed")
+    _assert_guard_fell_back(prof, "hyperparameter 'nesterov' of group 0 changed")
     assert prof.replayed_steps == 3 and len(copies) == (2 + 1 + 3) * 4  # the failed guard's batch was staged too
     run.check_parameters()
 
@@ -623,7 +639,7 @@ def test_guard_optimizer_step_hook_added_after_capture() -> None:
 def test_guard_backward_hook_and_optimizer_state_replaced() -> None:
     run = _Lockstep()
     run.run(3)
-    (_, guard), = run.step._replays.values()
+    guard = _guard_as_a_call_sees_it(run)
     x, y = next(run.batches)
     assert guard((x, y)) is None
     handle = run.model[0].register_full_backward_hook(lambda *args: None)

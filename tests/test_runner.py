@@ -19,7 +19,7 @@ from onnx import helper
 
 import torch_adreno
 from torch_adreno.models import MODELS, LeNet
-from torch_adreno.runner import UnsupportedStepFile, check_device, choose_device, read_step
+from torch_adreno.runner import UnsupportedStepFile, check_device, choose_device, integrity, read_step
 from torch_adreno.runner import format as fmt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def _minimal_step(**overrides) -> onnx.ModelProto:
     plan = {"identities": [{"index": 0, "kind": "internal", "nbytes": 16, "slot": 0}], "slots": [16], "batch": [],
             "loss": {"identity": 0, "dtype": "float32", "shape": []}}
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
-    return model
+    return integrity.seal(model)
 
 
 def test_the_minimal_file_is_read() -> None:

@@ -240,7 +240,11 @@ def test_checkpoints_and_close_give_the_optimizer_back_as_it_was_made() -> None:
     x, y = _batch()
     with torch_adreno.TrainingStep(model, _loss, opt) as step:
         step(x, y)
-        assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # read as an input while open
+        # Between calls the groups hold what was given; during a call the learning rate is an input.
+        assert {k: v for k, v in opt.param_groups[0].items() if k != "params"} == given
+        with step._hyperparameters.applied():
+            assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+        assert opt.param_groups[0]["lr"] == 1e-3
         saved = opt.state_dict()["param_groups"][0]
         assert {k: saved[k] for k in given} == given
     assert {k: v for k, v in opt.param_groups[0].items() if k != "params"} == given

@@ -330,7 +330,9 @@ def test_recompile_limit_messages_follow_what_changed() -> None:
     from torch_adreno.training.state import batch_shapes, recompile_limit_message
 
     one = [batch_shapes((torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)))]
-    assert "tensor lr" in recompile_limit_message("optimizer step", one)
+    changed = ["'nesterov' of parameter group 0: False -> True"]
+    assert "'nesterov' of parameter group 0: False -> True" in recompile_limit_message("optimizer step", one, changed)
+    assert "TORCH_LOGS=recompiles" in recompile_limit_message("optimizer step", one)
     assert "TORCH_LOGS=recompiles" in recompile_limit_message("loss", one)
     many = one + [batch_shapes((torch.zeros(n, 3), 1.0)) for n in range(5, 10)]
     message = recompile_limit_message("loss", many)

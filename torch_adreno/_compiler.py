@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torch_adreno import torch_patches
-from torch_adreno.compiler.frontend import adreno_backend
+from torch_adreno.compiler.frontend import adreno_backend, backend_config
 from torch_adreno.config import BACKEND_NAME, OPTIONS, Config
 from torch_adreno.errors import (
     AdrenoError,
@@ -46,4 +46,4 @@ def _register() -> None:
 _register()
 
 # What this package changes in PyTorch (each change, its torch versions and why: torch_patches).
-torch_patches.install(adreno_backend)
+torch_patches.install(adreno_backend, backend_config)

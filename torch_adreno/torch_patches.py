@@ -18,6 +18,11 @@ it at import); each is a no-op on a torch where its target is not there.
    (the profiler's context does nothing inside a graph); other backends' traces still log it.
 6. **RNN tracing on** (``torch._dynamo.config.allow_rnn``, 2.6-2.13): off by default, a frame
    holding ``nn.LSTM``/``nn.GRU`` is skipped and runs eagerly on the host without a word.
+7. **Options checked at ``torch.compile``** (2.6-2.13): torch hands a custom backend its
+   ``options`` only at the first call, under Dynamo's frames; an unknown name was a 90-line
+   traceback there. Dynamo's ``get_compiler_fn``, which ``torch.compile`` calls with the backend
+   and its arguments, checks ours first (:func:`torch_adreno.compiler.frontend.backend_config`)
+   and raises the :class:`~torch_adreno.errors.OptionError` from there.
 """
 
 from __future__ import annotations
@@ -31,15 +36,17 @@ from typing import Any
 
 import torch
 
+from torch_adreno.errors import AdrenoError
 from torch_adreno.runtime import host_writes
 
 _log = logging.getLogger("torch_adreno")
 _installed: list[Any] = []
 
 
-def install(backend: Callable[..., Any]) -> None:
+def install(backend: Callable[..., Any], check_arguments: Callable[..., Any]) -> None:
     """Apply every patch of the module docstring (once); ``backend`` is this package's Dynamo
-    backend function, which the traces it is told apart by."""
+    backend function, which the traces it is told apart by; ``check_arguments(**kwargs)`` raises
+    for arguments ``torch.compile`` would hand it that it does not take."""
     if _installed:
         return
     torch._amp_foreach_non_finite_check_and_unscale_ = host_writes.unscale_bumping_versions  # type: ignore[assignment]
@@ -50,6 +57,7 @@ def install(backend: Callable[..., Any]) -> None:
     _skip_logging_calls_in_traces(tracing_for_us)
     logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(_ProfilerNoteFilter(tracing_for_us))
     torch._dynamo.config.allow_rnn = True
+    _check_arguments_at_compile(backend, check_arguments)
 
 
 # -- 3. FX's tracing flag ------------------------------------------------------------------------
@@ -150,3 +158,25 @@ class _ProfilerNoteFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (str(record.msg).startswith("Profiler record function") and self._tracing_for_us())
+
+
+# -- 7. Options checked at torch.compile --------------------------------------------------------
+
+
+def _check_arguments_at_compile(backend: Callable[..., Any], check_arguments: Callable[..., Any]) -> None:
+    eval_frame = importlib.import_module("torch._dynamo.eval_frame")
+    original = getattr(eval_frame, "get_compiler_fn", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def get_compiler_fn(compiler_fn: Any) -> Any:
+        # torch.compile's wrapper of a named backend: the backend function and its keyword arguments.
+        if getattr(compiler_fn, "compiler_fn", None) is backend:
+            try:
+                check_arguments(**getattr(compiler_fn, "kwargs", {}))
+            except AdrenoError as err:
+                raise err.with_traceback(None) from None  # (the user's torch.compile line is above)
+        return original(compiler_fn)
+
+    eval_frame.get_compiler_fn = get_compiler_fn  # type: ignore[attr-defined]

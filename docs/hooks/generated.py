@@ -89,6 +89,15 @@ def _provenance(command: str, files: list[str], records: list[dict[str, Any]]) -
             f"torch {values('torch')}.")
 
 
+def _joules(record: dict[str, Any] | None) -> str:
+    """A peer's joules per step, or "not measured" with the date of the record that has none."""
+    if record is None:
+        return ""
+    if record.get("energy_j_per_step") is not None:
+        return _f(record["energy_j_per_step"], ".3f")
+    return f"not measured ({record.get('date', 'undated')})"
+
+
 def h200_workloads() -> str:
     files = ["h200/workloads.jsonl", "h200/eager_profile.jsonl"]
     by = _last(_records(files[0]), "workload", "peer")
@@ -103,9 +112,11 @@ def h200_workloads() -> str:
             inductor_cell += f" ({inductor['date']})"
         rows.append([title, _f(eager and eager["median_ms"]), _f(eager_device.get(workload)), inductor_cell,
                      f"**{_f(ours['median_ms'])}** ({_f(ours['device_ms'])})" if ours else "",
-                     _f(ours and eager and ours["median_ms"] / eager["median_ms"]) + "x", str(ours and ours["launches"])])
+                     _f(ours and eager and ours["median_ms"] / eager["median_ms"]) + "x", str(ours and ours["launches"]),
+                     " / ".join(_joules(r) for r in (eager, inductor, ours))])
     return _table(["workload", "eager CUDA", "eager's CUDA kernels", "inductor + CUDA graphs",
-                   "ours, replayed (device)", "ours / eager", "launches"], rows) + _provenance(
+                   "ours, replayed (device)", "ours / eager", "launches",
+                   "J per step: eager / inductor + CUDA graphs / ours"], rows) + _provenance(
         "python benchmarks/workloads.py --device NVIDIA --workloads resnet18 mobilenet_v2 gpt2_lora; "
         "python benchmarks/eager_profile.py --workloads resnet18 mobilenet_v2 gpt2_lora", files, shown)
 

@@ -1,16 +1,23 @@
-/* The batches a run takes from a data file (the layout `python -m torch_adreno export --data-out`
- * writes), checked against the step's batch inputs by name, dtype and shape. */
+/* The batches a run takes from a data file, as torch_adreno/runner/data.py takes them (that module
+ * describes the formats and layouts; this follows it byte for byte, so one file gives one run in
+ * both runners): safetensors or .npz, told apart by their first bytes; arrays named as the step's
+ * batch inputs or x, y, batch_2, ...; stacked batches [S, *shape] (step i takes row i mod S) or
+ * examples [N, *shape[1:]] (batches of B rows in an order shuffled each epoch by a splitmix64
+ * stream seeded with --seed). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "cli.h"
+#include "npz.h"
 
-static void describe(const tas_tensor_info *info, char *out, size_t size) {
-    static const char *const NAMES[] = {"float32", "int64", "int32", "bool", "uint8"};
-    int used = snprintf(out, size, "%s %s[", info->name, NAMES[info->dtype]);
-    for (int d = 0; d < info->rank && used > 0 && (size_t)used < size; d++)
-        used += snprintf(out + used, size - (size_t)used, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
+#define FORMATS "safetensors (python -m torch_adreno export --data-out writes one) or .npz (numpy.savez)"
+
+static void describe(const char *name, tas_dtype dtype, int rank, const int64_t *shape, char *out, size_t size) {
+    int used = snprintf(out, size, "%s %s[", name, dtype_name(dtype));
+    for (int d = 0; d < rank && used > 0 && (size_t)used < size; d++)
+        used += snprintf(out + used, size - (size_t)used, "%s%lld", d ? ", " : "", (long long)shape[d]);
     if (used > 0 && (size_t)used < size) snprintf(out + used, size - (size_t)used, "]");
 }
 
@@ -21,95 +28,208 @@ static void takes(tas_step *step, char *out, size_t size) {
         tas_tensor_info info;
         char one[256];
         tas_step_batch_info(step, i, &info);
-        describe(&info, one, sizeof one);
+        describe(info.name, info.dtype, info.rank, info.shape, one, sizeof one);
         size_t used = strlen(out);
         snprintf(out + used, size - used, "%s%s", i ? ", " : "", one);
     }
 }
 
-static int check_tensor(batch_source *source, const char *path, const tas_tensor_info *info, const safetensor *tensor,
-                        const char *expected) {
-    int same = tensor->dtype == info->dtype && tensor->rank == info->rank + 1 && tensor->shape[0] >= 1;
-    for (int d = 0; same && d < info->rank; d++) same = tensor->shape[d + 1] == info->shape[d];
-    if (!same) {
-        tas_tensor_info found = {info->name, tensor->dtype, tensor->rank, {0}, tensor->bytes};
-        memcpy(found.shape, tensor->shape, sizeof found.shape);
-        char text[256];
-        describe(&found, text, sizeof text);
-        fprintf(stderr, "error: %s: tensor %s must stack the step's batches over steps, [steps, ...] of the step's "
-                "%s; it is %s (the step takes %s)\n", path, info->name, info->name, text, expected);
-        return 0;
-    }
-    size_t rows = (size_t)tensor->shape[0];
-    if (source->row_count == 0 || rows < source->row_count) source->row_count = rows;
-    return 1;
+/* Reads the data file at `path` in whichever of the two formats it is. */
+static int read_data_file(const char *path, safetensors_file *file) {
+    error_record error = {TAS_OK, ""};
+    const uint8_t *data;
+    size_t size;
+    tas_status status = map_file(path, &data, &size, &error);
+    if (status == TAS_OK && npz_looks_like(data, size)) status = npz_read_memory(data, size, path, file, &error);
+    else if (status == TAS_OK && size >= 9 && data[8] == '{')
+        status = safetensors_read_memory(data, size, path, file, &error);
+    else if (status == TAS_OK)
+        status = fail(&error, TAS_ERROR_FORMAT, "%s is neither a safetensors file nor an .npz archive; the runners "
+                      "read data as " FORMATS, path);
+    if (data != NULL && file->data == NULL) munmap((void *)data, size);
+    if (file->data != NULL) file->mapped = 1;
+    if (status == TAS_OK) return 0;
+    fprintf(stderr, "error: %s\n", error.message);
+    return exit_status(status);
 }
 
-int batches_open(batch_source *source, tas_step *step, const char *path) {
-    memset(source, 0, sizeof *source);
-    source->inputs = tas_step_batch_count(step);
-    source->rows = calloc(source->inputs + 1, sizeof *source->rows);
-    source->row_bytes = calloc(source->inputs + 1, sizeof *source->row_bytes);
-    source->current = calloc(source->inputs + 1, sizeof *source->current);
-    if (!source->rows || !source->row_bytes || !source->current) {
-        fprintf(stderr, "error: out of memory\n");
-        return EXIT_FAILED;
-    }
-    char expected[2048];
-    takes(step, expected, sizeof expected);
-    if (path == NULL) { /* one batch of zeros (bench without data: labels 0, token 0) */
-        size_t largest = 1;
+/* The array for each batch input: by the inputs' names, else by x, y, batch_2, ... */
+static int choose_arrays(batch_source *source, tas_step *step, const char *path, const char *expected) {
+    static const char *const SHORT[] = {"x", "y"};
+    for (int short_names = 0; short_names < 2; short_names++) {
+        size_t found = 0;
         for (size_t i = 0; i < source->inputs; i++) {
             tas_tensor_info info;
             tas_step_batch_info(step, i, &info);
-            source->row_bytes[i] = info.bytes;
-            if (info.bytes > largest) largest = info.bytes;
+            char name[32];
+            if (short_names) snprintf(name, sizeof name, i < 2 ? "%s" : "batch_%zu", i < 2 ? SHORT[i] : "", i);
+            source->arrays[i] = safetensors_find(&source->file, short_names ? name : info.name);
+            found += source->arrays[i] != NULL;
         }
-        source->zeros = calloc(largest, 1);
-        if (source->zeros == NULL) {
-            fprintf(stderr, "error: out of memory\n");
-            return EXIT_FAILED;
-        }
-        for (size_t i = 0; i < source->inputs; i++) source->rows[i] = source->zeros;
-        source->row_count = 1;
-        return 0;
+        if (found == source->inputs) return 0;
     }
-    error_record error = {TAS_OK, ""};
-    tas_status status = safetensors_read_file(path, &source->file, &error);
-    if (status != TAS_OK) {
-        fprintf(stderr, "error: %s\n", error.message);
-        return exit_status(status);
+    char has[1024] = "";
+    for (size_t i = 0; i < source->file.count; i++) {
+        size_t used = strlen(has);
+        snprintf(has + used, sizeof has - used, "%s%s", i ? ", " : "", source->file.tensors[i].name);
     }
-    for (size_t i = 0; i < source->inputs; i++) {
-        tas_tensor_info info;
-        tas_step_batch_info(step, i, &info);
-        const safetensor *tensor = safetensors_find(&source->file, info.name);
-        if (tensor == NULL) {
-            fprintf(stderr, "error: %s has no tensor %s; the step takes %s, each stacked over steps as "
-                    "[steps, ...] (python -m torch_adreno export --data-out writes such a file)\n", path, info.name,
-                    expected);
-            return EXIT_BAD_INPUT;
-        }
-        if (!check_tensor(source, path, &info, tensor, expected)) return EXIT_BAD_INPUT;
-        source->rows[i] = tensor->data;
-        source->row_bytes[i] = info.bytes;
+    fprintf(stderr, "error: %s has no array for every batch input (it has %s); the step takes %s, named so or x, y\n",
+            path, source->file.count ? has : "none", expected);
+    return EXIT_BAD_INPUT;
+}
+
+/* Checks array `i` against its input: its dtype, and one of the two layouts. */
+static int check_array(batch_source *source, size_t i, const tas_tensor_info *info, const char *path, int *layout) {
+    const safetensor *array = source->arrays[i];
+    char wanted[256], found[256];
+    describe(info->name, info->dtype, info->rank, info->shape, wanted, sizeof wanted);
+    describe(array->name, array->dtype, array->rank, array->shape, found, sizeof found);
+    if (array->dtype != info->dtype) {
+        fprintf(stderr, "error: %s: array %s is %s; the step takes %s: convert it (numpy: .astype(np.%s))\n", path,
+                array->name, dtype_name(array->dtype), wanted, dtype_name(info->dtype));
+        return EXIT_BAD_INPUT;
     }
-    if (source->inputs == 0) source->row_count = 1;
+    int stacked = array->rank == info->rank + 1 && array->shape[0] >= 1, examples = info->rank >= 1 &&
+                  array->rank == info->rank && array->shape[0] >= info->shape[0];
+    for (int d = 0; d < info->rank; d++) {
+        stacked = stacked && array->shape[d + 1] == info->shape[d];
+        examples = examples && (d == 0 || array->shape[d] == info->shape[d]);
+    }
+    if (!stacked && !examples) {
+        fprintf(stderr, "error: %s: array %s is %s; for %s it holds batches stacked over steps, [steps, *shape], or "
+                "at least %lld examples, [N, *shape[1:]]\n", path, array->name, found, wanted,
+                (long long)(info->rank ? info->shape[0] : 1));
+        return EXIT_BAD_INPUT;
+    }
+    int this_layout = stacked ? 1 : 2;
+    if (*layout && *layout != this_layout) {
+        fprintf(stderr, "error: %s: some arrays stack batches over steps and others hold examples; use one layout\n",
+                path);
+        return EXIT_BAD_INPUT;
+    }
+    *layout = this_layout;
+    size_t rows = (size_t)array->shape[0];
+    if (i > 0 && rows != source->row_count) {
+        fprintf(stderr, "error: %s: the arrays %s and %s hold %zu and %zu rows: they must hold as many\n", path,
+                source->arrays[0]->name, array->name, source->row_count, rows);
+        return EXIT_BAD_INPUT;
+    }
+    source->row_count = rows;
     return 0;
 }
 
+static int out_of_memory(void) {
+    fprintf(stderr, "error: out of memory\n");
+    return EXIT_FAILED;
+}
+
+/* Examples: a buffer per input for the batch gathered, and the epoch's order. */
+static int prepare_examples(batch_source *source, tas_step *step, const char *path, const char *expected) {
+    source->examples = 1;
+    for (size_t i = 0; i < source->inputs; i++) {
+        tas_tensor_info info;
+        tas_step_batch_info(step, i, &info);
+        if (i == 0) source->batch_size = (size_t)info.shape[0];
+        if ((size_t)info.shape[0] != source->batch_size) {
+            fprintf(stderr, "error: %s holds examples, but the step's inputs differ in batch size (%s): stack its "
+                    "batches over steps instead, [steps, *input shape]\n", path, expected);
+            return EXIT_BAD_INPUT;
+        }
+        source->gathered[i] = malloc(info.bytes ? info.bytes : 1);
+        if (source->gathered[i] == NULL) return out_of_memory();
+    }
+    source->order = calloc(source->row_count + 1, sizeof *source->order);
+    return source->order ? 0 : out_of_memory();
+}
+
+int batches_open(batch_source *source, tas_step *step, const char *path, long long seed) {
+    memset(source, 0, sizeof *source);
+    source->inputs = tas_step_batch_count(step);
+    source->seed = (uint64_t)seed;
+    source->arrays = calloc(source->inputs + 1, sizeof *source->arrays);
+    source->row_bytes = calloc(source->inputs + 1, sizeof *source->row_bytes);
+    source->current = calloc(source->inputs + 1, sizeof *source->current);
+    source->gathered = calloc(source->inputs + 1, sizeof *source->gathered);
+    if (!source->arrays || !source->row_bytes || !source->current || !source->gathered) return out_of_memory();
+    for (size_t i = 0; i < source->inputs; i++) {
+        tas_tensor_info info;
+        tas_step_batch_info(step, i, &info);
+        source->row_bytes[i] = info.bytes;
+    }
+    source->row_count = 1;
+    if (path == NULL) { /* one batch of zeros (bench without data: labels 0, token 0) */
+        size_t largest = 1;
+        for (size_t i = 0; i < source->inputs; i++)
+            if (source->row_bytes[i] > largest) largest = source->row_bytes[i];
+        source->zeros = calloc(largest, 1);
+        return source->zeros ? 0 : out_of_memory();
+    }
+    int result = read_data_file(path, &source->file);
+    char expected[2048];
+    takes(step, expected, sizeof expected);
+    if (result == 0 && source->inputs) result = choose_arrays(source, step, path, expected);
+    int layout = 0;
+    for (size_t i = 0; i < source->inputs && result == 0; i++) {
+        tas_tensor_info info;
+        tas_step_batch_info(step, i, &info);
+        result = check_array(source, i, &info, path, &layout);
+    }
+    if (result == 0 && layout == 2) result = prepare_examples(source, step, path, expected);
+    return result;
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The examples' order in the epoch after the last one shuffled. */
+static void shuffle_next_epoch(batch_source *source) {
+    size_t rows = source->row_count;
+    for (size_t i = 0; i < rows; i++) source->order[i] = i;
+    for (size_t i = rows - 1; i >= 1 && rows > 1; i--) {
+        size_t j = (size_t)(splitmix64(&source->state) % (uint64_t)(i + 1));
+        size_t kept = source->order[i];
+        source->order[i] = source->order[j];
+        source->order[j] = kept;
+    }
+    source->epochs_shuffled += 1;
+}
+
 const void *const *batches_at(batch_source *source, size_t number) {
-    size_t row = source->zeros ? 0 : number % source->row_count;
-    for (size_t i = 0; i < source->inputs; i++)
-        source->current[i] = (const uint8_t *)source->rows[i] + (source->zeros ? 0 : row * source->row_bytes[i]);
+    if (!source->examples) {
+        size_t row = source->zeros ? 0 : number % source->row_count;
+        for (size_t i = 0; i < source->inputs; i++)
+            source->current[i] = source->zeros ? source->zeros : source->arrays[i]->data + row * source->row_bytes[i];
+        return source->current;
+    }
+    size_t per_epoch = source->row_count / source->batch_size, epoch = number / per_epoch;
+    if (source->epochs_shuffled > epoch + 1 || source->epochs_shuffled == 0) { /* from the stream's start */
+        source->state = source->seed;
+        source->epochs_shuffled = 0;
+    }
+    while (source->epochs_shuffled < epoch + 1) shuffle_next_epoch(source);
+    const size_t *rows = source->order + (number % per_epoch) * source->batch_size;
+    for (size_t i = 0; i < source->inputs; i++) {
+        size_t example_bytes = source->row_bytes[i] / source->batch_size;
+        for (size_t r = 0; r < source->batch_size; r++)
+            memcpy(source->gathered[i] + r * example_bytes, source->arrays[i]->data + rows[r] * example_bytes,
+                   example_bytes);
+        source->current[i] = source->gathered[i];
+    }
     return source->current;
 }
 
 void batches_close(batch_source *source) {
     safetensors_free(&source->file);
-    free(source->rows);
+    for (size_t i = 0; source->gathered && i < source->inputs; i++) free(source->gathered[i]);
+    free(source->gathered);
+    free(source->arrays);
     free(source->row_bytes);
     free(source->current);
+    free(source->order);
     free(source->zeros);
     memset(source, 0, sizeof *source);
 }

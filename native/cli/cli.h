@@ -3,6 +3,7 @@
 #define TORCH_ADRENO_STEP_CLI_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "safetensors.h"
 #include "torch_adreno_step.h"
@@ -29,20 +30,28 @@ double now_seconds(void);
 const char *default_cache_dir(char *buffer, size_t size);
 int parse_count(const char *text, const char *option, long *value);
 
-/* The batches of a data file (see native/README.md, "Data files"): for each batch input of the
- * step, a tensor of that name stacked over steps, [S, *input shape]; step i uses row i mod S. */
+/* The batches of a data file (torch_adreno/runner/data.py: safetensors or .npz; stacked batches,
+ * [S, *input shape], step i taking row i mod S; or examples, [N, *input shape[1:]], drawn B at a
+ * time in an order shuffled each epoch from --seed). */
 typedef struct batch_source {
-    safetensors_file file;
+    safetensors_file file;   /* the data file's arrays (a safetensors file or an .npz archive) */
     size_t inputs;
-    const void **rows;       /* per batch input: row 0 of its tensor (or the zero batch) */
-    size_t *row_bytes;
-    size_t row_count;        /* S */
+    const safetensor **arrays; /* per batch input */
+    size_t *row_bytes;       /* per batch input: one batch's bytes */
+    size_t row_count;        /* S stacked batches, or N examples */
+    int examples;            /* the layout: examples (else stacked batches) */
+    size_t batch_size;       /* B, with examples */
+    uint64_t seed, state;    /* the shuffle's splitmix64 seed and state */
+    size_t *order;           /* the examples' order in the last epoch shuffled */
+    size_t epochs_shuffled;
+    uint8_t **gathered;      /* per batch input: the batch gathered from the examples */
     const void **current;    /* the pointers of the step being run */
     void *zeros;
 } batch_source;
 
-/* Opens `path` (NULL: one batch of zeros) and checks it against the step's batch inputs. */
-int batches_open(batch_source *source, tas_step *step, const char *path);
+/* Opens `path` (NULL: one batch of zeros) and checks it against the step's batch inputs; `seed`
+ * orders the examples. Returns 0 or the exit status (the error printed). */
+int batches_open(batch_source *source, tas_step *step, const char *path, long long seed);
 /* The batch of step `number` (0-based). */
 const void *const *batches_at(batch_source *source, size_t number);
 void batches_close(batch_source *source);

@@ -1,5 +1,7 @@
 /* train and bench. */
+#include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +9,8 @@
 #include "cli.h"
 
 enum { OPTION_DATA = 1, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR, OPTION_CACHE,
-       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_NO_RECORDING };
+       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_CONTINUE_ON_NONFINITE,
+       OPTION_NO_RECORDING };
 
 typedef struct run_options {
     common_options common;
@@ -17,6 +20,8 @@ typedef struct run_options {
     int no_cache;
     int fill;  /* tas_open_options.fill_uninitialized_memory: 1 with the flag, else 0 (the variable) */
     int no_recording; /* --no-recording: tas_step_set_recording(step, 0) */
+    long long seed;  /* of the examples' order */
+    int continue_on_nonfinite;
     char cache_buffer[1024];
 } run_options;
 
@@ -30,7 +35,8 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         {"cache-dir", required_argument, NULL, OPTION_CACHE}, {"no-cache", no_argument, NULL, OPTION_NO_CACHE},
         {"print-every", required_argument, NULL, OPTION_PRINT_EVERY},
         {"warmup", required_argument, NULL, OPTION_WARMUP},
-        {"fill-uninitialized-memory", no_argument, NULL, OPTION_FILL},
+        {"fill-uninitialized-memory", no_argument, NULL, OPTION_FILL}, {"seed", required_argument, NULL, OPTION_SEED},
+        {"continue-on-nonfinite", no_argument, NULL, OPTION_CONTINUE_ON_NONFINITE},
         {"no-recording", no_argument, NULL, OPTION_NO_RECORDING}, {NULL, 0, NULL, 0},
     };
     memset(options, 0, sizeof *options);
@@ -56,6 +62,17 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         case OPTION_NO_CACHE: options->no_cache = 1; break;
         case OPTION_FILL: options->fill = 1; break;
         case OPTION_NO_RECORDING: options->no_recording = 1; break;
+        case OPTION_CONTINUE_ON_NONFINITE: options->continue_on_nonfinite = 1; break;
+        case OPTION_SEED: {
+            char *end = NULL;
+            errno = 0;
+            options->seed = strtoll(optarg, &end, 10);
+            if (errno || end == optarg || *end) {
+                fprintf(stderr, "error: --seed takes an integer, got '%s'\n", optarg);
+                return 0;
+            }
+            break;
+        }
         case OPTION_PRINT_EVERY: if (!parse_count(optarg, "--print-every", &options->print_every)) return 0; break;
         case OPTION_WARMUP: if (!parse_count(optarg, "--warmup", &options->warmup)) return 0; break;
         default: break;
@@ -132,8 +149,17 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
             fprintf(stderr, "step %zu: ", i + 1);
             return report(step, status);
         }
-        if ((long)(i + 1) % options->print_every == 0 || i + 1 == steps)
+        int finite = isfinite(loss);
+        if ((long)(i + 1) % options->print_every == 0 || i + 1 == steps || !finite)
             printf("step %zu loss %.9g time %.3f ms\n", i + 1, (double)loss, times[i] * 1e3);
+        if (!finite && !options->continue_on_nonfinite) {
+            free(times);
+            fflush(stdout);
+            fprintf(stderr, "error: step %zu: the loss is %s, not finite: training diverged (a learning rate too "
+                    "high?) or the data holds non-finite values; stopped without writing the state "
+                    "(--continue-on-nonfinite trains on)\n", i + 1, isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf");
+            return EXIT_FAILED;
+        }
     }
     double elapsed = now_seconds() - started;
     for (int part = 0; part < 4; part++) qsort(times + part * steps, steps, sizeof *times, compare_doubles);
@@ -152,18 +178,19 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
 
 int command_train(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR,
-                                  OPTION_CACHE, OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_FILL, OPTION_NO_RECORDING};
+       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_CONTINUE_ON_NONFINITE,
+       OPTION_NO_RECORDING };
     run_options options;
     if (!parse(argc, argv, "train", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     if (!options.common.data_path || !options.common.steps || !options.out_path) {
-        fprintf(stderr, "error: train needs --data FILE.safetensors, --steps N and --out STATE.safetensors\n");
+        fprintf(stderr, "error: train needs --data FILE (.safetensors or .npz), --steps N and --out STATE.safetensors\n");
         return EXIT_BAD_INPUT;
     }
     tas_step *step = NULL;
     batch_source batches;
     memset(&batches, 0, sizeof batches);
     int result = open_step(&options, 0, &step);
-    if (result == 0) result = batches_open(&batches, step, options.common.data_path);
+    if (result == 0) result = batches_open(&batches, step, options.common.data_path, options.seed);
     if (result == 0) result = train(step, &options, &batches);
     batches_close(&batches);
     tas_step_close(step);
@@ -263,14 +290,14 @@ static int bench_enqueue(const run_options *options, batch_source *batches, size
 
 int command_bench(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_DEVICE, OPTION_CACHE, OPTION_NO_CACHE,
-                                  OPTION_WARMUP, OPTION_FILL, OPTION_NO_RECORDING};
+                                  OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_NO_RECORDING};
     run_options options;
     if (!parse(argc, argv, "bench", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     tas_step *step = NULL;
     batch_source batches;
     memset(&batches, 0, sizeof batches);
     int result = open_step(&options, 1, &step);
-    if (result == 0) result = batches_open(&batches, step, options.common.data_path);
+    if (result == 0) result = batches_open(&batches, step, options.common.data_path, options.seed);
     if (result == 0) result = bench(step, &options, &batches);
     if (result == 0)
         result = bench_enqueue(&options, &batches, options.common.steps ? (size_t)options.common.steps : 20,

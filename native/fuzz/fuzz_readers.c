@@ -1,8 +1,9 @@
-/* The fuzz target of the ONNX step-file reader (with the plan checks) and the safetensors reader.
+/* The fuzz target of the ONNX step-file reader (with the integrity and plan checks), the safetensors
+ * reader and the .npz reader.
  *
  * LLVMFuzzerTestOneInput is libFuzzer's entry (clang -fsanitize=fuzzer,address fuzz_readers.c
  * with -DTAS_LIBFUZZER, linked with the library). Without libFuzzer, main() is a deterministic
- * mutation loop: `fuzz-readers onnx|safetensors SEED_FILE ITERATIONS [RANDOM_SEED]` mutates the seed
+ * mutation loop: `fuzz-readers onnx|safetensors|npz SEED_FILE ITERATIONS [RANDOM_SEED]` mutates the seed
  * file (bit flips, byte sets, truncations, cut-and-repeat, length fields pushed to extremes) and
  * reads each mutant; a crash, a sanitizer report or a hang is the failure, an error status is
  * the expected outcome. Built with -fsanitize=address,undefined in the test suite. */
@@ -11,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "integrity.h"
+#include "npz.h"
 #include "onnx_reader.h"
 #include "safetensors.h"
 #include "step_plan.h"
@@ -21,6 +24,9 @@ static int read_step_bytes(const uint8_t *data, size_t size) {
     step_plan plan;
     memset(&plan, 0, sizeof plan);
     tas_status status = onnx_read_memory(data, size, "the input", &model, &error);
+    /* The integrity check runs on every mutant, but does not gate the plan's reader: a mutant
+     * almost never matches its record, and the plan's checks are what is fuzzed behind it. */
+    if (status == TAS_OK) integrity_verify(&model, "the input", &error);
     if (status == TAS_OK) status = plan_read(&model, "the input", &plan, &error);
     plan_free(&plan);
     onnx_free(&model);
@@ -35,12 +41,23 @@ static int read_safetensors_bytes(const uint8_t *data, size_t size) {
     return status == TAS_OK;
 }
 
+static int read_npz_bytes(const uint8_t *data, size_t size) {
+    error_record error = {TAS_OK, ""};
+    safetensors_file file;
+    tas_status status = npz_read_memory(data, size, "the input", &file, &error);
+    safetensors_free(&file);
+    return status == TAS_OK;
+}
+
 /* libFuzzer: the first byte picks the reader. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    if (data[0] & 1) read_safetensors_bytes(data + 1, size - 1);
-    else read_step_bytes(data + 1, size - 1);
+    switch (data[0] % 3) {
+    case 0: read_step_bytes(data + 1, size - 1); break;
+    case 1: read_safetensors_bytes(data + 1, size - 1); break;
+    default: read_npz_bytes(data + 1, size - 1); break;
+    }
     return 0;
 }
 
@@ -83,8 +100,8 @@ static size_t mutate(const uint8_t *seed, size_t size, uint8_t *out, uint64_t *r
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4 || (strcmp(argv[1], "onnx") != 0 && strcmp(argv[1], "safetensors") != 0)) {
-        fprintf(stderr, "usage: fuzz-readers onnx|safetensors SEED_FILE ITERATIONS [RANDOM_SEED]\n");
+    if (argc < 4 || (strcmp(argv[1], "onnx") != 0 && strcmp(argv[1], "safetensors") != 0 && strcmp(argv[1], "npz") != 0)) {
+        fprintf(stderr, "usage: fuzz-readers onnx|safetensors|npz SEED_FILE ITERATIONS [RANDOM_SEED]\n");
         return 2;
     }
     FILE *file = fopen(argv[2], "rb");
@@ -103,8 +120,9 @@ int main(int argc, char **argv) {
     fclose(file);
     long iterations = atol(argv[3]);
     uint64_t random = argc > 4 ? strtoull(argv[4], NULL, 10) : 1;
-    int onnx = strcmp(argv[1], "onnx") == 0;
-    int (*reader)(const uint8_t *, size_t) = onnx ? read_step_bytes : read_safetensors_bytes;
+    int (*reader)(const uint8_t *, size_t) = strcmp(argv[1], "onnx") == 0          ? read_step_bytes
+                                             : strcmp(argv[1], "safetensors") == 0 ? read_safetensors_bytes
+                                                                                   : read_npz_bytes;
     if (!reader(seed, (size_t)size)) {
         fprintf(stderr, "error: the seed file %s itself is refused: pick a valid one\n", argv[2]);
         return 2;

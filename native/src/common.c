@@ -1,8 +1,13 @@
 #include "common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 tas_status fail(error_record *error, tas_status status, const char *format, ...) {
     error->status = status;
@@ -130,4 +135,26 @@ int shape_elements(const int64_t *shape, int rank, size_t *elements) {
     }
     *elements = product;
     return 1;
+}
+
+tas_status map_file(const char *path, const uint8_t **data, size_t *size, error_record *error) {
+    *data = NULL;
+    *size = 0;
+    int descriptor = open(path, O_RDONLY);
+    if (descriptor < 0) return fail(error, TAS_ERROR_FILE, "cannot open %s: %s", path, strerror(errno));
+    struct stat status;
+    if (fstat(descriptor, &status) != 0 || !S_ISREG(status.st_mode)) {
+        close(descriptor);
+        return fail(error, TAS_ERROR_FILE, "%s is not a regular file", path);
+    }
+    if (status.st_size == 0) {
+        close(descriptor);
+        return TAS_OK;
+    }
+    void *mapping = mmap(NULL, (size_t)status.st_size, PROT_READ, MAP_PRIVATE, descriptor, 0);
+    close(descriptor); /* the mapping keeps the file */
+    if (mapping == MAP_FAILED) return fail(error, TAS_ERROR_FILE, "cannot map %s: %s", path, strerror(errno));
+    *data = mapping;
+    *size = (size_t)status.st_size;
+    return TAS_OK;
 }

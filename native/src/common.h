@@ -38,6 +38,10 @@ char *copy_text(const char *text, size_t length);
 /* Appends `item_size` bytes at `item` to a malloc'd array of `*count` items with `*capacity`. */
 int append_item(void **items, size_t *count, size_t *capacity, const void *item, size_t item_size);
 
+/* Maps the regular file at `path` read-only (`*size` may be 0: then `*data` is NULL); release
+ * with munmap. Failing, it records why (TAS_ERROR_FILE). */
+tas_status map_file(const char *path, const uint8_t **data, size_t *size, error_record *error);
+
 /* Element types the step format uses (runner/format.py ELEMENT_TYPES). */
 size_t dtype_size(tas_dtype dtype);
 const char *dtype_name(tas_dtype dtype);         /* numpy's names: "float32" ... */

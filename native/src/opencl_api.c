@@ -54,8 +54,10 @@ tas_status opencl_load(opencl_api *api, const char *path, error_record *error) {
         api->library = dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
         if (api->library == NULL) {
             const char *why = dlerror();
-            return fail(error, TAS_ERROR_DEVICE, "cannot load the OpenCL library %s: %s", chosen,
-                        why ? why : "unknown reason");
+            return fail(error, TAS_ERROR_DEVICE,
+                        "cannot load the OpenCL library %s: %s (where torch_adreno is installed with pip's OpenCL "
+                        "runtimes, eval \"$(python -m torch_adreno native env)\" sets %s to its loader)", chosen,
+                        why ? why : "unknown reason", OPENCL_LIBRARY_VARIABLE);
         }
         snprintf(api->library_path, sizeof api->library_path, "%s", chosen);
         return resolve(api, error);
@@ -74,9 +76,10 @@ tas_status opencl_load(opencl_api *api, const char *path, error_record *error) {
         if (written > 0 && (size_t)written < sizeof tried - used) used += (size_t)written;
     }
     return fail(error, TAS_ERROR_DEVICE,
-                "no OpenCL library found: tried %s. Install an OpenCL driver and ICD loader (Linux), or set %s "
-                "to the library's path (on Android: LD_LIBRARY_PATH=/vendor/lib64)",
-                tried, OPENCL_LIBRARY_VARIABLE);
+                "no OpenCL library found: tried %s. Where torch_adreno is installed with pip's OpenCL runtimes: "
+                "eval \"$(python -m torch_adreno native env)\" (it sets %s and the runtimes). Else install an "
+                "OpenCL driver and ICD loader (Linux), or set %s to the library's path (on Android: "
+                "LD_LIBRARY_PATH=/vendor/lib64)", tried, OPENCL_LIBRARY_VARIABLE, OPENCL_LIBRARY_VARIABLE);
 }
 
 void opencl_unload(opencl_api *api) {

@@ -198,8 +198,7 @@ tas_status plan_read_operations(const onnx_model *model, const char *origin, ste
     return TAS_OK;
 }
 
-tas_status plan_read(const onnx_model *model, const char *origin, step_plan *plan, error_record *error) {
-    memset(plan, 0, sizeof *plan);
+tas_status plan_check_origin(const onnx_model *model, const char *origin, error_record *error) {
     if (model->producer == NULL || strcmp(model->producer, STEP_PRODUCER) != 0)
         return fail(error, TAS_ERROR_FORMAT,
                     "%s was made by %s, not by torch_adreno's export: the runner runs only training steps exported "
@@ -211,7 +210,14 @@ tas_status plan_read(const onnx_model *model, const char *origin, step_plan *pla
         return fail(error, TAS_ERROR_FORMAT,
                     "%s has step format %s; this runner reads format " STEP_FORMAT_VERSION " (metadata " STEP_FORMAT_KEY
                     " and " STEP_PLAN_KEY "): export it again", origin, version && *version ? version : "(none)");
-    tas_status status = plan_read_memory(json, origin, plan, error);
+    return TAS_OK;
+}
+
+tas_status plan_read(const onnx_model *model, const char *origin, step_plan *plan, error_record *error) {
+    memset(plan, 0, sizeof *plan);
+    tas_status status = plan_check_origin(model, origin, error);
+    if (status != TAS_OK) return status;
+    status = plan_read_memory(onnx_metadata(model, STEP_PLAN_KEY), origin, plan, error);
     if (status != TAS_OK) return status;
     return plan_read_operations(model, origin, plan, error);
 }

@@ -1,13 +1,11 @@
 #include "safetensors.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cJSON.h>
@@ -146,24 +144,17 @@ tas_status safetensors_read_memory(const uint8_t *data, size_t size, const char 
 
 tas_status safetensors_read_file(const char *path, safetensors_file *file, error_record *error) {
     memset(file, 0, sizeof *file);
-    int descriptor = open(path, O_RDONLY);
-    if (descriptor < 0) return fail(error, TAS_ERROR_FILE, "cannot open %s: %s", path, strerror(errno));
-    struct stat status;
-    if (fstat(descriptor, &status) != 0 || !S_ISREG(status.st_mode)) {
-        close(descriptor);
-        return fail(error, TAS_ERROR_FILE, "%s is not a regular file", path);
-    }
-    if (status.st_size < 8) {
-        close(descriptor);
+    const uint8_t *data;
+    size_t size;
+    tas_status status = map_file(path, &data, &size, error);
+    if (status != TAS_OK) return status;
+    if (size < 8) {
+        if (data) munmap((void *)data, size);
         return bad_header(error, path, "shorter than its 8-byte header length", NULL);
     }
-    size_t size = (size_t)status.st_size;
-    void *mapping = mmap(NULL, size, PROT_READ, MAP_PRIVATE, descriptor, 0);
-    close(descriptor);
-    if (mapping == MAP_FAILED) return fail(error, TAS_ERROR_FILE, "cannot map %s: %s", path, strerror(errno));
-    tas_status code = safetensors_read_memory(mapping, size, path, file, error);
+    status = safetensors_read_memory(data, size, path, file, error);
     file->mapped = 1;
-    return code;
+    return status;
 }
 
 void safetensors_free(safetensors_file *file) {

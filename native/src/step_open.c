@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "integrity.h"
 #include "step_runtime.h"
 
 /* The initializer's values as `bytes` bytes of `dtype`, in `values` (malloc'd) or pointing into
@@ -327,6 +328,10 @@ static tas_status step_prepare(tas_step *step, const char *path, const void *byt
     if (step->origin == NULL) return fail(&step->error, TAS_ERROR_MEMORY, "out of memory");
     tas_status status = bytes ? onnx_read_memory(bytes, size, path, &step->model, &step->error)
                               : onnx_read_file(path, &step->model, &step->error);
+    /* The file's origin first (a foreign file is named as such), then its integrity: nothing of a
+     * damaged file is parsed further, built or uploaded. */
+    if (status == TAS_OK) status = plan_check_origin(&step->model, path, &step->error);
+    if (status == TAS_OK) status = integrity_verify(&step->model, path, &step->error);
     if (status == TAS_OK) status = plan_read(&step->model, path, &step->plan, &step->error);
     uint64_t largest_state = 0;
     if (status == TAS_OK) status = read_state_layout(step, &largest_state);

@@ -11,7 +11,7 @@
 /* torch_adreno/runner/format.py */
 #define STEP_PRODUCER "torch_adreno"
 #define STEP_DOMAIN "torch_adreno"
-#define STEP_FORMAT_VERSION "3"
+#define STEP_FORMAT_VERSION "4"
 #define STEP_FORMAT_KEY "torch_adreno.format"
 #define STEP_PLAN_KEY "torch_adreno.step"
 #define STEP_COPY_OP "copy"
@@ -104,6 +104,8 @@ typedef struct step_plan {
     size_t fill_count;
 } step_plan;
 
+/* Refuses a file of another producer or step format version (plan_read begins with it). */
+tas_status plan_check_origin(const onnx_model *model, const char *origin, error_record *error);
 /* Reads and checks `model`'s plan and operations; `origin` names the file in messages. */
 tas_status plan_read(const onnx_model *model, const char *origin, step_plan *plan, error_record *error);
 void plan_free(step_plan *plan);

@@ -1,8 +1,8 @@
 """The command line, ``python -m torch_adreno <command>``: devices, ops, train (the digits demo),
 finetune (LoRA on a causal LM, MobileNetV2 transfer learning), bench (the fusion-gain suite),
 project (step times on Adreno targets), export (a training step as ONNX), opinfo (PyTorch's
-OpInfo samples through the backend), modules (PyTorch's module database in training mode),
-federated (Flower) and native (build the native step runtime).
+OpInfo samples through the backend), modules (PyTorch's module database in training mode), zoo
+(tiny transformers models trained against eager), federated (Flower) and native (build the native step runtime).
 
 Each command lives in a module of this package that registers its parser (``register``) and runs
 it (``cmd_<command>``). Every argument is checked when it is parsed
@@ -18,13 +18,13 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
-from torch_adreno.cli import bench, federated, finetune, info, modules, native, opinfo, train
+from torch_adreno.cli import bench, federated, finetune, info, modules, native, opinfo, train, zoo
 
 DESCRIPTION = "torch_adreno, a torch.compile backend for OpenCL GPUs: its devices, ops, demo and benchmarks."
 EPILOG = "Run `python -m torch_adreno <command> --help` for a command's options and their defaults."
 
 #: The command modules, in the order ``--help`` lists their commands.
-COMMANDS = (info, train, finetune, bench, opinfo, modules, federated, native)
+COMMANDS = (info, train, finetune, bench, opinfo, modules, zoo, federated, native)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from torch_adreno.errors import AdrenoError
 from torch_adreno.runtime.device import select_device
@@ -54,6 +55,26 @@ def output_dir(text: str) -> Path:
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a file, not a directory")
     return path
+
+
+def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--device``: the OpenCL device everything the command compiles and runs uses."""
+    parser.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+
+
+def backend_options(args: argparse.Namespace, target: str | None = None) -> dict[str, Any]:
+    """The backend options a command's arguments choose: its ``--device`` and a compile ``target``.
+
+    The one place where the command line's device becomes options: every ``torch.compile``,
+    ``TrainingStep`` and sweep a command runs takes these (never the default device), so that all
+    its kernels run on the device named. Without ``--device`` the option is left out, and the
+    backend's own rule picks (``TORCH_ADRENO_DEVICE``, then the first GPU)."""
+    options: dict[str, Any] = {}
+    if args.device is not None:
+        options["device"] = args.device
+    if target is not None:
+        options["target"] = target
+    return options
 
 
 def refuse_bad_device(spec: str | int | None) -> bool:

@@ -14,9 +14,8 @@ import sys
 from tqdm import tqdm
 
 from torch_adreno.cli.arguments import (
-    DEVICE_HELP,
+    add_device_argument,
     address,
-    device_spec,
     positive_float,
     positive_int,
     refuse_bad_device,
@@ -44,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     federated.add_argument("--optimizer-state", choices=("reset", "keep"), default="reset",
                            help="Adam's state at the start of a round: zeroed, or kept from the last round "
                                 "(default: %(default)s)")
-    federated.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    add_device_argument(federated)
     federated.add_argument("--no-zero-copy", action="store_true",
                            help="copy parameters to the device even on unified memory (shows the bytes moved)")
     federated.add_argument("--address", type=address, default=None,

@@ -16,9 +16,8 @@ from typing import Any
 
 from torch_adreno.cli import finetune_images, finetune_text
 from torch_adreno.cli.arguments import (
-    DEVICE_HELP,
+    add_device_argument,
     bounded,
-    device_spec,
     output_dir,
     positive_float,
     positive_int,
@@ -50,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "a local checkpoint directory, a config JSON file or a built-in shape with random weights.")
     p.add_argument("--task", choices=["text", "images"], default="text",
                    help="text: LoRA on a causal LM; images: MobileNetV2 transfer learning (default: %(default)s)")
-    p.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    add_device_argument(p)
     p.add_argument("--target", choices=target_names(), default=None, metavar="TARGET",
                    help=f"compile for an Adreno profile's limits on the present device, of: {', '.join(target_names())} "
                    "(default: the present device only)")

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch_adreno.cli.arguments import backend_options
 from torch_adreno.cli.finetune_steps import (
-    backend_options,
     describe_device,
     loss_fell,
     train_steps,
@@ -162,7 +162,7 @@ def run(settings: argparse.Namespace) -> int:
 
     before, _ = evaluate(model, x_test, y_test, settings.batch)
     optimizer = make_optimizer(settings.optimizer, [p for p in model.parameters() if p.requires_grad], lr=settings.lr)
-    step = TrainingStep(model, cross_entropy, optimizer, backend_options(settings), replay=not settings.no_replay)
+    step = TrainingStep(model, cross_entropy, optimizer, backend_options(settings, settings.target), replay=not settings.no_replay)
     # Full batches only (shapes stay static: one compiled step, one replay), in a new order each pass.
     per_pass = len(y_train) // settings.batch
     generator = torch.Generator().manual_seed(settings.seed)

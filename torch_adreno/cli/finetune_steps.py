@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -24,16 +23,6 @@ WARMUP_STEPS = 2
 
 #: Steps averaged for the first and the last loss of the report.
 LOSS_WINDOW = 5
-
-
-def backend_options(settings: argparse.Namespace) -> dict[str, Any]:
-    """The backend options the command line sets: the device and the target."""
-    options: dict[str, Any] = {}
-    if settings.device is not None:
-        options["device"] = settings.device
-    if settings.target is not None:
-        options["target"] = settings.target
-    return options
 
 
 def describe_device(settings: argparse.Namespace) -> str:

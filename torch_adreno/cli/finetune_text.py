@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from torch_adreno.cli.arguments import backend_options
 from torch_adreno.cli.finetune_steps import (
     TrainingLog,
-    backend_options,
     describe_device,
     loss_fell,
     train_steps,
@@ -316,7 +316,7 @@ def train(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, torch.Tens
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(settings.optimizer, trainable, lr=settings.lr)
     generator = torch.Generator().manual_seed(settings.seed)
-    step = TrainingStep(model, loss_fn, optimizer, backend_options(settings), replay=not settings.no_replay)
+    step = TrainingStep(model, loss_fn, optimizer, backend_options(settings, settings.target), replay=not settings.no_replay)
     try:
         return train_steps(step, lambda _: (sequence_batch(ids, settings.seq, settings.batch, generator),),
                            settings.steps, settings.batch * settings.seq, "tok", "finetune")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torch_adreno.cli.arguments import DEVICE_HELP, address, bounded, device_spec, refuse_bad_device
+from torch_adreno.cli.arguments import add_device_argument, address, bounded, refuse_bad_device
 from torch_adreno.compiler.lowering import supported_ops
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
@@ -32,6 +32,7 @@ from torch_adreno.tools.bench.projected_workloads import DEFAULT_MODELS, SEED_ML
 from torch_adreno.tools.bench.projection import (
     ModelProjection,
     calibration_lines,
+    energy_lines,
     format_table,
     kernel_table,
     project_model,
@@ -78,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     project.add_argument("--launch-us", type=bounded(float, "a number", 0.0), default=10.0,
                          help="assumed cost of one kernel launch on the target, microseconds (default: %(default)s)")
     project.add_argument("--kernels", action="store_true", help="also print each model's kernels by projected time")
-    project.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    add_device_argument(project)
     project.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and target")
     project.set_defaults(fn=cmd_project)
 
@@ -193,6 +194,7 @@ def cmd_project(args: argparse.Namespace) -> int:
     rows = [summary_row(p) for p in projections]
     print(format_table(rows))
     print("\n".join(calibration_lines(projections, calibration)))
+    print("\n".join(energy_lines(projections)))
     low, high = SEED_GEMM_GFLOPS
     print(f"Assumed: each launch costs {args.launch_us:g} us; roofline: kernels reach the target's roofline (bytes / "
           f"bandwidth, FLOPs / fp32 peak); calibrated: they reach the share of it their kind reached on the "

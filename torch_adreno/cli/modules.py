@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 
+from torch_adreno.cli.arguments import add_device_argument, backend_options, refuse_bad_device
 from torch_adreno.tools.testing.modules import ModuleOutcome, format_outcomes, summary, sweep
 
 
@@ -19,16 +20,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     modules.add_argument("--samples", type=int, default=None, help="samples per module (default: all)")
     modules.add_argument("--failures", action="store_true", help="list every sample that did not pass")
     modules.add_argument("--jsonl", default=None, help="append one JSON line per sample to this file")
+    add_device_argument(modules)
     modules.set_defaults(fn=cmd_modules)
 
 
 def cmd_modules(args: argparse.Namespace) -> int:
+    if refuse_bad_device(args.device):
+        return 2
+
     def write(outcome: ModuleOutcome) -> None:
         if args.jsonl:
             with open(args.jsonl, "a") as f:
                 f.write(json.dumps({**dataclasses.asdict(outcome), "counted_as": outcome.counted_as}) + "\n")
 
-    outcomes = sweep(args.modules, args.samples, on_outcome=write)
+    outcomes = sweep(args.modules, args.samples, on_outcome=write, options=backend_options(args))
     print(format_outcomes(outcomes, failures=args.failures))
     counts = summary(outcomes)
     # Wrong results and crashes that aot_eager does not share are ours: they fail the command.

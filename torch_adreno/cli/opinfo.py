@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 
+from torch_adreno.cli.arguments import add_device_argument, backend_options, refuse_bad_device
 from torch_adreno.tools.testing.opinfo import (
     INTERNAL_ERROR,
     SWEEP_DTYPES,
@@ -38,10 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     opinfo.add_argument("--error-inputs", action="store_true",
                         help="OpInfo's error inputs and mixed-dtype operands of every claimed op: the compiled "
                              "call must raise what eager raises (same exception type)")
+    add_device_argument(opinfo)
     opinfo.set_defaults(fn=cmd_opinfo)
 
 
 def cmd_opinfo(args: argparse.Namespace) -> int:
+    if refuse_bad_device(args.device):
+        return 2
+    options = backend_options(args)
     index, _, count = args.shard.partition("/")
     if args.error_inputs:
         def write_case(outcome: ErrorOutcome) -> None:
@@ -49,7 +54,8 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
                 with open(args.jsonl, "a") as f:
                     f.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
 
-        error_reports = error_sweep(args.ops, shard=(int(index), int(count or 1)), on_case=write_case)
+        error_reports = error_sweep(args.ops, shard=(int(index), int(count or 1)), on_case=write_case,
+                                    options=options)
         print(format_error_reports(error_reports, failures=args.failures))
         return 1 if any(not o.agrees and not o.known for r in error_reports for o in r) else 0
 
@@ -60,7 +66,7 @@ def cmd_opinfo(args: argparse.Namespace) -> int:
 
     reports = sweep(args.ops, args.samples, shard=(int(index), int(count or 1)),
                     on_report=write_jsonl if args.jsonl else None, all_samples=args.all_samples,
-                    database=args.database, dtype=SWEEP_DTYPES[args.dtype])
+                    database=args.database, dtype=SWEEP_DTYPES[args.dtype], options=options)
     print(format_reports(reports))
     if args.failures:
         for r in reports:

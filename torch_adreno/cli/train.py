@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -18,8 +19,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from torch_adreno.cli.arguments import (
-    DEVICE_HELP,
-    device_spec,
+    add_device_argument,
+    backend_options,
     positive_float,
     positive_int,
     refuse_bad_device,
@@ -30,7 +31,7 @@ from torch_adreno.export import ExportError, export_step, reset_state
 from torch_adreno.export.data_file import save_batches
 from torch_adreno.models import MODELS, LeNet
 from torch_adreno.profiler import profile
-from torch_adreno.runner.__main__ import batches as runner_batches
+from torch_adreno.runner.data import Batches
 from torch_adreno.training.optimizers import OPTIMIZERS, describe_optimizers, make_optimizer
 from torch_adreno.training.step import TrainingStep
 
@@ -38,7 +39,7 @@ from torch_adreno.training.step import TrainingStep
 def register(sub: argparse._SubParsersAction) -> None:
     """The ``train`` and ``export`` commands."""
     train = sub.add_parser("train", help="train LeNet on the bundled UCI digits and report accuracy and costs")
-    train.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    add_device_argument(train)
     train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training digits (default: %(default)s)")
     train.add_argument("--batch-size", type=positive_int, default=64,
                        help="digits per step; full batches only, so that shapes stay static (default: %(default)s)")
@@ -68,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(one tensor per batch input, stacked over steps: torch_adreno/export/data_file.py)")
     export.add_argument("--data-steps", type=positive_int, default=30,
                         help="batches --data-out writes; a longer run takes them again (default: %(default)s)")
-    export.add_argument("--device", type=device_spec, default=None, help=DEVICE_HELP)
+    add_device_argument(export)
     export.set_defaults(fn=cmd_export)
 
 
@@ -82,7 +83,7 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"pass at most {len(y_train)}", file=sys.stderr)
         return 2
     model = LeNet()
-    options = {"device": args.device} if args.device is not None else {}
+    options = backend_options(args)
 
     def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(m(x), y)
@@ -160,7 +161,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.data_out is not None and args.data_out.suffix != ".safetensors":
         print(f"error: --data-out writes safetensors: name the file .safetensors, not {args.data_out.name}", file=sys.stderr)
         return 2
-    options = {"device": args.device} if args.device is not None else {}
+    options = backend_options(args)
     try:
         model = export_reference_model(args.model, args.output, batch, make, args.lr, args.optimizer, options)
     except ExportError as err:
@@ -184,7 +185,8 @@ def run_batches(name: str, seed: int, steps: int, batch_size: int) -> list[tuple
     after epoch as `python -m torch_adreno.runner` draws them), seeded by ``seed``."""
     if name == "digits":
         x_train, y_train, _, _ = digits_split(seed)
-        return list(runner_batches([x_train.numpy(), y_train.numpy()], batch_size, steps, seed))
+        examples = Batches([x_train.numpy(), y_train.numpy()], stacked=False, batch_size=batch_size, seed=seed)
+        return list(itertools.islice(examples, steps))
     generator = torch.Generator().manual_seed(seed)
     return [tuple(t.numpy() for t in MODELS[name].batch(generator)) for _ in range(steps)]
 

@@ -7,9 +7,10 @@
 The model is the launch list of the step's replay (:mod:`torch_adreno.replay.step`), each
 launch a node calling a model-local function (domain ``torch_adreno``) whose body is the standard
 ONNX ops of what the kernel fused (:mod:`.kernel_bodies`), each node carrying the kernel's OpenCL
-source, launch geometry and buffers, and the step's memory plan in the model's metadata. So
-onnxruntime runs the step from the bodies, Netron shows it as our kernels, and
-:mod:`torch_adreno.runner` runs the kernels themselves without PyTorch.
+source, launch geometry and buffers, and the step's memory plan in the model's metadata, with the
+SHA-256 digests of the tensors, kernel sources and operations that every runner checks
+(:mod:`torch_adreno.runner.integrity`). So onnxruntime runs the step from the bodies, Netron shows
+it as our kernels, and :mod:`torch_adreno.runner` runs the kernels themselves without PyTorch.
 
 Invariant: the graph's state inputs carry the values the step's tensors have at export (synchronized
 from the device first), and feeding its outputs back as inputs computes the steps that follow.
@@ -44,6 +45,7 @@ from torch_adreno.export.kernel_bodies import (
 from torch_adreno.replay.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
 from torch_adreno.replay.guards import state_tensors
 from torch_adreno.runner import format as fmt
+from torch_adreno.runner import integrity
 
 __all__ = ["ExportError", "export_step", "load_state", "step_model"]
 
@@ -91,7 +93,7 @@ def record_prediction(step: Any, example: torch.Tensor) -> Prediction:
 
     model = step.model
     runtime = step._residency.runtime
-    compiled = torch.compile(model, backend="adreno", dynamic=False, fullgraph=True)
+    compiled = torch.compile(model, backend="adreno", options=dict(step.options), dynamic=False, fullgraph=True)
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()
@@ -167,6 +169,7 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
     inputs: list[onnx.ValueInfoProto] = []
     outputs: list[onnx.ValueInfoProto] = []
     initializers: list[onnx.TensorProto] = []
+    digests: dict[str, str] = {}  # of the initializers' values, hashed from their arrays
     values: dict[int, _Value] = {}
     plan: dict[str, Any] = {"identities": [], "slots": list(slot_bytes), "batch": [], "loss": None}
 
@@ -198,6 +201,7 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
             name = names.get(id(tensor), f"captured.{identity.label}")
             array = tensor.detach().cpu().contiguous().numpy()
             initializers.append(numpy_helper.from_array(array, name))
+            digests[name] = integrity.array_digest(array)
             dtype = TORCH_TO_IR[tensor.dtype]
             inputs.append(helper.make_tensor_value_info(name, ONNX_TYPE[dtype], list(tensor.shape)))
             values[identity.index] = _Value(body.op("Reshape", [name, body.ints([-1])], "state"), dtype, tensor.numel())
@@ -259,7 +263,7 @@ def step_model(recording: StepRecording, slot_of: dict[int, int], slot_bytes: Se
     model.doc_string = ("One training step compiled by torch_adreno: inputs are the batch and the training state, "
                         "outputs the loss and the updated state. Each node is one OpenCL kernel of the step.")
     helper.set_model_props(model, {fmt.FORMAT_KEY: str(fmt.FORMAT_VERSION), fmt.PLAN_KEY: json.dumps(plan)})
-    return model
+    return integrity.seal(model, digests)
 
 
 def _add_prediction(g: _StepGraph, prediction: Prediction, at_input: dict[int, _Value], persistent: dict[int, int],

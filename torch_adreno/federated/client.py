@@ -62,7 +62,8 @@ class AdrenoClient(NumPyClient):
     ``accuracy`` (the locally trained model on the local held-out digits), ``step_time_ms``
     (median of the replayed steps), ``steps``, ``replayed_steps``, ``bytes_host_to_device``,
     ``bytes_device_to_host`` and ``bytes_shared`` (the round's device transfers, from
-    ``torch_adreno.profile()``), ``received_digest`` (:func:`weights_digest` of the global
+    ``torch_adreno.profile()``), ``devices`` (the device its kernels ran on, as
+    ``python -m torch_adreno devices`` names it), ``received_digest`` (:func:`weights_digest` of the global
     weights) and ``client_index``."""
 
     def __init__(self, model: torch.nn.Module, partition: Partition, *, client_index: int = 0, epochs: int = 1,
@@ -160,6 +161,8 @@ class AdrenoClient(NumPyClient):
             "bytes_device_to_host": prof.bytes_device_to_host,
             "bytes_shared": prof.bytes_shared,
             "received_digest": weights_digest(parameters),
+            # (Flower's metrics are scalars: the devices' labels joined)
+            "devices": " + ".join(prof.devices),
         }
         return weights, len(losses) * self.batch_size, metrics
 

@@ -304,6 +304,6 @@ def format_round(report: RoundReport, clients: int) -> str:
             f"{float(m['accuracy']):.2%}, step {float(m['step_time_ms']):.1f} ms ({int(m['replayed_steps'])} of "
             f"{int(m['steps'])} steps replayed), device bytes h2d {int(m['bytes_host_to_device']):,} "
             f"d2h {int(m['bytes_device_to_host']):,} shared {int(m['bytes_shared']):,}, "
-            f"weights up {c.bytes_received:,} B")
+            f"weights up {c.bytes_received:,} B; ran on {m['devices']!s}")
     lines += [f"  failed: {f}" for f in report.failures]
     return "\n".join(lines)

@@ -4,7 +4,8 @@ Records, while active, every kernel launch (name, FX nodes, ATen ops, module pat
 source lines, device time from OpenCL profiling events, global-memory bytes, FLOPs), every
 host<->device transfer (bytes, direction, why, copied or shared in place), every op run on the
 host by request, the memory of every compiled graph run, and a replayed TrainingStep's device
-footprint (``prof.device_footprint``)::
+footprint (``prof.device_footprint``), and the device's energy over the window where it exposes
+power (``prof.energy_joules``, ``prof.energy_per_step_joules``; :mod:`.energy`)::
 
     with torch_adreno.profile() as prof:
         loss = loss_fn(cmodel(x), y); loss.backward()
@@ -14,7 +15,8 @@ footprint (``prof.device_footprint``)::
 
 The profile collects records and keeps the totals; ``records.py`` turns launches into
 :class:`KernelRecord` s and reads their device times, ``report.py`` computes the grouped rows,
-the table and the Chrome trace from them, ``roofline.py`` measures the device's peaks.
+the table and the Chrome trace from them, ``roofline.py`` measures the device's peaks, ``energy.py``
+reads the device's energy counters.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from torch_adreno.compiler.memory.footprint import DeviceFootprint
+from torch_adreno.profiler.energy import (
+    EnergyReading,
+    EnergyTotals,
+    Meter,
+    Unmeasured,
+    not_measured,
+    open_device_meter,
+    window_energy,
+)
 from torch_adreno.profiler.records import KernelRecord, resolve_kernel_times, resolve_transfer_times
 from torch_adreno.profiler.report import (
     GROUPS,
@@ -41,17 +52,21 @@ from torch_adreno.profiler.roofline import DevicePeaks, device_peaks
 from torch_adreno.runtime import events
 from torch_adreno.runtime.events import GraphRunRecord, HostOpRecord, LaunchRecord, StepRecord, TransferRecord
 
-__all__ = ["DevicePeaks", "KernelRecord", "profile"]
+__all__ = ["DevicePeaks", "EnergyReading", "KernelRecord", "profile"]
 
 
-class profile:  # named like torch.profiler.profile
+class profile(EnergyTotals):  # named like torch.profiler.profile
     """Context manager recording launches, transfers, graph memory and host fallbacks.
+
+    ``device``: whose energy is read (as the ``device`` option takes it; None: the default device,
+    ``TORCH_ADRENO_DEVICE``); ``energy=False`` reads none. The energy window runs from entering the
+    profile to leaving it, after the device has finished the window's work.
 
     Invariant: ``_transfer_times[i]`` holds the device times of ``transfers[i]`` for each ``i`` read
     so far; kernel times are read into the records themselves. Both are read when the profile is
     left, and again by whatever needs times of records added since."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | int | None = None, energy: bool = True) -> None:
         self.kernels: list[KernelRecord] = []
         self.transfers: list[TransferRecord] = []
         self.host_ops: list[HostOpRecord] = []
@@ -63,6 +78,12 @@ class profile:  # named like torch.profiler.profile
         self._runtime: Any = None
         self.wall_time_us = 0.0
         self._start = 0.0
+        self._device = device
+        self._read_energy = energy
+        self._meter: Meter | None = None
+        self._remote_launches = 0  # launches timed on a remote device: its power is not read here
+        #: The window's energy (:class:`~torch_adreno.profiler.energy.EnergyReading`), once left.
+        self.energy: EnergyReading = not_measured("the profile has not been left yet")
 
     # -- subscriber interface ------------------------------------------------------------------
 
@@ -71,6 +92,7 @@ class profile:  # named like torch.profiler.profile
 
     def on_launch(self, record: LaunchRecord) -> None:
         self.kernels.append(KernelRecord.from_launch(record))
+        self._remote_launches += record.event is None and record.device_time_us is not None
 
     def on_transfer(self, record: TransferRecord) -> None:
         self.transfers.append(record)
@@ -84,8 +106,10 @@ class profile:  # named like torch.profiler.profile
     # -- context manager -----------------------------------------------------------------------
 
     def __enter__(self) -> profile:
+        self._meter = open_device_meter(self._device) if self._read_energy else Unmeasured("profile(energy=False)")
         events.subscribe(self)
         self._active = True
+        self._meter.start()
         self._start = time.perf_counter()
         return self
 
@@ -93,7 +117,10 @@ class profile:  # named like torch.profiler.profile
         self.wall_time_us = (time.perf_counter() - self._start) * 1e6
         events.unsubscribe(self)
         self._active = False
-        self._resolve_times()
+        self._resolve_times()  # waits for the window's launches: their energy is inside the window
+        if self._meter is not None:
+            self.energy = window_energy(self._meter.stop(), self._remote_launches)
+            self._meter = None
 
     def _resolve_times(self) -> None:
         resolve_kernel_times(self.kernels)
@@ -246,12 +273,22 @@ class profile:  # named like torch.profiler.profile
     def _roofline_cells(row: Row, peaks: DevicePeaks) -> str:
         return roofline_cells(row, peaks)
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices the recorded kernels ran on, in the order of their first launch: labels as
+        ``python -m torch_adreno devices`` lists them, or ``remote:HOST:PORT``."""
+        return tuple(dict.fromkeys(k.device for k in self.kernels))
+
     def device_peaks(self) -> DevicePeaks:
-        """Bandwidth and FLOP/s peaks of the device, measured once and cached (the roofline)."""
+        """Bandwidth and FLOP/s peaks of the device the recorded kernels ran on (the default device
+        while none ran), measured once and cached (the roofline)."""
         from torch_adreno.runtime import get_runtime
 
         if self._runtime is None:
-            self._runtime = get_runtime(None)
+            if len(self.devices) > 1 or any(d.startswith("remote:") for d in self.devices):
+                raise ValueError(f"the profiled kernels ran on {', '.join(self.devices)}: a roofline is of one device "
+                                 "of this machine; profile each device's steps apart")
+            self._runtime = get_runtime(self.devices[0] if self.devices else None)
         return device_peaks(self._runtime)
 
     def export_chrome_trace(self, path: str | Path) -> Path:

@@ -32,6 +32,8 @@ class KernelRecord:
     flops: int
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
+    #: Where it ran: the device's label in ``python -m torch_adreno devices``, or ``remote:HOST:PORT``.
+    device: str
     device_time_us: float | None = None
     start_ns: int | None = None
     end_ns: int | None = None
@@ -47,7 +49,8 @@ class KernelRecord:
             modules=tuple(dict.fromkeys(o.module for o in k.origins if o.module)),
             source_lines=tuple(dict.fromkeys(o.source for o in k.origins if o.source)),
             bytes_read=k.bytes_read, bytes_written=k.bytes_written, flops=k.flops,
-            global_size=k.global_size, local_size=k.local_size, device_time_us=record.device_time_us,
+            global_size=k.global_size, local_size=k.local_size, device=record.device,
+            device_time_us=record.device_time_us,
             _event=record.event,
         )
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from torch_adreno.profiler.energy import EnergyReading
 from torch_adreno.profiler.records import KernelRecord
 from torch_adreno.profiler.roofline import DevicePeaks
 from torch_adreno.runtime.events import HostOpRecord, TransferRecord
@@ -49,6 +50,10 @@ class Totals(Protocol):
     def host_ops(self) -> Sequence[HostOpRecord]: ...
     @property
     def host_fallback_ops(self) -> list[str]: ...
+    @property
+    def energy(self) -> EnergyReading: ...
+    @property
+    def steps(self) -> Sequence[Any]: ...
 
 
 def check_choice(argument: str, value: str, choices: Iterable[str]) -> None:
@@ -87,9 +92,18 @@ def group_kernels(kernels: Iterable[KernelRecord], group_by: str) -> dict[str, R
     return dict(rows)
 
 
+def energy_line(energy: EnergyReading, steps: int) -> str:
+    """The energy over the window and per TrainingStep call in it, or why it was not measured."""
+    if energy.joules is None:
+        return f"energy: not measured: {energy.reason}"
+    per_step = (f"{energy.joules / steps:.4g} J per step ({steps} steps)" if steps
+                else "per step: no TrainingStep call in the window")
+    return f"energy: {energy.describe()}; {per_step}"
+
+
 def summary_lines(totals: Totals) -> list[str]:
     """The table's header: launches and times, kernel bytes and FLOPs, copies and host fallbacks,
-    then a blank line (rows start at line 5)."""
+    energy, then a blank line (rows start at line 6)."""
     return [
         f"kernel launches: {totals.kernel_launches}   device time: {totals.device_time_us / 1e3:.3f} ms   "
         f"wall: {totals.wall_time_us / 1e3:.3f} ms (host overhead {totals.host_overhead_us / 1e3:.3f} ms)",
@@ -98,6 +112,7 @@ def summary_lines(totals: Totals) -> list[str]:
         f"host->device: {totals.bytes_host_to_device} B   device->host: {totals.bytes_device_to_host} B   "
         f"shared in place: {totals.bytes_shared} B   "
         f"host fallback ops: {len(totals.host_ops)} {sorted(set(totals.host_fallback_ops)) or ''}",
+        energy_line(totals.energy, len(totals.steps)),
         "",
     ]
 

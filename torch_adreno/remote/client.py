@@ -71,15 +71,23 @@ def parse_remote(spec: str | int | None) -> tuple[str, int] | None:
     return host, int(port)
 
 
+#: The requests whose reply takes device work beyond copies: a step load (building the step's
+#: programs, ``load_timeout``) and steps (``timeout``); every other reply is due at once
+#: (``reply_timeout``), so a port that accepts and never answers is named within seconds.
+_LONG_REQUESTS = (Message.LOAD_STEP, Message.RUN)
+
+
 class RemoteDevice:
     """A connection to ``torch-adreno-step serve`` on ``host:port``, greeted (with ``token`` where
-    the server wants one). ``timeout``: seconds a reply may take (a step load takes
-    ``load_timeout``: it builds the step's programs on the device)."""
+    the server wants one). Seconds allowed: ``connect_timeout`` to connect, ``reply_timeout`` for
+    the greeting and every reply that needs no device work (properties, state, settings),
+    ``timeout`` for steps (waiting for one recv: a long transfer that keeps coming does not time
+    out) and ``load_timeout`` for a step load (it builds the step's programs on the device)."""
 
     def __init__(self, host: str, port: int, token: str | None = None, timeout: float = 120.0,
-                 load_timeout: float = 900.0, connect_timeout: float = 10.0) -> None:
+                 load_timeout: float = 900.0, connect_timeout: float = 10.0, reply_timeout: float = 10.0) -> None:
         self.address = f"{host}:{port}"
-        self.timeout, self.load_timeout = timeout, load_timeout
+        self.timeout, self.load_timeout, self.reply_timeout = timeout, load_timeout, reply_timeout
         self._generation = 0
         try:
             self._socket: socket.socket | None = socket.create_connection((host, port), timeout=connect_timeout)
@@ -90,7 +98,13 @@ class RemoteDevice:
                 f"no step server at {self.address} ({error.strerror or error}): start one on the device with "
                 f"`torch-adreno-step serve --port {port}` (and `adb forward tcp:{port} tcp:{port}` for a phone)") from None
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.hello: dict[str, Any] = json.loads(self._request(Message.HELLO, protocol.text(token or "")))
+        try:
+            self.hello: dict[str, Any] = json.loads(self._request(Message.HELLO, protocol.text(token or "")))
+        except RemoteTimeout:
+            raise RemoteTimeout(
+                f"{self.address} accepted the connection but no step server greeted within {reply_timeout} s: is "
+                f"`torch-adreno-step serve --port {port}` what listens there (and the adb forward to the phone's "
+                "port, where one is used)?") from None
         #: The server's caps: max_message_bytes, max_steps_per_run, max_text_bytes.
         self.limits: dict[str, int] = self.hello["limits"]
 
@@ -123,7 +137,7 @@ class RemoteDevice:
         if self._socket is None:
             return
         try:
-            self._request(Message.CLOSE, timeout=min(self.timeout, 10.0))
+            self._request(Message.CLOSE, timeout=min(self.reply_timeout, 10.0))
         except RemoteError:
             pass  # (gone already: nothing left to release)
         finally:
@@ -158,7 +172,8 @@ class RemoteDevice:
         return b"".join(chunks)
 
     def _request(self, message: Message, payload: bytes = b"", timeout: float | None = None) -> bytes:
-        """Send one request and return its reply's payload (raising the server's error)."""
+        """Send one request and return its reply's payload (raising the server's error); ``timeout``
+        overrides the one of the message's kind (see :data:`_LONG_REQUESTS`)."""
         if self._socket is None:
             raise RemoteConnectionError(f"the connection to {self.address} is closed: make a new RemoteDevice")
         limit = self.limits["max_message_bytes"] if hasattr(self, "limits") else None
@@ -166,8 +181,10 @@ class RemoteDevice:
             raise RemoteError(f"{message.name}: a message of {len(payload)} bytes; the server takes at most {limit} "
                               "(its --max-message-mib)")
         doing = f"while answering {message.name}"
+        if timeout is None:
+            timeout = self.timeout if message in _LONG_REQUESTS else self.reply_timeout
         try:
-            self._socket.settimeout(timeout or self.timeout)
+            self._socket.settimeout(timeout)
             # (refused before it was all sent, say as too large: the reply says why, if one came)
             with contextlib.suppress(OSError):
                 self._socket.sendall(protocol.frame(message, payload))
@@ -178,7 +195,7 @@ class RemoteDevice:
         except TimeoutError:
             self._drop()
             raise RemoteTimeout(f"the step server at {self.address} sent no reply to {message.name} within "
-                                f"{timeout or self.timeout} s; the connection is closed") from None
+                                f"{timeout} s; the connection is closed") from None
         except OSError as error:
             self._drop()
             raise RemoteConnectionError(f"the connection to {self.address} broke {doing}: {error}") from None

@@ -11,7 +11,7 @@ def print_remote_device(spec: str) -> int:
     """Print the remote device ``spec`` names with its capabilities; 1 (with the reason) when it
     cannot be reached or described, else 0."""
     try:
-        with RemoteDevice.from_spec(spec, timeout=30.0) as device:
+        with RemoteDevice.from_spec(spec) as device:
             properties = device.properties()
             server = device.hello.get("server", "?")
         p = device_profile(properties)

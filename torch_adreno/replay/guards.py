@@ -43,11 +43,13 @@ Guard = Callable[[tuple[Any, ...]], "str | None"]
 
 
 def batch_signature(batch: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """A hashable key for the geometry of a batch, or None if an argument cannot be keyed."""
+    """A hashable key for the geometry of a batch, or None if an argument cannot be keyed. The
+    device is part of it: a replay binds host memory, and a batch elsewhere takes the full path."""
     parts: list[Any] = []
     for value in batch:
         if isinstance(value, torch.Tensor):
-            parts.append((type(value), value.dtype, tuple(value.shape), value.stride(), value.storage_offset()))
+            parts.append((type(value), value.dtype, tuple(value.shape), value.stride(), value.storage_offset(),
+                          value.device))
         else:
             try:
                 hash(value)

@@ -251,7 +251,7 @@ class ReplayedStep:
         for operation, described in zip(self._profiled_operations, self._described, strict=True):
             event = operation()
             if described is not None:
-                BUS.launch(LaunchRecord(described[0], described[1], event))
+                BUS.launch(LaunchRecord(described[0], described[1], event, self.runtime.entry.label))
 
     @property
     def enqueue_path(self) -> str:

@@ -20,7 +20,9 @@ bits either way.
 
 Files it cannot run are refused with :class:`UnsupportedStepFile` naming what is missing: another
 producer or format version, a node or attribute it does not know, a device without the
-work-group sizes, memory or extensions the kernels need.
+work-group sizes, memory or extensions the kernels need; a file whose tensors, kernel sources or
+operations differ from the SHA-256 digests its export recorded with :class:`DamagedStepFile`
+(:mod:`torch_adreno.runner.integrity`), before any of it is built or uploaded.
 """
 
 from __future__ import annotations
@@ -38,15 +40,13 @@ import pyopencl as cl
 from onnx import numpy_helper
 
 from torch_adreno.runner import format as fmt
+from torch_adreno.runner.format import UnsupportedStepFile
+from torch_adreno.runner.integrity import DamagedStepFile, seal, verify
 
-__all__ = ["StepRunner", "UnsupportedStepFile", "choose_device"]
+__all__ = ["DamagedStepFile", "StepRunner", "UnsupportedStepFile", "choose_device"]
 
 #: Standard ops the export writes into the main graph around the kernels (views of inputs and outputs).
 PLUMBING_OPS = frozenset({"Reshape", "Slice", "Gather", "Constant"})
-
-
-class UnsupportedStepFile(ValueError):
-    """A file the runner cannot run, or a device it cannot run it on; the message says what is missing."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ def helper_value(attribute: onnx.AttributeProto) -> Any:
 
 
 def read_step(model: onnx.ModelProto, origin: str = "the model") -> tuple[dict[str, Any], list[Launch | Copy]]:
-    """The memory plan and the operations of an exported step; refuses what it cannot run."""
+    """The memory plan and the operations of an exported step; refuses what it cannot run, and a
+    damaged file (:class:`DamagedStepFile`: its integrity record does not match)."""
     if model.producer_name != fmt.PRODUCER:
         producer = model.producer_name or "an unnamed producer"
         raise UnsupportedStepFile(f"{origin} was made by {producer}, not by torch_adreno's export: the runner runs only "
@@ -94,7 +95,11 @@ def read_step(model: onnx.ModelProto, origin: str = "the model") -> tuple[dict[s
     if version != str(fmt.FORMAT_VERSION) or fmt.PLAN_KEY not in props:
         raise UnsupportedStepFile(f"{origin} has step format {version or '(none)'}; this runner reads format "
                                   f"{fmt.FORMAT_VERSION} (metadata {fmt.FORMAT_KEY} and {fmt.PLAN_KEY}): export it again")
-    plan = json.loads(props[fmt.PLAN_KEY])
+    verify(model, origin)  # before anything of the file is parsed or built
+    try:
+        plan = json.loads(props[fmt.PLAN_KEY])
+    except ValueError as err:
+        raise UnsupportedStepFile(f"the step plan of {origin} is not JSON ({err}): export it again") from None
     functions = {f.name for f in model.functions if f.domain == fmt.DOMAIN}
     operations: list[Launch | Copy] = []
     for node in model.graph.node:
@@ -393,4 +398,4 @@ class StepRunner:
         for tensor in model.graph.initializer:
             if tensor.name in state:
                 tensor.CopyFrom(numpy_helper.from_array(state[tensor.name], tensor.name))
-        onnx.save(model, str(path))
+        onnx.save(seal(model), str(path))

@@ -1,16 +1,21 @@
 """``python -m torch_adreno.runner step.onnx --data digits.npz --steps 200``: train an exported step
-on an OpenCL device without PyTorch, print the losses, write the trained state."""
+on an OpenCL device without PyTorch, print the losses, write the trained state. Exit status 2: bad
+input (the step or data file, the device); 1: a failure while running, such as a loss that is not
+finite (unless ``--continue-on-nonfinite``)."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from torch_adreno.runner import StepRunner, UnsupportedStepFile, choose_device
+from torch_adreno.runner.data import DataFileError, open_batches, read_arrays
 
 
 def _positive(text: str) -> int:
@@ -21,21 +26,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
-
-
-def batches(arrays: Sequence[np.ndarray], batch_size: int, steps: int, seed: int) -> Iterator[tuple[np.ndarray, ...]]:
-    """``steps`` batches of ``batch_size`` rows, epoch after epoch in a fresh shuffled order (full batches only)."""
-    rows = len(arrays[0])
-    rng = np.random.default_rng(seed)
-    done = 0
-    while done < steps:
-        order = rng.permutation(rows)
-        for start in range(0, rows - batch_size + 1, batch_size):
-            if done == steps:
-                return
-            index = order[start:start + batch_size]
-            yield tuple(a[index] for a in arrays)
-            done += 1
 
 
 def accuracy(runner: StepRunner, x: np.ndarray, y: np.ndarray) -> float:
@@ -54,9 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_adreno.runner", description=__doc__)
     parser.add_argument("model", type=Path, help="a training step exported by torch_adreno (.onnx)")
     parser.add_argument("--data", type=Path, required=True,
-                        help=".npz with one array per batch input: x and y, or named as the inputs (batch_0, batch_1)")
+                        help="safetensors or .npz: one array per batch input, named as the input (batch_0, batch_1) "
+                        "or x, y; batches stacked over steps [S, *input shape], or examples [N, *input shape[1:]] "
+                        "drawn in a shuffled order (torch_adreno/runner/data.py)")
     parser.add_argument("--steps", type=_positive, default=200)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the batch order")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the examples' order (default: %(default)s)")
     parser.add_argument("--device", default=None, help="OpenCL device index or name substring (default: first GPU)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the trained state (.npz or .onnx); "
                         "default: <model>.trained.npz")
@@ -64,44 +56,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fill-uninitialized-memory", action="store_const", const=True, default=None,
                         help="fill memory with NaN / out-of-range words before its first write, so that a read of memory "
                         "nothing wrote shows (default: the environment variable TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY)")
+    parser.add_argument("--continue-on-nonfinite", action="store_true",
+                        help="train on after a step whose loss is NaN or infinite (default: stop with exit status 1)")
     args = parser.parse_args(argv)
     try:
         runner = StepRunner.load(args.model, choose_device(args.device), args.fill_uninitialized_memory)
-    except (UnsupportedStepFile, FileNotFoundError) as err:
+        arrays = read_arrays(args.data)
+        batches = open_batches(args.data, runner.batch_inputs, args.seed, arrays)
+    except (UnsupportedStepFile, DataFileError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    specs = runner.batch_inputs
-    with np.load(args.data) as archive:
-        names = [s["input"] for s in specs]
-        short = ["x", "y", *(f"batch_{i}" for i in range(2, len(specs)))][:len(specs)]
-        keys = names if all(n in archive.files for n in names) else short
-        missing = [k for k in keys if k not in archive.files]
-        if missing:
-            takes = ", ".join(f"{s['input']} {s['dtype']}{s['shape']}" for s in specs)
-            print(f"error: {args.data} has no array {', '.join(missing)} (has {', '.join(archive.files)}); the step "
-                  f"takes {takes}", file=sys.stderr)
-            return 2
-        arrays = [archive[k].astype(s["dtype"], copy=False) for k, s in zip(keys, specs, strict=True)]
-    batch_size = specs[0]["shape"][0]
-    for spec, array in zip(specs, arrays, strict=True):
-        if list(array.shape[1:]) != spec["shape"][1:] or len(array) < batch_size:
-            print(f"error: {spec['input']} takes batches of {spec['shape']}; {args.data} holds {list(array.shape)}",
-                  file=sys.stderr)
-            return 2
-    print(f"{args.model}: {len(runner.operations)} operations on {runner.device.name.strip()}, batch {batch_size}")
-    losses = []
-    for number, batch in enumerate(batches(arrays, batch_size, args.steps, args.seed), 1):
-        losses.append(runner.step(*batch))
-        if number % args.print_every == 0 or number == args.steps:
-            print(f"step {number} loss {losses[-1]!r}")
-    if runner.can_predict:
-        test = [k for k in ("x_test", "y_test") if k in np.load(args.data).files]
-        with np.load(args.data) as archive:
-            x, y = (archive["x_test"], archive["y_test"]) if len(test) == 2 else (arrays[0], arrays[1])
+    layout = f"{batches.rows} stacked batches" if batches.stacked else f"{batches.rows} examples"
+    print(f"{args.model}: {len(runner.operations)} operations on {runner.device.name.strip()}, batch "
+          f"{batches.batch_size}; {args.data}: {layout}")
+    for number, batch in enumerate(itertools.islice(batches, args.steps), 1):
+        loss = runner.step(*batch)
+        if number % args.print_every == 0 or number == args.steps or not math.isfinite(loss):
+            print(f"step {number} loss {loss!r}")
+        if not math.isfinite(loss) and not args.continue_on_nonfinite:
+            print(f"error: step {number}: the loss is {loss!r}, not finite: training diverged (a learning rate too "
+                  "high?) or the data holds non-finite values; stopped without writing the state "
+                  "(--continue-on-nonfinite trains on)", file=sys.stderr)
+            return 1
+    test = [arrays[k] for k in ("x_test", "y_test") if k in arrays]
+    labelled = test if len(test) == 2 else list(batches.examples()[:2])
+    if runner.can_predict and len(labelled) == 2:
+        x, y = labelled
         which = "held-out" if len(test) == 2 else "training"
-        print(f"accuracy on the {len(y)} {which} examples: {accuracy(runner, x.astype(specs[0]['dtype']), y):.4f}")
+        print(f"accuracy on the {len(y)} {which} examples: "
+              f"{accuracy(runner, x.astype(runner.batch_inputs[0]['dtype']), y):.4f}")
     else:
-        print("accuracy: not measured (the file holds no prediction; export it with predict=)")
+        print("accuracy: not measured (" + ("the file holds no prediction; export it with predict=)"
+                                           if not runner.can_predict else "the step takes no labels)"))
     out = args.out or args.model.with_suffix(".trained.npz")
     runner.save_state(out)
     print(f"trained state written to {out}")

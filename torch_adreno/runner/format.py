@@ -19,7 +19,10 @@ A file holds one ONNX model of one whole training step:
   :data:`FILL_VARIABLE` set, or its own flag) right before operation ``before`` (an index into the
   file's kernel and copy nodes), in operation order: every identity before its first use, and an
   identity's bytes again where a graph's slot begins holding another buffer (see
-  :mod:`torch_adreno.compiler.codegen.fills`). Ignored unless filling is asked for.
+  :mod:`torch_adreno.compiler.codegen.fills`). Ignored unless filling is asked for;
+- model metadata ``torch_adreno.integrity``: SHA-256 digests of every initializer's values, of
+  the kernel sources and of the operations and plan (:mod:`torch_adreno.runner.integrity`), which
+  every runner checks before it uses the file.
 """
 
 from __future__ import annotations
@@ -27,10 +30,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+
+class UnsupportedStepFile(ValueError):
+    """A file the runner cannot run, or a device it cannot run it on; the message says what is missing."""
+
+
 PRODUCER = "torch_adreno"
 DOMAIN = "torch_adreno"
 #: Version of this layout; a runner refuses other versions.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 OPSET = 18
 PLAN_KEY = "torch_adreno.step"
 FORMAT_KEY = "torch_adreno.format"

@@ -134,7 +134,8 @@ class Deferral:
             tensor = ref()
             entry = copies.lookup(id(tensor)) if tensor is not None else None
             # A dead tensor's buffer was released with its entry: nothing is left to make coherent.
-            if entry is not None and entry.buffer is buffer:
+            # (An entry the table dropped while the tensor lives left the buffer to its holder.)
+            if tensor is not None and (entry is None or entry.buffer is buffer):
                 sync_shared(self.runtime, buffer, nbytes, write=False)
         self._unsynced_shared.clear()
         for key, deferred in list(self.stale.items()):

@@ -18,11 +18,14 @@ from torch_adreno.compiler.memory.footprint import DeviceFootprint
 @dataclass
 class LaunchRecord:
     """One kernel launch; ``event`` times it when the queue has profiling enabled, or
-    ``device_time_us`` holds its time measured elsewhere (on a remote device, by its own events)."""
+    ``device_time_us`` holds its time measured elsewhere (on a remote device, by its own events).
+    ``device``: where it ran, the label ``python -m torch_adreno devices`` lists ("platform:
+    device"), or ``remote:HOST:PORT`` for a step server's device."""
 
     graph: str
     kernel: KernelSource
     event: cl.Event | None
+    device: str
     device_time_us: float | None = None
 
 

@@ -199,7 +199,7 @@ class Executable:
                     images.append(image)
             event = cl.enqueue_nd_range_kernel(queue, step.kernel, step.source.global_size, step.source.local_size)
             if record:
-                BUS.launch(LaunchRecord(self.graph.name, step.source, event))
+                BUS.launch(LaunchRecord(self.graph.name, step.source, event, self.runtime.entry.label))
         self.runtime.index_errors.launches += self._checking_launches
         self._apply_mutations(args, storage)
         outputs = self._collect_outputs(args, storage, host_outputs, blocks)

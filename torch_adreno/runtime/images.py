@@ -115,6 +115,9 @@ class ImageViews:
         self.shared_made = 0
         self.copies_made = 0
         self.bindings = 0
+        #: Images over buffers the driver refused (each then a copy), and the refusals logged.
+        self.refused = 0
+        self._refusals_said: set[str] = set()
         #: Per kernel name, the image operands (buffer names) its launches were bound to.
         self.bound_kernels: dict[str, tuple[str, ...]] = {}
 
@@ -143,8 +146,13 @@ class ImageViews:
                 image = cl.Image(self.context, cl.mem_flags.READ_ONLY, IMAGE_FORMATS[operand.channel_type][0],
                                  desc=image_descriptor(operand, buffer))
             except cl.Error as err:
-                # The driver refused this buffer (an alignment it does not report): a copy, counted.
-                _log.info("image over a %d-byte buffer refused (%s): a copied image instead", buffer.size, str(err))
+                # The driver refused this buffer (an alignment it does not report): a copy, counted,
+                # and said once per device and refusal (a model meets it for many of its tensors).
+                self.refused += 1
+                if str(err) not in self._refusals_said:
+                    self._refusals_said.add(str(err))
+                    _log.info("the driver refuses images over some buffers (%s, first over a %d-byte one): those "
+                              "images are copies instead (said once)", str(err), buffer.size)
             else:
                 self.shared_made += 1
                 return BoundImage(image, buffer, operand, shared=True)

@@ -47,6 +47,12 @@ __all__ = ["TRANSIENT_SLOTS", "Residency", "host_array", "poison", "shared_buffe
 _ALL_RESIDENCIES: list[weakref.ref[Residency]] = []
 
 
+def _over_memory_of(device_buffer: Any, tensor: torch.Tensor) -> bool:
+    """Whether ``device_buffer`` was made over ``tensor``'s own host memory (``USE_HOST_PTR``)."""
+    host = getattr(device_buffer, "hostbuf", None)
+    return host is not None and tensor.numel() > 0 and np.asarray(host).ctypes.data == tensor.data_ptr()
+
+
 @dataclass(frozen=True)
 class StepContext:
     """What a :class:`~torch_adreno.TrainingStep`'s graph calls are told about the step they are part
@@ -245,7 +251,9 @@ class Residency:
         :meth:`synchronize`. A copy is recorded as deferred and marked out of date; host memory used
         in place is made coherent for the host then. The step has finished when this is called."""
         entry = self._copies.lookup(id(tensor))
-        if entry is not None and entry.shared and entry.buffer is device_buffer:
+        if (entry is not None and entry.shared and entry.buffer is device_buffer) or _over_memory_of(device_buffer, tensor):
+            # (Also where the table dropped its entry since: marking the copy out of date would
+            # write the mark into the memory the device computes in.)
             self._deferral.defer_shared(tensor, device_buffer, tensor.numel() * tensor.element_size())
             return
         self._deferral.defer(tensor, device_buffer)

@@ -21,7 +21,7 @@ _log = logging.getLogger("torch_adreno")
 def describe_signature(signature: Hashable) -> str:
     """A call's replay key in words: the batch arguments' shapes (and the accumulation phase)."""
     batch, phase = signature if isinstance(signature, tuple) and len(signature) == 2 else (signature, None)
-    shapes = [list(part[2]) for part in batch if isinstance(part, tuple) and len(part) == 5] \
+    shapes = [list(part[2]) for part in batch if isinstance(part, tuple) and len(part) == 6] \
         if isinstance(batch, tuple) else []
     words = "batch " + ", ".join(map(str, shapes)) if shapes else "this batch"
     return words if phase in (None, "whole") else f"{words} ({phase} call of an accumulation)"

@@ -98,6 +98,11 @@ class RemoteTraining:
         return torch.tensor(loss, dtype=torch.float32)
 
     @property
+    def label(self) -> str:
+        """The device's name in launch records: ``remote:HOST:PORT``."""
+        return f"remote:{self._address[0]}:{self._address[1]}"
+
+    @property
     def kernel_launches(self) -> int:
         """Kernels a step of the loaded remote step launches."""
         return sum(1 for op in self._operations if not isinstance(op, RecordedCopy))
@@ -117,7 +122,8 @@ class RemoteTraining:
                                   "the server runs another step than this TrainingStep shipped")
             if not isinstance(op, RecordedCopy):
                 runs = max(int(remote["runs"]), 1)
-                BUS.launch(LaunchRecord(op.graph, op.source, None, float(remote["milliseconds"]) * 1e3 / runs))
+                BUS.launch(LaunchRecord(op.graph, op.source, None, self.label,
+                                        float(remote["milliseconds"]) * 1e3 / runs))
 
     def ship(self, export: Callable[[str], Any], signature: Hashable, operations: Sequence[Any]) -> None:
         """Load the step just captured (exported by ``export``, with the state's current values) on

@@ -33,13 +33,14 @@ Replay = tuple[ReplayedStep, guards.StepGuard]
 class Replays:
     """The replays of one step by batch signature (see the module docstring)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, refused: str | None = None) -> None:
+        """``refused``: why no geometry of this step is captured at all (reported by :attr:`reasons`)."""
         self._limit = limit
         self._replays: OrderedDict[Hashable, Replay] = OrderedDict()
         # Batch geometries that completed a step through the compiled graphs (compiled and warm).
         self._warm: set[Hashable] = set()
         # Batch geometries whose capture cannot be replayed, with the reason.
-        self._unreplayable: dict[Hashable, str] = {}
+        self._unreplayable: dict[Hashable, str] = {} if refused is None else {None: refused}
 
     def __bool__(self) -> bool:
         return bool(self._replays)

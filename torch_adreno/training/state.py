@@ -51,9 +51,10 @@ def _shapes(signature: Hashable) -> str:
                            for s in signature) + ")"
 
 
-def recompile_limit_message(stage: str, signatures: list[Hashable]) -> str:
+def recompile_limit_message(stage: str, signatures: list[Hashable], changes: list[str] | tuple[str, ...] = ()) -> str:
     """Why Dynamo reached its recompile limit in ``stage`` ("loss" or "optimizer step"), from what
-    the step saw: the batches' shapes when they changed, else the optimizer's usual causes."""
+    the step saw: the batches' shapes when they changed; for the optimizer, the settings compiled
+    into the step that changed (``changes``, in words)."""
     prefix = (f"TrainingStep: Dynamo reached its recompile limit for the {stage}, and running it as host code "
               "would read gradients that are only on the device. ")
     if stage == "loss" and len(signatures) > 1:
@@ -66,9 +67,16 @@ def recompile_limit_message(stage: str, signatures: list[Hashable]) -> str:
         return prefix + ("The batches kept their shapes, so something else the loss depends on changed from step "
                          "to step (a Python attribute or global it reads, train()/eval() toggled each step); "
                          "TORCH_LOGS=recompiles shows what")
-    return prefix + ("Usual causes: many optimizers in one process (call torch._dynamo.reset() between training "
-                     "runs) or a hyperparameter changed as a Python float, each new value a recompile (a scheduler "
-                     "changing lr or momentum: give the optimizer a tensor lr; do not cycle a float momentum)")
+    if changes:
+        shown = "; ".join(changes[-3:]) + (f" (and {len(changes) - 3} earlier changes)" if len(changes) > 3 else "")
+        return prefix + (f"Cause: optimizer settings compiled into the step kept changing ({shown}); each new value "
+                         "is a new compilation. Keep them fixed: learning rates, betas, momentum, weight decay, eps "
+                         "and the like are inputs of the step for torch.optim's optimizers, but booleans (nesterov, "
+                         "amsgrad, maximize), whether a weight decay or momentum is zero, and numbers an optimizer of "
+                         "another class reads (other than its lr) are compiled in")
+    return prefix + ("The optimizer's settings did not change between calls; something else its step reads did "
+                     "(TORCH_LOGS=recompiles shows what)")
+
 
 
 def _is_data_dependent(err: BaseException) -> bool:

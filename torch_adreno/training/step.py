@@ -37,10 +37,10 @@ itself; those of one residency reading a host copy another deferred synchronize 
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 import weakref
 from collections.abc import Callable, Hashable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -59,27 +59,15 @@ from torch_adreno.target.profiles import profile_for
 from torch_adreno.training import host_sync
 from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.compiled_step import CompiledStep
+from torch_adreno.training.full_path import FullPath
 from torch_adreno.training.gradients import GradientMarkers, check_norm_type
 from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.progress import reported, slow_work
 from torch_adreno.training.remote import RemoteTraining, remote_spec
-from torch_adreno.training.replay_check import ReplayCheck, reference_options
-from torch_adreno.training.replays import Replays, build_replay, check_can_step, check_can_train
-from torch_adreno.training.state import (
-    REMEMBERED_SIGNATURES,
-    batch_shapes,
-    name_of,
-)
-
-
-def _with_scaled(loss: torch.Tensor, accumulation: GradientAccumulation) -> tuple[torch.Tensor, torch.Tensor]:
-    return loss, accumulation.scale(loss)
-_log = logging.getLogger("torch_adreno")
-
-#: Replays kept per TrainingStep, one per batch geometry (a partial last batch is a second one;
-#: :class:`~torch_adreno.Buckets` makes a few lengths of many). Each holds its own step memory.
-MAX_REPLAYS = 8
+from torch_adreno.training.replays import check_can_train
+from torch_adreno.training.state import name_of
+from torch_adreno.training.step_replays import StepReplays
 
 
 class _SyncHook:
@@ -111,7 +99,7 @@ def _sync_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, hook: 
             optimizer.register_load_state_dict_pre_hook(hook)]
 
 
-def replay_options(config: Config, runtime: DeviceRuntime, limits: MemoryLimits) -> ReplayOptions:
+def replay_options_for(config: Config, runtime: DeviceRuntime, limits: MemoryLimits) -> ReplayOptions:
     """How a TrainingStep's replays are built on ``runtime`` (held to ``limits``), from its options."""
     rebuild = config.replay_arena_kernels
     if rebuild == "auto":  # a GPU's (the target's, where one is given)
@@ -135,11 +123,8 @@ class TrainingStep:
         and optimizer step (as ``clip_grad_norm_``). ``replay``: from the second step with a batch
         geometry on, run the step as the launch list recorded from the step before (see
         :mod:`torch_adreno.replay.step`), not through Dynamo, AOTAutograd and autograd, while the
-        guards of :mod:`torch_adreno.replay.guards` hold. ``grad_scaler``: a
-        ``torch.amp.GradScaler("cpu")`` for float16 autocast; the step scales, unscales, skips
-        overflowing steps and updates the scale itself (:mod:`torch_adreno.training.scaler`); such
-        steps are not replayed yet (the skip is decided on the host after the backward).
-        ``accumulate``: calls per optimizer step; the gradients of ``accumulate`` micro-batches,
+        guards of :mod:`torch_adreno.replay.guards` hold. ``grad_scaler``: a ``GradScaler("cpu")`` for
+        float16 autocast, applied on the device (:mod:`torch_adreno.training.scaler`). ``accumulate``: calls per optimizer step; the gradients of ``accumulate`` micro-batches,
         each loss scaled by ``1/accumulate``, are summed on the device and the optimizer steps on
         every ``accumulate``-th call (:mod:`torch_adreno.training.accumulation`);
         :attr:`stepped_optimizer` says whether the last call did."""
@@ -151,6 +136,9 @@ class TrainingStep:
             config = Config.from_options(options)
         check_norm_type(norm_type)
         check_can_train(model, optimizer)
+        #: The backend options every compile of this step uses (a remote device's: those of its local
+        #: capture); what compiles on the step's behalf (an exported prediction) compiles with them.
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
         self.model = model
         self.optimizer = optimizer
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -167,21 +155,31 @@ class TrainingStep:
         self._memory = StepMemory(profile_for(self._residency.runtime.profile, config.target))
         #: The largest allocation and global memory this step is held to (the target's, else the device's).
         self.memory_limits = self._memory.limits
-        self._replay_options = replay_options(config, self._residency.runtime, self.memory_limits)
+        replay_options = replay_options_for(config, self._residency.runtime, self.memory_limits)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
-        # Learning rates as step inputs, and the optimizer's settings for the device (put back on close).
-        self._hyperparameters = StepHyperparameters(optimizer)
+        # Hyperparameters as step inputs, during each call.
+        self._hyperparameters = StepHyperparameters(optimizer, self._compiled.rule)
         # (removed on close: the sync hooks and the settings)
         self._hooks = [*_sync_hooks(model, optimizer, _SyncHook(self)), self._hyperparameters]
         self._closed = False
-        self._batch_shapes: dict[Hashable, None] = {}  # those seen, in order
         self._residency.add_namer(self._name_of)
-        self._replay_enabled = replay and self._compiled.scaling is None  # (GradScaler steps are not replayed)
-        #: Calls that ran as a replay (no Dynamo, AOTAutograd or autograd).
-        self.replayed_steps = 0
-        self._replays = Replays(MAX_REPLAYS)
-        #: Option verify_replay: the replayed steps still to run as captured too, and compare.
-        self._replay_check = ReplayCheck(config.verify_replay) if config.verify_replay else None
+        self._full = FullPath(self._compiled, self._residency, self._step_context, self._gradients,
+                              self._hyperparameters, self._memory, model, optimizer, self._params, self._name_of)
+        self._replaying = StepReplays(model, optimizer, self._residency, self._memory.heap_group, replay_options,
+                                      self._gradients, self._compiled.unreplayable_reason if replay else None,
+                                      config.verify_replay)
+        self._replays = self._replaying.kept
+        self._replay_enabled = replay and self._compiled.unreplayable_reason is None
+
+    @property
+    def replayed_steps(self) -> int:
+        """Calls that ran as a replay (no Dynamo, AOTAutograd or autograd)."""
+        return self._replaying.replayed_steps
+
+    @property
+    def captures(self) -> int:
+        """Calls that captured a replay (one per batch geometry, more where a guard failed)."""
+        return self._replaying.captures
 
     @property
     def remote(self) -> RemoteTraining | None:
@@ -203,7 +201,12 @@ class TrainingStep:
     @property
     def replays_verified(self) -> int:
         """Replayed steps checked against the compiled graphs so far (option ``verify_replay``)."""
-        return 0 if self._replay_check is None else self._replay_check.checked
+        return self._replaying.verified
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps a GradScaler skipped (a gradient overflowed), read current from the device."""
+        return self._compiled.skipped_steps
 
     @property
     def unreplayable_reasons(self) -> tuple[str, ...]:
@@ -211,32 +214,15 @@ class TrainingStep:
         they were met; empty while every captured step replays)."""
         return self._replays.reasons
 
-    def _before_step(self, batch: tuple[Any, ...]) -> None:
-        host_sync.suspend(self._residency)  # the step's compiled code must not trace it
-        try:
-            self._check_can_step(batch)
-        except BaseException:
-            if self._residency.deferred_tensors:  # no step ran: host copies still out of date
-                host_sync.arm(self._residency)
-            raise
-
-    def _check_can_step(self, batch: tuple[Any, ...]) -> None:
-        """What a step needs (``__call__`` refused a closed step already), checked before it runs."""
-        check_can_step(self._params, batch)
-        self._memory.check_state(self.model, self.optimizer, self._name_of)
-        signature = batch_shapes(batch)
-        if signature not in self._batch_shapes and len(self._batch_shapes) < REMEMBERED_SIGNATURES:
-            self._batch_shapes[signature] = None
-
     def _name_of(self, tensor: torch.Tensor) -> str | None:
-        return name_of(tensor, self.model, self.optimizer)
+        return self._compiled.name_of(tensor) or name_of(tensor, self.model, self.optimizer)
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError("this TrainingStep was closed; make a new one to train further")
-        self._hyperparameters.sync()
-        loss = self._call(batch, started)
+        with self._hyperparameters:  # (hyperparameters as inputs during the call)
+            loss = self._call(batch, started)
         self.stepped_optimizer = self._accumulation.steps_optimizer
         self._accumulation.advance()
         return loss
@@ -251,7 +237,7 @@ class TrainingStep:
         if self._remote is not None:
             remote_loss = self._remote.serve(batch, self._signature(batch), self._replays)
             if remote_loss is not None:
-                self.replayed_steps += 1
+                self._replaying.replayed_steps += 1
                 BUS.step(StepRecord("replay", time.perf_counter() - started, self._remote.kernel_launches, None, None))
                 return remote_loss
             self._remote.release(self._residency, self._replays)
@@ -260,10 +246,9 @@ class TrainingStep:
             # through its Python __torch_function__ (~1.2 us each, against ~0.07): a replay runs with
             # torch functions off instead of taking the mode off the stack and putting it back.
             with torch._C.DisableTorchFunction():
-                replay, loss, reason = self._replayed(batch, started)
-            if replay is not None and loss is not None and self._replay_check is not None:
-                loss = self._replay_check.after(replay, batch, loss, lambda: self._run_compiled(batch))
+                replay, loss, reason = self._replaying.run(batch, self._signature(batch), started)
             if replay is not None and loss is not None:
+                loss = self._replaying.checked(replay, batch, loss, lambda: self._run_compiled(batch))
                 after = time.perf_counter() - replay.loss_read_at
                 replay.last_phases["after"] = after
                 replay.last_host_seconds += after
@@ -271,23 +256,21 @@ class TrainingStep:
                     BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches, None, replay.footprint,
                                         replay.enqueue_path))
                 return loss
-        # The compiled graphs must not see host_sync's mode (Dynamo would trace it).
-        host_sync.suspend(self._residency)
         signature = self._signature(batch) if self._replay_enabled else None
-        self._before_step(batch)
+        self._full.check(batch)  # (host_sync's mode off the stack: Dynamo would trace it)
         capture = signature is not None and self._replays.should_capture(signature)
         recorder = StepRecorder(self._residency.runtime, batch, tuple(self._params)) if capture else None
         versions = self._replays.watched_versions()
         work = slow_work(signature is None or self._replays.is_warm(signature), recorder is not None)
         kind = "full"
         with reported(work, signature) if work is not None else contextlib.nullcontext():
-            loss = self._compiled_step(batch, recorder)
+            loss = self._full.run(batch, recorder)
             self._replays.accept_own_writes(versions)
             if self._compiled.pieces_reason is not None and signature is not None:
                 self._replays.refuse(signature, self._compiled.pieces_reason)
                 recorder = None
             if recorder is not None and signature is not None:
-                refused = self._replays.add(signature, lambda: self._build_replay(recorder, loss, batch))
+                refused = self._replaying.capture(signature, recorder, loss, batch)
                 kind, reason = ("capture", reason) if refused is None else (kind, refused)
                 if kind == "capture" and self._remote is not None and (captured := self._replays.latest) is not None:
                     self._remote.ship(self.export, signature, captured.recording.operations)
@@ -298,63 +281,13 @@ class TrainingStep:
         BUS.step(StepRecord(kind, time.perf_counter() - started, 0, reason, self.device_footprint if kind == "capture" else None))
         return loss
 
-    def _replayed(self, batch: tuple[Any, ...],
-                  started: float) -> tuple[ReplayedStep | None, torch.Tensor | None, str | None]:
-        """The step as the replay of its batch geometry, if there is one and its guard holds: the
-        replay and the loss; else Nones and the reason the guard gave (the replay is dropped; the
-        caller runs the full path, which captures again). Called with torch functions disabled
-        (see ``__call__``)."""
-        replay, reason = self._replays.valid_for(batch, self._signature(batch))
-        if replay is None:
-            return None, None, reason
-        if self._replay_check is not None:
-            self._replay_check.before(replay)
-        try:
-            loss = replay(batch, started)
-        finally:
-            self._gradients.keep()  # (also when the replay raised)
-            if self._residency.has_deferred:  # host reads of out-of-date copies synchronize first
-                host_sync.arm(self._residency)
-        self.optimizer._opt_called = True  # type: ignore[attr-defined]  # as optimizer.step() sets it
-        self.replayed_steps += 1
-        return replay, loss, None
-
-    def _build_replay(self, recorder: StepRecorder, loss: torch.Tensor, batch: tuple[Any, ...]) -> Any:
-        """The replay of a capture and its guard; with ``verify_replay``, also its reference."""
-        built = build_replay(recorder, loss, batch, self.model, self.optimizer, self._residency,
-                             self._memory.heap_group, self._replay_options)
-        if self._replay_check is not None and self._replay_check.remaining > 0:
-            self._replay_check.add_reference(built[0], ReplayedStep(
-                recorder, loss, self._residency, heap_group=self._memory.heap_group,
-                options=reference_options(self._replay_options), inputs=built[0].scalar_inputs))
-        return built
-
     def _run_compiled(self, batch: tuple[Any, ...]) -> torch.Tensor:
         """The step through the compiled graphs, not recorded (a replay is checked against it)."""
-        host_sync.suspend(self._residency)
-        self._before_step(batch)
+        self._full.check(batch)
         versions = self._replays.watched_versions()
-        loss = self._compiled_step(batch, None)
+        loss = self._full.run(batch, None)
         self._replays.accept_own_writes(versions)
         return loss
-
-    def _compiled_step(self, batch: tuple[Any, ...], recorder: StepRecorder | None) -> torch.Tensor:
-        """The step through the compiled graphs (Dynamo, AOTAutograd, autograd), recorded when
-        ``recorder`` is given."""
-        self._gradients.clear()  # left by the previous step
-        versions_before = self._residency.deferred_versions()
-        try:
-            return self._compiled.run(batch, self._residency, self._step_context, recorder,
-                                      list(self._batch_shapes))
-        except BaseException:
-            # Only this step ran since the records were made: its version bumps are not host edits.
-            self._residency.accept_versions(versions_before)
-            raise
-        finally:
-            # The gradients' host copies were never filled in: nobody may read them.
-            self._gradients.mark()
-            if self._residency.deferred_tensors:
-                host_sync.arm(self._residency)  # the first read of an out-of-date host copy synchronizes
 
     def export(self, path: str, predict: torch.Tensor | None = None) -> Any:
         """Write the captured step (call the step twice with one batch geometry first) to ``path`` as
@@ -363,7 +296,8 @@ class TrainingStep:
         Returns the ``onnx.ModelProto``."""
         from torch_adreno.export import export_step
 
-        return export_step(self, path, predict)
+        with self._hyperparameters:  # (hyperparameter inputs named as a call's groups hold them)
+            return export_step(self, path, predict)
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
@@ -381,6 +315,7 @@ class TrainingStep:
             for hook in self._hooks:
                 hook.remove()
             self.synchronize()
+            self._compiled.finish()
             if self._remote is not None:
                 self._remote.close()
 

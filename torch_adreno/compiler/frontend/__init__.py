@@ -104,6 +104,8 @@ EXTRA_DECOMPOSITIONS = [
     aten.smooth_l1_loss.default,
     aten.huber_loss.default,
     aten.repeat.default,
+    aten.linalg_vector_norm.default,
+    aten._weight_norm_interface.default,
 ]
 
 _graph_ids = itertools.count()
@@ -443,15 +445,23 @@ class ShapeSpecialized:
             return fn
 
 
-def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
-                   **kwargs: Any) -> Any:
-    """The ``torch.compile`` backend entry point (``backend="adreno"``)."""
+def backend_config(options: dict[str, Any] | None = None, **kwargs: Any) -> Config:
+    """The backend's arguments from ``torch.compile`` (``options=``; ``mode=`` is refused) as a
+    Config; an :class:`OptionError` naming what is wrong otherwise. ``import torch_adreno``
+    checks them at ``torch.compile`` itself (:mod:`torch_adreno.torch_patches`), not at the
+    first call."""
     if kwargs:
         raise OptionError(
             f"the adreno backend takes no {', '.join(map(repr, kwargs))} argument; pass settings as "
             "torch.compile(model, backend='adreno', options={...})"
         )
-    config = Config.from_options(options)
+    return Config.from_options(options)
+
+
+def adreno_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
+                   **kwargs: Any) -> Any:
+    """The ``torch.compile`` backend entry point (``backend="adreno"``)."""
+    config = backend_config(options, **kwargs)
     # Dynamo's traced values too: some torch versions (2.11 on a recompiled optimizer step) hand
     # concrete example inputs for a graph traced with symbolic sizes.
     traced = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]

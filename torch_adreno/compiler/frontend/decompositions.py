@@ -132,10 +132,24 @@ def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     return grad_query.to(dtypes[0]), grad_key.to(dtypes[1]), grad_value.to(dtypes[2])
 
 
+def weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
+                         saved_norms: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of ``w = v * g / ||v||`` (norms over every dimension but ``dim``, kept as size
+    1 there), as PyTorch's ``_weight_norm_interface_backward`` computes them (which has no
+    decomposition of its own): ``grad_g = sum(grad_w * v) / ||v||`` and
+    ``grad_v = g / ||v|| * (grad_w - v * grad_g / ||v||)``, in float32 for 16-bit weights."""
+    dims = [d for d in range(saved_v.dim()) if d != dim % max(saved_v.dim(), 1)]
+    grad, v, g, norms = (_widened(t) for t in (grad_w, saved_v, saved_g, saved_norms))
+    grad_g = (grad * v).sum(dims, keepdim=True) / norms
+    grad_v = (g / norms) * (grad - v * (grad_g / norms))
+    return grad_v.to(saved_v.dtype), grad_g.to(saved_g.dtype)
+
+
 #: The backend's own decompositions, on top of PyTorch's table (they replace its entries).
 OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_forward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_backward,
+    aten._weight_norm_interface_backward.default: weight_norm_backward,
 }
 #: The attention entries of :data:`OWN_DECOMPOSITIONS` with the fused kernels turned off.
 UNFUSED_ATTENTION: dict[Any, Callable[..., Any]] = {

@@ -40,6 +40,8 @@ from torch_adreno.compiler.lowering.context import (
     Value,
     ir_dtype,
     lowering_for,
+    representable,
+    supported_dtype_names,
     supported_ops,
     user_source,
 )
@@ -141,6 +143,10 @@ def _lower_call(ctx: LoweringContext, node: Node, env: dict[Node, Value]) -> Val
             "the adreno backend computes on its own OpenCL device and returns CPU tensors. Create the tensor "
             "on the CPU inside the compiled function and move it to another device outside it."
         )
+    made = next((v for v in tree_flatten(val)[0] if isinstance(v, torch.Tensor) and not representable(v.dtype, v.numel())),
+                None)
+    if made is not None:
+        raise UnsupportedOpError(_unrepresentable_result_message(node, ctx.graph.name, made.dtype))
     if lowering is not None and isinstance(val, torch.Tensor) and val.numel() == 0:
         # An empty result has no element to compute, whatever the op: only its shape matters, and
         # lowerings need not handle zero-size operands (an empty index may even have another rank).
@@ -155,20 +161,33 @@ def _lower_call(ctx: LoweringContext, node: Node, env: dict[Node, Value]) -> Val
         reason = "no lowering is registered for it"
     if ctx.config.fallback == "host":
         return _host_fallback(ctx, node, args, kwargs, reason)
-    raise UnsupportedOpError(_unsupported_message(node, ctx.graph.name, reason))
+    raise UnsupportedOpError(_unsupported_message(node, ctx.graph.name, reason), host_fallback=True)
 
 
 def _unsupported_message(node: Node, graph_name: str, reason: str) -> str:
+    """What could not run, and where in the user's code (the ways on follow: UnsupportedOpError)."""
     source = user_source(node)
     where = f"\n  from your code: {source}" if source else ""
-    return (
-        f"the adreno backend cannot run {node.target} (FX node '{node.name}' in graph {graph_name}): {reason}.{where}\n"
-        "How to proceed:\n"
-        "  * run this op on the host: torch.compile(model, backend='adreno', options={'fallback': 'host'})\n"
-        "    (warned once per op and counted in torch_adreno.profile().host_fallback_ops);\n"
-        "  * or express the computation with supported ops (python -m torch_adreno ops lists them);\n"
-        "  * or report the op so that a lowering can be added."
-    )
+    return f"the adreno backend cannot run {node.target} (FX node '{node.name}' in graph {graph_name}): {reason}.{where}"
+
+
+def _unrepresentable_result_message(node: Node, graph_name: str, dtype: torch.dtype) -> str:
+    """An op whose result has a type the backend has none of (an FFT's complex values): neither a
+    lowering nor the host fallback can hold it on the device, so the ways on are outside the graph."""
+    problem = _unsupported_message(
+        node, graph_name, f"it makes a {dtype} tensor, and the backend computes in {supported_dtype_names()} only, "
+        "so neither the device nor the host fallback can hold its result")
+    if dtype.is_complex:
+        real_ops = ("compute it with real ops (an FFT's real and imaginary parts are matmuls with cosine and sine "
+                    "matrices)" if "fft" in str(node.target) else "compute it with real ops on real and imaginary "
+                    "parts kept as two float tensors")
+    else:
+        real_ops = "compute it in float32 (no .double() or dtype=torch.float64 inside the compiled code)"
+    return (f"{problem}\nHow to proceed:\n"
+            "  * keep this computation out of the compiled graph: in a function decorated with "
+            "@torch.compiler.disable it runs on the host, between two graphs (a TrainingStep then runs "
+            "in pieces, not replayed), and hands back real tensors;\n"
+            f"  * or {real_ops}.")
 
 
 def _host_fallback(ctx: LoweringContext, node: Node, args: Any, kwargs: Any, reason: str) -> Value:

@@ -81,16 +81,22 @@ def ir_dtype(dtype: torch.dtype, what: str = "tensor", numel: int | None = None)
     Dynamo passes as a 0-dim float64 tensor (a value read by ``.item()`` between two graphs, a
     number that changes between calls), and OpenCL GPUs such as Adreno have no double precision.
     A larger float64 tensor is refused: its precision would be lost silently."""
-    if dtype == torch.float64 and numel is not None and numel <= 1:
-        return ir.DType.F32
-    try:
-        return _TORCH_TO_IR[dtype]
-    except KeyError:
-        names = ", ".join(str(d).removeprefix("torch.") for d in _TORCH_TO_IR)
-        raise LoweringError(
-            f"{what} has dtype {dtype}, which the adreno backend does not support (it supports {names}); "
-            "cast the model and its inputs to one of these (model.float(), x.float())"
-        ) from None
+    if representable(dtype, numel):
+        return ir.DType.F32 if dtype == torch.float64 else _TORCH_TO_IR[dtype]
+    advice = ("pass complex values as real tensors: torch.view_as_real(x) holds the real and imaginary "
+              "parts in a last dimension of 2" if dtype.is_complex else
+              "cast the model and its inputs to one of these (model.float(), x.float())")
+    raise LoweringError(f"{what} has dtype {dtype}, which the adreno backend does not support "
+                        f"(it supports {supported_dtype_names()}); {advice}")
+
+
+def representable(dtype: torch.dtype, numel: int | None = None) -> bool:
+    """Whether the backend computes in ``dtype`` (a float64 scalar in float32: see :func:`ir_dtype`)."""
+    return dtype in _TORCH_TO_IR or (dtype == torch.float64 and numel is not None and numel <= 1)
+
+
+def supported_dtype_names() -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in _TORCH_TO_IR)
 
 
 def user_source(node: Node) -> str | None:

@@ -108,15 +108,26 @@ def variant_name(variant: Variant) -> str:
     return "adreno" + "".join(f" {k}={v}" for k, v in sorted(options.items()) if k != "device")
 
 
+def steps_run(variant: Variant, steps: int, warmup: int = 2, remote: bool = False) -> int:
+    """The steps :func:`compare_variants` runs of ``variant``: warm-up (the first compiles), the
+    timed ones, and one profiled step where the kernels are this machine's."""
+    return max(1, warmup) + steps + (0 if variant == "eager" or remote else 1)
+
+
 def compare_variants(model_name: str, variants: Mapping[str, Variant], steps: int = 20, warmup: int = 2,
-                     optimizer: str = "sgd", seed: int = 0, interleaved: bool = True) -> list[StepStats]:
+                     optimizer: str = "sgd", seed: int = 0, interleaved: bool = True,
+                     progress: Callable[[str, int], None] | None = None) -> list[StepStats]:
     """Median step time (forward, loss, backward, optimizer step) of each variant, their steps
     interleaved (a shared machine's noise falls on all alike); ``interleaved=False`` runs one
-    variant after another, each closed before the next starts (a step server serves one step)."""
+    variant after another, each closed before the next starts (a step server serves one step).
+    ``progress(what, steps_done)`` is told what runs next and how many steps (of
+    :func:`steps_run` per variant) ran since it was last told."""
+    tell = progress if progress is not None else (lambda what, done: None)
     runners: dict[str, _Runner] = {}
     results: dict[str, StepStats] = {}
     for name, variant in variants.items():
         torch._dynamo.reset()
+        tell(f"{model_name} {name}: compiling", 0)
         runner = _Runner(model_name, variant, optimizer, seed)
         start = time.perf_counter()
         runner.step()
@@ -124,19 +135,31 @@ def compare_variants(model_name: str, variants: Mapping[str, Variant], steps: in
             runner.compile_s = time.perf_counter() - start
         for _ in range(max(0, warmup - 1)):
             runner.step()
+        tell(f"{model_name} {name}: timing", max(1, warmup))
         if interleaved:
             runners[name] = runner
             continue
         for _ in range(steps):
             runner.timed_step()
+            tell(f"{model_name} {name}: timing", 1)
         results[name] = _measured(model_name, name, runner, steps)
+        tell(f"{model_name} {name}: profiled", int(_profiled(runner)))
         if runner.training_step is not None:
             runner.training_step.close()
     for _ in range(steps):
         for runner in runners.values():
             runner.timed_step()
-    results.update({name: _measured(model_name, name, runner, steps) for name, runner in runners.items()})
+            tell(f"{model_name}: timing, interleaved", 1)
+    for name, runner in runners.items():
+        results[name] = _measured(model_name, name, runner, steps)
+        tell(f"{model_name} {name}: profiled", int(_profiled(runner)))
     return [results[name] for name in variants]
+
+
+def _profiled(runner: _Runner) -> bool:
+    """Whether one step of ``runner`` is profiled: not eager's, nor a remote device's (its kernels
+    are not seen here: its steps' times are the figures)."""
+    return not runner.eager and not (runner.training_step is not None and runner.training_step.remote is not None)
 
 
 def _measured(model_name: str, name: str, runner: _Runner, steps: int) -> StepStats:
@@ -144,8 +167,8 @@ def _measured(model_name: str, name: str, runner: _Runner, steps: int) -> StepSt
     t = runner.times
     stats = StepStats(model_name, name, steps, statistics.median(t), min(t), max(t), runner.compile_s,
                       options=runner.reported_options)
-    if runner.eager or (runner.training_step is not None and runner.training_step.remote is not None):
-        return stats  # (a remote device's kernels are not seen here: its steps' times are the figures)
+    if not _profiled(runner):
+        return stats
     with torch_adreno.profile() as prof:
         runner.step()
     stats.kernel_launches = prof.kernel_launches

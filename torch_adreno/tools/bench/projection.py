@@ -19,6 +19,11 @@ quantity projected here is a sum over launches, a step of ``n`` blocks launches 
 1-block step plus ``n - 1`` blocks' worth (the blocks are identical), so the total is
 ``P(a) + (n - a) * (P(b) - P(a)) / (b - a)`` from profiles at ``a`` and ``b`` blocks.
 
+Energy per step (:mod:`torch_adreno.target.energy`): the step's kernel bytes and copies at the
+target's picojoules per DRAM byte, its FLOPs at the GPU's picojoules per FLOP (fp32, as the kernels
+compute unless ``native_half``; fp16 too in the JSON); published figures and estimates, each with
+its source, no static power.
+
 What this is not: a measurement. The peaks are published or estimated figures
 (:mod:`torch_adreno.target.profiles`), the calibration comes from another GPU, and the texture
 cache, clocks under thermal limits and the driver's real dispatch cost are not modelled.
@@ -38,6 +43,7 @@ import torch
 import torch_adreno
 from torch_adreno.profiler.roofline import ASSUMED_LAUNCH_US, SEED_GEMM_GFLOPS, StepProjection, project_step
 from torch_adreno.runtime import get_runtime
+from torch_adreno.target.energy import EnergyCosts, StepEnergy, energy_costs, project_energy
 from torch_adreno.target.profiles import AdrenoTarget, compile_profile
 from torch_adreno.tools.bench.calibration import (
     UNMEASURED_STAND_INS,
@@ -58,6 +64,8 @@ class StepTotals:
     launches: float
     kernel_bytes: float
     flops: float
+    #: Host<->device bytes the step copies (the batch in, the loss out).
+    copied_bytes: float
     roofline_us: float
     calibrated_us: float
     launches_us: float
@@ -119,7 +127,8 @@ def step_totals(projection: StepProjection, fractions: Mapping[str, KindFraction
     gemms = [k for k in projection.kernels if k.kind == "gemm"]
     return StepTotals(
         launches=len(projection.kernels), kernel_bytes=sum(k.bytes for k in projection.kernels),
-        flops=sum(k.flops for k in projection.kernels), roofline_us=projection.kernel_us, calibrated_us=calibrated,
+        flops=sum(k.flops for k in projection.kernels), copied_bytes=projection.copied_bytes,
+        roofline_us=projection.kernel_us, calibrated_us=calibrated,
         launches_us=projection.launches_us, copy_us=projection.copy_us,
         data_movement_us=projection.data_movement_us, compute_us=projection.compute_us,
         memory_bound_kernels=sum(k.memory_bound for k in projection.kernels),
@@ -148,6 +157,31 @@ class ModelProjection:
     profiled_on: str
 
     @property
+    def energy_costs(self) -> EnergyCosts | None:
+        """The target's energy figures; None for a target without them (see :attr:`energy_reason`)."""
+        try:
+            return energy_costs(self.target)
+        except ValueError:
+            return None
+
+    @property
+    def energy_reason(self) -> str | None:
+        """Why no energy is projected for this target; None when it is."""
+        try:
+            energy_costs(self.target)
+        except ValueError as error:
+            return str(error)
+        return None
+
+    def energy(self, arithmetic: str = "fp32") -> StepEnergy | None:
+        """The step's projected energy with its arithmetic in ``arithmetic``; None without figures."""
+        costs = self.energy_costs
+        if costs is None:
+            return None
+        return project_energy(costs, self.totals.kernel_bytes, self.totals.copied_bytes, self.totals.flops,
+                              arithmetic)
+
+    @property
     def items_per_s(self) -> tuple[float, float]:
         """Images, tokens or samples per second: roofline, calibrated."""
         return (self.workload.items / (self.totals.total_us * 1e-6) if self.totals.total_us else 0.0,
@@ -167,7 +201,7 @@ def profile_step(work: StepWorkload, target: AdrenoTarget | None, device: str | 
     with torch_adreno.TrainingStep(model, work.loss, opt, options) as step:
         for _ in range(2):  # compile, capture: the next call is the first replay
             step(x, y)
-        with torch_adreno.profile() as prof:
+        with torch_adreno.profile(energy=False) as prof:
             step(x, y)
     if prof.replayed_steps != 1:
         raise RuntimeError(f"{work.name}: the profiled step was not replayed ({prof.replay_fallbacks}); "
@@ -278,14 +312,31 @@ def summary_row(p: ModelProjection) -> dict[str, Any]:
         "gemm_gflops": s.gemm_gflops, "launch_us_assumed": p.projection.launch_us,
         "projected_ms_seed_gemm_rate": [(s.total_us + extra) / 1e3 for extra in s.seed_gemm_extra_us],
         "measured_here_ms": s.measured_here_us / 1e3, "profiled_on": p.profiled_on,
-        "profile_s": list(p.profile_s),
+        "profile_s": list(p.profile_s), "copied_bytes": s.copied_bytes, **energy_fields(p),
+    }
+
+
+def energy_fields(p: ModelProjection) -> dict[str, Any]:
+    """A projection's energy per step (mJ) by where it goes, per item, and the figures' sources; or
+    the reason none is projected."""
+    fp32, fp16, costs = p.energy("fp32"), p.energy("fp16"), p.energy_costs
+    if fp32 is None or fp16 is None or costs is None:
+        return {"energy_mj": None, "energy_not_projected": p.energy_reason}
+    return {
+        "energy_mj": fp32.total_joules * 1e3, "energy_dram_mj": fp32.dram_joules * 1e3,
+        "energy_copy_mj": fp32.copy_joules * 1e3, "energy_arithmetic_mj": fp32.arithmetic_joules * 1e3,
+        "energy_mj_fp16_arithmetic": fp16.total_joules * 1e3,
+        f"energy_mj_per_{p.workload.unit.rstrip('s')}": fp32.total_joules * 1e3 / p.workload.items,
+        "energy_memory": costs.memory, "energy_pj_per_byte": costs.pj_per_byte,
+        "energy_pj_per_flop": dict(costs.pj_per_flop), "energy_sources": dict(costs.sources),
     }
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     head = ("| model | target | launches | kernel MB | MFLOP | projected step ms (roofline) | calibrated step ms "
             "| roofline / launches / copies ms | per s (roofline / calibrated) | data movement | launch cost "
-            "| compute | memory-bound kernels | GEMM GFLOP/s (with launch) | step ms, GEMMs at the seed's 70 / 40 GFLOP/s |")
+            "| compute | memory-bound kernels | GEMM GFLOP/s (with launch) | step ms, GEMMs at the seed's 70 / 40 GFLOP/s "
+            "| energy mJ/step (DRAM / copies / arithmetic) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         unit = r["unit"]
@@ -296,8 +347,34 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{r[f'{unit}_per_s']:.1f} / {r[f'{unit}_per_s_calibrated']:.1f} {unit} | "
             f"{r['data_movement_share']:.0%} | {r['launch_share']:.0%} | {r['compute_share']:.0%} | "
             f"{r['memory_bound_kernels']}/{r['launches']} | {r['gemm_gflops']:.0f} | "
-            f"{r['projected_ms_seed_gemm_rate'][1]:.2f} / {r['projected_ms_seed_gemm_rate'][0]:.2f} |")
+            f"{r['projected_ms_seed_gemm_rate'][1]:.2f} / {r['projected_ms_seed_gemm_rate'][0]:.2f} | "
+            f"{energy_cell(r)} |")
     return "\n".join(lines)
+
+
+def energy_cell(row: dict[str, Any]) -> str:
+    if row["energy_mj"] is None:
+        return "not projected"
+    return (f"{row['energy_mj']:.3g} ({row['energy_dram_mj']:.3g} / {row['energy_copy_mj']:.3g} / "
+            f"{row['energy_arithmetic_mj']:.3g})")
+
+
+def energy_lines(projections: Sequence[ModelProjection]) -> list[str]:
+    """The energy figures each target was projected with, and their sources (once per target)."""
+    lines = ["Energy (projected, not measured): kernel bytes and 2 x copied bytes at the DRAM's pJ/byte, FLOPs at "
+             "the GPU's fp32 pJ/FLOP (the kernels' arithmetic unless native_half); no static power:"]
+    seen = set()
+    for p in projections:
+        if p.target.name in seen:
+            continue
+        seen.add(p.target.name)
+        costs = p.energy_costs
+        if costs is None:
+            lines.append(f"  {p.target.name}: not projected: {p.energy_reason}")
+            continue
+        lines.append(f"  {p.target.name}: {costs.memory} {costs.pj_per_byte:.3g} pJ/byte ({costs.sources['pj_per_byte']}); "
+                     f"{costs.pj_per_flop['fp32']:.3g} pJ/FLOP fp32 ({costs.sources['pj_per_flop_fp32']})")
+    return lines
 
 
 def calibration_lines(projections: Sequence[ModelProjection], calibration: Calibration) -> list[str]:

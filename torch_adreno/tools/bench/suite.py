@@ -17,7 +17,7 @@ import torch
 
 from torch_adreno.remote import RemoteDevice, device_profile, parse_remote
 from torch_adreno.runtime import get_runtime
-from torch_adreno.tools.bench.measure import SUITE_VARIANTS, StepStats, compare_variants, cuda_step
+from torch_adreno.tools.bench.measure import SUITE_VARIANTS, StepStats, compare_variants, cuda_step, steps_run
 
 
 def run_context(device: str | int | None) -> dict[str, Any]:
@@ -34,7 +34,9 @@ def run_context(device: str | int | None) -> dict[str, Any]:
 
 def run_suite(models: Sequence[str], steps: int, out_dir: Path, device: str | int | None = None,
               variants: Sequence[str] | None = None, progress: bool = True) -> list[dict[str, Any]]:
-    """Measure every model in every configuration; write ``suite.jsonl`` and plots to ``out_dir``."""
+    """Measure every model in every configuration; write ``suite.jsonl`` (appended to) and
+    ``suite.png`` to ``out_dir``. ``progress``: a bar of the steps run (stderr), what runs now
+    beside it (compiling is most of a short run)."""
     from tqdm import tqdm
 
     chosen = {k: v for k, v in SUITE_VARIANTS.items() if variants is None or k in variants}
@@ -49,13 +51,20 @@ def run_suite(models: Sequence[str], steps: int, out_dir: Path, device: str | in
     context = run_context(device)
     records: list[dict[str, Any]] = []
     out_dir.mkdir(parents=True, exist_ok=True)
-    for model in tqdm(models, desc="benchmark suite", unit="model", disable=not progress):
-        stats: list[StepStats] = compare_variants(model, configs, steps=steps, interleaved=not remote)
-        for compiled in (False, True) if not remote else ():
-            peer = cuda_step(model, steps, compiled)
-            if peer is not None:
-                stats.append(peer)
-        records.extend({**s.as_json(), **context, "benchmark": "suite"} for s in stats)
+    total = len(models) * sum(steps_run(v, steps, remote=remote) for v in configs.values())
+    with tqdm(total=total, desc="benchmark suite", unit="step", disable=not progress) as bar:
+        def advance(what: str, done: int) -> None:
+            bar.set_postfix_str(what, refresh=done == 0)  # (compiling: seconds before the next step)
+            bar.update(done)
+
+        for model in models:
+            stats: list[StepStats] = compare_variants(model, configs, steps=steps, interleaved=not remote,
+                                                      progress=advance)
+            for compiled in (False, True) if not remote else ():
+                peer = cuda_step(model, steps, compiled)
+                if peer is not None:
+                    stats.append(peer)
+            records.extend({**s.as_json(), **context, "benchmark": "suite"} for s in stats)
     with (out_dir / "suite.jsonl").open("a") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")

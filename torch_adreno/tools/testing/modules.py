@@ -236,13 +236,16 @@ def _compiled_outcome(info: Any, index: int, sample: Any, eager: _Run, backend: 
 
 
 def sweep(names: Sequence[str] | None = None, limit: int | None = None, progress: bool = True,
-          on_outcome: Callable[[ModuleOutcome], None] | None = None) -> list[ModuleOutcome]:
+          on_outcome: Callable[[ModuleOutcome], None] | None = None,
+          options: dict[str, Any] | None = None) -> list[ModuleOutcome]:
+    """Every sample of the module_db entries (or of ``names``; ``limit`` per entry), compiled with
+    the backend ``options`` (the device among them)."""
     from tqdm import tqdm
 
     outcomes = []
     for info in tqdm(module_infos(names), desc="module_db sweep", unit="module", disable=not progress):
         for index, sample in samples(info, limit):
-            outcome = run_sample(info, index, sample)
+            outcome = run_sample(info, index, sample, options)
             outcomes.append(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)

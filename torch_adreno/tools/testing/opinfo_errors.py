@@ -214,8 +214,9 @@ class _Sample:
     kwargs: Any
 
 
-def run_case(op: Any, case: str, sample: Any) -> ErrorOutcome:
-    """One case, eager vs compiled (see :data:`EAGER_AGREES` for the kinds that agree)."""
+def run_case(op: Any, case: str, sample: Any, options: dict[str, Any] | None = None) -> ErrorOutcome:
+    """One case, eager vs compiled with the backend ``options`` (see :data:`EAGER_AGREES` for the
+    kinds that agree)."""
     name = _opinfo_name(op)
     function: Callable[..., Any] = UNWRAPPED.get(name, op.op)
     flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
@@ -241,7 +242,7 @@ def run_case(op: Any, case: str, sample: Any) -> ErrorOutcome:
         except Exception as again:  # a message that changes between runs (an address) is not compared
             eager_message = eager_message if _message(again) == eager_message else ""
     torch._dynamo.reset()
-    compiled = torch.compile(call, backend="adreno", fullgraph=True, dynamic=False)
+    compiled = torch.compile(call, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)
     captured = _dynamo_graphs()
     try:
         with _count_compiles() as compiles:
@@ -296,15 +297,17 @@ def run_case(op: Any, case: str, sample: Any) -> ErrorOutcome:
 
 
 def error_sweep(names: Sequence[str] | None = None, shard: tuple[int, int] = (0, 1),
-                on_case: Callable[[ErrorOutcome], None] | None = None) -> list[list[ErrorOutcome]]:
-    """The error and dtype cases of every claimed op (or of ``names``), one list per OpInfo entry."""
+                on_case: Callable[[ErrorOutcome], None] | None = None,
+                options: dict[str, Any] | None = None) -> list[list[ErrorOutcome]]:
+    """The error and dtype cases of every claimed op (or of ``names``), one list per OpInfo entry,
+    compiled with the backend ``options``."""
     ops = [op for op in claimed_opinfos() if names is None or op.name in names or _opinfo_name(op) in names]
     ops = [op for op in ops if op.name not in RANDOM_OPINFOS][shard[0]::shard[1]]
     reports = []
     for op in ops:
         outcomes = []
         for case, sample in _cases(op):
-            outcome = run_case(op, case, sample)
+            outcome = run_case(op, case, sample, options)
             outcomes.append(outcome)
             if on_case is not None:
                 on_case(outcome)
