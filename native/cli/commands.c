@@ -178,8 +178,8 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
 
 int command_train(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR,
-       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_CONTINUE_ON_NONFINITE,
-       OPTION_NO_RECORDING };
+                                  OPTION_CACHE, OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_FILL, OPTION_SEED,
+                                  OPTION_CONTINUE_ON_NONFINITE, OPTION_NO_RECORDING};
     run_options options;
     if (!parse(argc, argv, "train", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     if (!options.common.data_path || !options.common.steps || !options.out_path) {
