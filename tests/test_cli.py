@@ -28,6 +28,10 @@ def test_devices_lists_capabilities():
     # PoCL and NVIDIA's driver have neither; an Adreno reports Qualcomm's recordable queues.
     assert "recordable queues (cl_qcom_recordable_queues) no" in result.stdout
     assert re.search(r"Replayed TrainingStep launch loop: (native \(|off |no C compiler|the )", result.stdout)
+    # Per device, how a replayed step is enqueued: recorded in the driver, or launch by launch and why.
+    paths = re.findall(r"replayed TrainingStep enqueues: (.*)", result.stdout)
+    assert paths and all(p.startswith(("recorded once in a command buffer (cl_khr_command_buffer ", "launch by launch ("))
+                         for p in paths), paths
 
 
 def test_ops_lists_lowerings():

@@ -224,6 +224,25 @@ OPTIONS: dict[str, OptionSpec] = {
             "needs replay_arena_kernels)",
         ),
         OptionSpec(
+            "replay_command_buffers", _auto_bool, "auto", "TORCH_ADRENO_REPLAY_COMMAND_BUFFERS",
+            "a replayed TrainingStep records its launch list once into the OpenCL driver and enqueues "
+            "the recording with one call per step instead of one per launch ('auto', the default: where "
+            "the device offers cl_khr_command_buffer; True: that, else Qualcomm's cl_qcom_recordable_queues, "
+            "written from Qualcomm's header and not run on a device yet, and an error where the device "
+            "offers neither; False: launch by launch). A recording keeps kernel arguments as recorded, so "
+            "a recorded step copies its batch into its own memory instead of binding it in place; results "
+            "are bit-identical. Profiled steps (torch_adreno.profile()) enqueue launch by launch",
+        ),
+        OptionSpec(
+            "replay_overlap", _bool, True, "TORCH_ADRENO_REPLAY_OVERLAP",
+            "where a replayed TrainingStep copies its batch to the device (zero_copy off), it reads the "
+            "loss as soon as the step has computed it and returns while the device runs the backward and "
+            "the optimizer; the next step uploads its batch meanwhile, on a second queue into a second "
+            "device buffer (default True; results are bit-identical; not under torch_adreno.profile()). "
+            "An index out of range met after the loss (in the backward) is then raised by the next step "
+            "or synchronize(); one met up to the loss, by its own step",
+        ),
+        OptionSpec(
             "heap_copies", _bool, True, "TORCH_ADRENO_HEAP_COPIES",
             "a TrainingStep's device copies of parameters and optimizer state are regions of a few large "
             "device buffers (slabs) that its replay addresses through one argument each (default True); "
@@ -293,6 +312,8 @@ class Config:
     fill_uninitialized_memory: bool = False
     replay_arena_kernels: str | bool = "auto"
     replay_merge_copies: bool = True
+    replay_command_buffers: str | bool = "auto"
+    replay_overlap: bool = True
     heap_copies: bool = True
     fused_attention: bool = True
     frozen_casts: bool = True

@@ -9,7 +9,8 @@
 #include "cli.h"
 
 enum { OPTION_DATA = 1, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR, OPTION_CACHE,
-       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_CONTINUE_ON_NONFINITE };
+       OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_CONTINUE_ON_NONFINITE,
+       OPTION_NO_RECORDING };
 
 typedef struct run_options {
     common_options common;
@@ -18,6 +19,7 @@ typedef struct run_options {
     long print_every, warmup;
     int no_cache;
     int fill;  /* tas_open_options.fill_uninitialized_memory: 1 with the flag, else 0 (the variable) */
+    int no_recording; /* --no-recording: tas_step_set_recording(step, 0) */
     long long seed;  /* of the examples' order */
     int continue_on_nonfinite;
     char cache_buffer[1024];
@@ -34,7 +36,8 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         {"print-every", required_argument, NULL, OPTION_PRINT_EVERY},
         {"warmup", required_argument, NULL, OPTION_WARMUP},
         {"fill-uninitialized-memory", no_argument, NULL, OPTION_FILL}, {"seed", required_argument, NULL, OPTION_SEED},
-        {"continue-on-nonfinite", no_argument, NULL, OPTION_CONTINUE_ON_NONFINITE}, {NULL, 0, NULL, 0},
+        {"continue-on-nonfinite", no_argument, NULL, OPTION_CONTINUE_ON_NONFINITE},
+        {"no-recording", no_argument, NULL, OPTION_NO_RECORDING}, {NULL, 0, NULL, 0},
     };
     memset(options, 0, sizeof *options);
     options->print_every = 1;
@@ -58,6 +61,7 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         case OPTION_CACHE: options->common.cache_dir = optarg; break;
         case OPTION_NO_CACHE: options->no_cache = 1; break;
         case OPTION_FILL: options->fill = 1; break;
+        case OPTION_NO_RECORDING: options->no_recording = 1; break;
         case OPTION_CONTINUE_ON_NONFINITE: options->continue_on_nonfinite = 1; break;
         case OPTION_SEED: {
             char *end = NULL;
@@ -89,10 +93,17 @@ static int open_step(const run_options *options, int profile, tas_step **step) {
     tas_open_options open_options = {options->common.device, NULL, options->common.cache_dir, profile, options->fill};
     tas_status status = tas_step_open(options->common.step_path, &open_options, step);
     if (status != TAS_OK) return report(*step, status);
+    if (options->no_recording) tas_step_set_recording(*step, 0);
     tas_step_summary summary;
     tas_step_summarize(*step, &summary);
     printf("%s: %zu operations (%zu kernels) on %s, driver %s\n", options->common.step_path, summary.operations,
            summary.kernels, summary.device, summary.driver);
+    if (!profile) { /* (a profiled step enqueues operation by operation: bench says so itself) */
+        const char *path = NULL;
+        status = tas_step_enqueue_path(*step, &path);
+        if (status != TAS_OK) return report(*step, status);
+        printf("enqueue: %s\n", path);
+    }
     if (options->common.cache_dir)
         printf("programs: %zu built, %zu from the cache %s\n", summary.programs_built, summary.programs_cached,
                options->common.cache_dir);
@@ -168,7 +179,7 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
 int command_train(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR,
                                   OPTION_CACHE, OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_FILL, OPTION_SEED,
-                                  OPTION_CONTINUE_ON_NONFINITE};
+                                  OPTION_CONTINUE_ON_NONFINITE, OPTION_NO_RECORDING};
     run_options options;
     if (!parse(argc, argv, "train", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     if (!options.common.data_path || !options.common.steps || !options.out_path) {
@@ -229,9 +240,57 @@ static int bench(tas_step *step, const run_options *options, batch_source *batch
     return 0;
 }
 
+/* The host's enqueue per step without profiling (which enqueues operation by operation): the step
+ * opened again, `warmup` then `steps` runs each way (the recording, where there is one and
+ * --no-recording is not given, then operation by operation), the median phases of each. */
+static int bench_enqueue(const run_options *options, batch_source *batches, size_t steps, size_t warmup) {
+    tas_open_options open_options = {options->common.device, NULL, options->common.cache_dir, 0, options->fill};
+    tas_step *step = NULL;
+    tas_status status = tas_step_open(options->common.step_path, &open_options, &step);
+    if (status != TAS_OK) {
+        int result = report(step, status);
+        tas_step_close(step);
+        return result;
+    }
+    double *times = calloc(steps * 3, sizeof *times);
+    int result = times == NULL ? EXIT_FAILED : 0;
+    for (int recorded = options->no_recording ? 0 : 1; recorded >= 0 && result == 0; recorded--) {
+        tas_step_set_recording(step, recorded);
+        const char *described = NULL;
+        if ((status = tas_step_enqueue_path(step, &described)) != TAS_OK) {
+            result = report(step, status);
+            break;
+        }
+        char path[512];
+        snprintf(path, sizeof path, "%s", described);
+        float loss;
+        for (size_t i = 0; i < warmup + steps && result == 0; i++) {
+            if ((status = tas_step_run(step, batches_at(batches, i), batches->row_bytes, &loss)) != TAS_OK) {
+                result = report(step, status);
+                break;
+            }
+            tas_step_phases phases;
+            tas_step_last_phases(step, &phases);
+            if (i >= warmup) {
+                times[i - warmup] = phases.enqueue_ms;
+                times[steps + i - warmup] = phases.upload_ms;
+                times[2 * steps + i - warmup] = phases.wait_ms;
+            }
+        }
+        if (result != 0) break;
+        for (int part = 0; part < 3; part++) qsort(times + part * steps, steps, sizeof *times, compare_doubles);
+        printf("enqueue, unprofiled (median of %zu steps): %.4f ms per step, upload %.4f ms, wait for the device "
+               "%.3f ms: %s\n", steps, times[steps / 2], times[steps + steps / 2], times[2 * steps + steps / 2], path);
+        if (strncmp(path, "operation by operation", 22) == 0) break; /* (nothing recorded: the loop was the run) */
+    }
+    free(times);
+    tas_step_close(step);
+    return result;
+}
+
 int command_bench(int argc, char **argv) {
     static const int ALLOWED[] = {OPTION_DATA, OPTION_STEPS, OPTION_DEVICE, OPTION_CACHE, OPTION_NO_CACHE,
-                                  OPTION_WARMUP, OPTION_FILL, OPTION_SEED};
+                                  OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_NO_RECORDING};
     run_options options;
     if (!parse(argc, argv, "bench", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     tas_step *step = NULL;
@@ -240,6 +299,9 @@ int command_bench(int argc, char **argv) {
     int result = open_step(&options, 1, &step);
     if (result == 0) result = batches_open(&batches, step, options.common.data_path, options.seed);
     if (result == 0) result = bench(step, &options, &batches);
+    if (result == 0)
+        result = bench_enqueue(&options, &batches, options.common.steps ? (size_t)options.common.steps : 20,
+                               options.warmup ? (size_t)options.warmup : 2);
     batches_close(&batches);
     tas_step_close(step);
     return result;

@@ -13,12 +13,13 @@ static void usage(FILE *out) {
             "  devices                         list the OpenCL devices (index, platform: name, limits)\n"
             "  train STEP.onnx --data DATA --steps N --out STATE.safetensors [--device I|NAME] [--seed S]\n"
             "        [--state IN.safetensors] [--lr X] [--cache-dir DIR | --no-cache] [--print-every K]\n"
-            "        [--fill-uninitialized-memory] [--continue-on-nonfinite]\n"
+            "        [--fill-uninitialized-memory] [--continue-on-nonfinite] [--no-recording]\n"
             "                                  train the exported step; one line per step, then a summary;\n"
             "                                  a loss that is not finite stops it (exit status 1)\n"
             "  bench STEP.onnx [--data DATA] [--steps N] [--warmup W] [--device I|NAME] [--seed S]\n"
-            "        [--cache-dir DIR | --no-cache] [--fill-uninitialized-memory]\n"
-            "                                  per-kernel device times from OpenCL profiling events\n"
+            "        [--cache-dir DIR | --no-cache] [--fill-uninitialized-memory] [--no-recording]\n"
+            "                                  per-kernel device times from OpenCL profiling events, then the\n"
+            "                                  host's enqueue per step unprofiled, recorded and not\n"
             "  serve --port P [--host H --token T] [--device I|NAME] [--cache-dir DIR | --no-cache]\n"
             "        [--max-message-mib M] [--max-steps-per-run N] [--io-timeout-s S] [--idle-timeout-s S]\n"
             "        [--max-clients K] [--opencl-library PATH] [--fill-uninitialized-memory]\n"
@@ -29,10 +30,13 @@ static void usage(FILE *out) {
             "order shuffled each epoch from --seed (default 0).\n"
             "--fill-uninitialized-memory: fill the memory a step makes with NaN / out-of-range words before its\n"
             "first write, so that a read of memory nothing wrote shows.\n"
+            "--no-recording: enqueue each operation of the step, not the step recorded once into the driver\n"
+            "(a cl_khr_command_buffer, where the device offers one).\n"
             "Environment: TORCH_ADRENO_DEVICE (the default device), TORCH_ADRENO_OPENCL_LIBRARY (the libOpenCL\n"
             "to load), TORCH_ADRENO_STEP_CACHE (the program cache folder), TORCH_ADRENO_SERVE_TOKEN (serve's\n"
             "token, kept out of the process list), TORCH_ADRENO_FILL_UNINITIALIZED_MEMORY (1: fill as\n"
-            "--fill-uninitialized-memory does).\n");
+            "--fill-uninitialized-memory does), TORCH_ADRENO_REPLAY_COMMAND_BUFFERS (0: never record the step;\n"
+            "1: also Qualcomm's cl_qcom_recordable_queues, not run on a device yet).\n");
 }
 
 int exit_status(tas_status status) {

@@ -111,6 +111,19 @@ TAS_EXPORT tas_status tas_step_batch_info(tas_step *step, size_t index, tas_tens
  * step's update was applied with the index replaced by 0. */
 TAS_EXPORT tas_status tas_step_run(tas_step *step, const void *const *batch, const size_t *bytes, float *loss);
 
+/* How tas_step_run enqueues the training step. By default it is recorded once, at the first run,
+ * into the driver where it offers a way, and each run enqueues the recording: one call per step
+ * instead of one per operation (a cl_khr_command_buffer; Qualcomm's cl_qcom_recordable_queues only
+ * with TORCH_ADRENO_REPLAY_COMMAND_BUFFERS=1: that path has not run on a device; the variable's 0
+ * turns recording off). A step opened with profiling, and the prediction, enqueue operation by
+ * operation. Results are the same bits either way. tas_step_set_recording(step, 0) enqueues
+ * operation by operation from the next run, 1 the recording again (where there is one). */
+TAS_EXPORT tas_status tas_step_set_recording(tas_step *step, int recording);
+/* Sets *path to how runs enqueue the step now, e.g. "command buffer (cl_khr_command_buffer 1.0.0)"
+ * or "operation by operation (the device offers no cl_khr_command_buffer)" (valid until the next
+ * call on the step); records the step first if no run did, which may fail. */
+TAS_EXPORT tas_status tas_step_enqueue_path(tas_step *step, const char **path);
+
 /* Where the last tas_step_run's wall time went, in milliseconds: the batch gathered and its writes
  * enqueued, the launches and copies enqueued, then the wait for the loss (the device's remaining
  * work and the read back). A device that computes while the host enqueues hides enqueue_ms. */

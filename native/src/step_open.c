@@ -381,6 +381,7 @@ void tas_step_close(tas_step *step) {
     if (step == NULL) return;
     opencl_api *api = &step->api;
     if (api->library != NULL) {
+        step_recording_release(step);
         if (step->queue) api->Finish(step->queue);
         for (size_t i = 0; i < step->plan.operation_count && step->kernels; i++)
             if (step->kernels[i]) api->ReleaseKernel(step->kernels[i]);

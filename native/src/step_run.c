@@ -149,22 +149,14 @@ static tas_status check_index_record(tas_step *step) {
                 "replaced by 0)", kernel, value, (int)record[1]);
 }
 
-/* Uploads, enqueues operations [first, last) with flushes, reads `output` into `result` (and the
- * index record, non-blocking before it: one wait for both). */
-static tas_status execute(tas_step *step, const void *const *batch, int prediction, size_t first, size_t last,
-                          const tensor_spec *output, void *result) {
-    void **scratch = calloc(step->plan.identity_count + 1, sizeof *scratch);
-    if (scratch == NULL) return fail(&step->error, TAS_ERROR_MEMORY, "out of memory");
-    int timing = step->profile && !prediction;
-    cl_event *events = timing ? calloc(last - first + 1, sizeof *events) : NULL;
-    tas_status status = timing && events == NULL ? fail(&step->error, TAS_ERROR_MEMORY, "out of memory") : TAS_OK;
-    double started = milliseconds_now();
-    if (status == TAS_OK) status = upload_batch(step, batch, prediction, scratch);
-    double uploaded = milliseconds_now();
+/* Enqueues operations [first, last) with their fills, flushing early then at doubling intervals;
+ * with `events`, each operation's event into events[i - first]. */
+static tas_status enqueue_operations(tas_step *step, size_t first, size_t last, cl_event *events) {
+    tas_status status = TAS_OK;
     size_t next_flush = 0;
     for (size_t i = first; i < last && status == TAS_OK; i++) {
         if (step->fills_before && (status = enqueue_fills(step, i)) != TAS_OK) break;
-        status = enqueue(step, i, timing ? &events[i - first] : NULL);
+        status = enqueue(step, i, events ? &events[i - first] : NULL);
         if (status != TAS_OK || next_flush >= sizeof FLUSH_AFTER / sizeof FLUSH_AFTER[0] ||
             i - first + 1 != FLUSH_AFTER[next_flush])
             continue;
@@ -172,6 +164,29 @@ static tas_status execute(tas_step *step, const void *const *batch, int predicti
         cl_int code = step->api.Flush(step->queue);
         if (code != CL_SUCCESS) status = opencl_failure(step, code, "flushing", "the queue");
     }
+    return status;
+}
+
+static tas_status enqueue_range(tas_step *step, size_t first, size_t last) {
+    return enqueue_operations(step, first, last, NULL);
+}
+
+/* Uploads, enqueues operations [first, last) (the training step's recorded in the driver where it
+ * is: step_record.c), reads `output` into `result` (and the index record, non-blocking before it:
+ * one wait for both). */
+static tas_status execute(tas_step *step, const void *const *batch, int prediction, size_t first, size_t last,
+                          const tensor_spec *output, void *result) {
+    void **scratch = calloc(step->plan.identity_count + 1, sizeof *scratch);
+    if (scratch == NULL) return fail(&step->error, TAS_ERROR_MEMORY, "out of memory");
+    int timing = step->profile && !prediction;
+    cl_event *events = timing ? calloc(last - first + 1, sizeof *events) : NULL;
+    tas_status status = timing && events == NULL ? fail(&step->error, TAS_ERROR_MEMORY, "out of memory") : TAS_OK;
+    if (status == TAS_OK && !prediction) status = step_recording_prepare(step);
+    double started = milliseconds_now();
+    if (status == TAS_OK) status = upload_batch(step, batch, prediction, scratch);
+    double uploaded = milliseconds_now();
+    if (status == TAS_OK && !prediction && step_recording_ready(step)) status = step_recording_enqueue(step, enqueue_range);
+    else if (status == TAS_OK) status = enqueue_operations(step, first, last, events);
     cl_int code = CL_SUCCESS;
     if (status == TAS_OK && step->checking_count)
         code = step->api.EnqueueReadBuffer(step->queue, step->index_record, CL_FALSE, 0, sizeof step->index_values,

@@ -60,9 +60,23 @@ struct tas_step {
     operation_time *times;         /* by operation, with profile */
     size_t programs_built, programs_cached;
     uint64_t device_bytes;
+    /* step_record.c: the training step recorded in the driver (NULL: enqueued operation by operation) */
+    struct step_recording *recording;
+    int recording_decided;         /* whether the step was recorded (or found not recordable) */
+    int recording_disabled;        /* tas_step_set_recording(step, 0) */
+    char recording_path[512];      /* how a run enqueues the step, once decided */
+    char recording_text[512];      /* what tas_step_enqueue_path returned last */
 };
 
 /* step_run.c: a failed OpenCL call as a TAS_ERROR_OPENCL naming what was being done. */
 tas_status opencl_failure(tas_step *step, cl_int code, const char *doing, const char *what);
+
+/* step_record.c: records the training step into the driver on first use where it can (see there);
+ * step_recording_ready says whether runs enqueue the recording, which step_recording_enqueue does
+ * (`enqueue_range` enqueues operations [first, last) that a recordable queue does not record). */
+tas_status step_recording_prepare(tas_step *step);
+int step_recording_ready(const tas_step *step);
+tas_status step_recording_enqueue(tas_step *step, tas_status (*enqueue_range)(tas_step *, size_t, size_t));
+void step_recording_release(tas_step *step);
 
 #endif

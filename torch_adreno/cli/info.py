@@ -11,11 +11,14 @@ from typing import Any
 
 from torch_adreno.cli.arguments import add_device_argument, address, bounded, refuse_bad_device
 from torch_adreno.compiler.lowering import supported_ops
+from torch_adreno.config import Config
+from torch_adreno.errors import OptionError
 from torch_adreno.opencl_drivers import load_failures
 from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
 from torch_adreno.remote.client import PREFIX as REMOTE_PREFIX
 from torch_adreno.remote.client import RemoteError
 from torch_adreno.remote.listing import print_remote_device
+from torch_adreno.replay.driver_recording import driver_recording
 from torch_adreno.replay.launch_list import native_loop_status
 from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
 from torch_adreno.target.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
@@ -81,6 +84,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     project.set_defaults(fn=cmd_project)
 
 
+def _replay_enqueue(device: Any, label: str) -> str:
+    """How a replayed TrainingStep on ``device`` enqueues its step, as the replay_command_buffers
+    option (its environment variable) has it."""
+    try:
+        wanted = Config.from_options({}).replay_command_buffers
+        recording = driver_recording(device, wanted, label)
+    except OptionError as err:
+        return f"cannot: {err}"
+    if recording.kind:
+        return f"recorded once in a {recording.kind} ({recording.detail}), enqueued whole each step"
+    return f"launch by launch ({recording.detail})"
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     # TORCH_ADRENO_DEVICE=remote:HOST:PORT: the remote device first; the local ones (where steps are
     # captured) follow, without a default of their own.
@@ -114,6 +130,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
               f"unified memory {'yes' if p.unified_memory else 'no'}")
         print(f"      recordable queues (cl_qcom_recordable_queues) {'yes' if p.recordable_queues else 'no'}, "
               f"command buffers (cl_khr_command_buffer) {'yes' if p.command_buffers else 'no'}")
+        print(f"      replayed TrainingStep enqueues: {_replay_enqueue(e.device, e.label)}")
         matched = match_device(p.name, p.opencl_version)
         print(f"      Adreno profile: {matched.name + ' (' + matched.gpu + ', ' + matched.soc + ')' if matched else 'none'}")
     if default is None and not remote:

@@ -162,6 +162,13 @@ class profile(EnergyTotals):  # named like torch.profiler.profile
         return [s.reason for s in self.steps if s.reason is not None]
 
     @property
+    def replay_enqueue(self) -> str | None:
+        """How the last replayed TrainingStep here enqueues its step when not profiled (a command
+        buffer, the C loop, ...; ``ReplayedStep.enqueue_path``). Profiled replays enqueue launch by
+        launch, each launch with its event. None: nothing was replayed here."""
+        return next((s.enqueue for s in reversed(self.steps) if s.kind == "replay" and s.enqueue), None)
+
+    @property
     def host_time_per_replayed_step_us(self) -> float | None:
         """Median host time of a replayed step's own work (batch, seeds, enqueue loop)."""
         times = sorted(s.host_seconds for s in self.steps if s.kind == "replay")
@@ -254,6 +261,9 @@ class profile(EnergyTotals):  # named like torch.profiler.profile
         rows = self.grouped(group_by)
         ordered = sorted(rows.items(), key=lambda kv: -kv[1][key])
         lines = summary_lines(self)
+        if self.replayed_steps:
+            lines.insert(-1, f"replayed steps: {self.replayed_steps}, enqueued launch by launch here (each launch "
+                             f"timed); unprofiled: {self.replay_enqueue}")
         # Only a roofline table needs the peaks: measured on the device the first time, then cached.
         peaks = self.device_peaks() if roofline else None
         lines += row_lines(ordered, group_by, row_limit, peaks)

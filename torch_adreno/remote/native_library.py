@@ -78,6 +78,8 @@ def _load(path: Path) -> ctypes.CDLL:
                                          ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_size_t)]
     lib.tas_step_reset_times.argtypes = [handle]
     lib.tas_step_reset_times.restype = None
+    lib.tas_step_set_recording.argtypes = [handle, ctypes.c_int]
+    lib.tas_step_enqueue_path.argtypes = [handle, ctypes.POINTER(ctypes.c_char_p)]
     return lib
 
 
@@ -181,6 +183,21 @@ class NativeStep:
         phases = _Phases()
         self._check(self._lib.tas_step_last_phases(self._handle, ctypes.byref(phases)))
         return {"upload_ms": phases.upload_ms, "enqueue_ms": phases.enqueue_ms, "wait_ms": phases.wait_ms}
+
+    def set_recording(self, recording: bool) -> None:
+        """Enqueue the step recorded once in the driver (True, the default, where it can) or
+        operation by operation (tas_step_set_recording)."""
+        self._require_open()
+        self._check(self._lib.tas_step_set_recording(self._handle, int(recording)))
+
+    @property
+    def enqueue_path(self) -> str:
+        """How a step is enqueued now (tas_step_enqueue_path): a command buffer, or operation by
+        operation and why."""
+        self._require_open()
+        text = ctypes.c_char_p()
+        self._check(self._lib.tas_step_enqueue_path(self._handle, ctypes.byref(text)))
+        return (text.value or b"").decode()
 
     def profile(self, reset: bool = False) -> dict[str, Any]:
         """As :meth:`RemoteStep.profile`: the last step's phases and, opened with ``profile``, each

@@ -2,6 +2,9 @@
 
 - :mod:`.capture`: the recording (launches and copies over memory identities);
 - :mod:`.memory`: where the step's own memory lives in a replay (one plan for the whole step, the arena);
+- :mod:`.operations`: the step's operations with every kernel argument bound once;
 - :mod:`.step`: :class:`~torch_adreno.replay.step.ReplayedStep`, the replay;
-- :mod:`.launch_list`: the enqueue loops (Python, and a small C loop).
+- :mod:`.launch_list`: the enqueue loops (Python, and a small C loop, :mod:`.native_loop`);
+- :mod:`.driver_recording`: the list recorded once into the driver (a ``cl_khr_command_buffer``);
+- :mod:`.overlap`: a step that returns once its loss is read, the next batch landing meanwhile.
 """

@@ -9,6 +9,12 @@ Three ways (:class:`BatchMode`), chosen per device and residency when the replay
   (a driver stages pageable memory itself, synchronously, and charges each write's enqueue);
 - ``UPLOADED`` (zero-copy off on unified memory): each argument is written from its own memory.
 
+Staged or uploaded, a replay that returns before the device has finished its step
+(:mod:`torch_adreno.replay.overlap`) has the next step's batch and seeds written into a second
+device buffer, the *landing*, on a queue of their own, while the device still runs the previous
+step and reads the arena's copy; the step then copies the landing into the arena on its own queue,
+after the previous step (:meth:`BatchInput.land`).
+
 Invariant: the bytes a replay's kernels read for a batch argument are that replay's batch (the
 caller has checked the batch's geometry against the capture's), and the seeds are drawn from
 torch's default generator in the capture's order, as the compiled path draws them.
@@ -137,6 +143,13 @@ class BatchInput:
         self._tail: np.ndarray | None = None
         self._tail_start = 0
         self._seed_slots: list[torch.Tensor] = []
+        #: Landing (see the module docstring): its buffer, the queue writing it, the last write's event.
+        self._landing: cl.Buffer | None = None
+        self._upload_queue: cl.CommandQueue | None = None
+        self._landed: cl.Event | None = None
+        self._landing_start = 0
+        #: Steps whose batch and seeds went through the landing buffer.
+        self.landed_steps = 0
         #: Copies of a prestaged batch in flight (their sources kept alive beside them).
         self._pending: list[Future[None]] = []
         self._pending_sources: list[np.ndarray] = []
@@ -155,6 +168,56 @@ class BatchInput:
     @property
     def staging_buffers(self) -> int:
         return len(self._staging_buffers)
+
+    @property
+    def arena(self) -> cl.Buffer:
+        """The arena buffer holding the copied batch and the seeds."""
+        return self._arena
+
+    def _span(self) -> tuple[int, int]:
+        """The arena's bytes from the first batch argument or seed to the end of the last."""
+        spans = [(b.offset, b.nbytes) for b in self.bindings if b.nbytes] + [(at, 8) for at in self._seeds]
+        if not spans:
+            return 0, 0
+        start = min(at for at, _ in spans)
+        return start, max(at + n for at, n in spans) - start
+
+    def land(self, upload_queue: cl.CommandQueue) -> tuple[cl.Buffer, int, int] | None:
+        """From now on, :meth:`bind` and :meth:`upload_seeds` with ``landing`` write into a device
+        buffer of their own on ``upload_queue``. Returns that buffer, the arena offset its bytes
+        belong at and their size: the step copies it there on its own queue after the previous
+        step (the caller's operation, before the first kernel); None where the step has no batch
+        argument or seed to land. Copy modes only (``STAGED``, ``UPLOADED``)."""
+        if self.mode is BatchMode.IN_PLACE:
+            raise ValueError("a batch bound in place is not uploaded: it has nothing to land")
+        start, nbytes = self._span()
+        if not nbytes:
+            return None
+        self._landing = cl.Buffer(self.runtime.context, cl.mem_flags.READ_WRITE, nbytes)
+        self._landing_start = start
+        self._upload_queue = upload_queue
+        return self._landing, start, nbytes
+
+    def _target(self, landing: bool, buffer: cl.Buffer | None, offset: int) -> tuple[cl.CommandQueue | None,
+                                                                                        cl.Buffer, int]:
+        """Where a write of the arena's bytes at ``offset`` goes: the landing buffer on the upload
+        queue, or ``buffer`` on the step's queue (None: the caller's)."""
+        if not landing:
+            assert buffer is not None
+            return None, buffer, offset
+        assert self._landing is not None and self._upload_queue is not None, "land() first"
+        return self._upload_queue, self._landing, offset - self._landing_start
+
+    def wait_for_landing(self, queue: cl.CommandQueue) -> None:
+        """Make ``queue`` wait for this step's writes into the landing buffer (they run meanwhile on
+        the upload queue, handed to the device now)."""
+        if self._landed is None:
+            return
+        assert self._upload_queue is not None
+        self._upload_queue.flush()
+        cl.enqueue_barrier(queue, wait_for=[self._landed])
+        self._landed = None
+        self.landed_steps += 1
 
     @property
     def staged_seeds(self) -> int:
@@ -212,9 +275,10 @@ class BatchInput:
                 future.exception()
             self._pending_sources = []
 
-    def bind(self, batch: tuple[Any, ...], queue: cl.CommandQueue, keep: list[Any]) -> None:
+    def bind(self, batch: tuple[Any, ...], queue: cl.CommandQueue, keep: list[Any], landing: bool = False) -> None:
         """Put ``batch`` (and, staged, fresh seeds) where the kernels read it, on ``queue``; host
-        memory the enqueued writes still read is appended to ``keep``."""
+        memory the enqueued writes still read is appended to ``keep``. ``landing``: write into the
+        landing buffer instead (:meth:`land`; then :meth:`wait_for_landing`)."""
         record = BUS.active
         if self.mode is BatchMode.IN_PLACE:
             bound: list[tuple[cl.Buffer, Any]] = []
@@ -244,7 +308,10 @@ class BatchInput:
             for slot in self._seed_slots:
                 # As the full path draws them (Executable), into the pinned bytes the write sends.
                 torch.randint(0, 2**62, (), dtype=torch.int64, out=slot)
-            written: cl.Event | None = write_buffer(queue, self._arena, self._tail, self._tail_start)
+            upload_queue, target, at = self._target(landing, self._arena, self._tail_start)
+            written: cl.Event | None = write_buffer(upload_queue or queue, target, self._tail, at)
+            if landing:
+                self._landed = written
             if record:
                 for binding in self.bindings:
                     BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=written)
@@ -253,20 +320,28 @@ class BatchInput:
                     BUS.transfer(REPLAY_GRAPH, "h2d", 8, "seed", "input")
             return
         for binding in self.bindings:
+            if landing and not binding.nbytes:
+                continue
             array = host_array(binding.tensor_of(batch))
             keep.append(array)
-            assert binding.buffer is not None  # not in place
-            event = write_buffer(queue, binding.buffer, array, binding.offset)
+            upload_queue, target, at = self._target(landing, binding.buffer, binding.offset)  # (not in place)
+            event = write_buffer(upload_queue or queue, target, array, at)
+            if landing:
+                self._landed = event
             if record:
                 BUS.transfer(REPLAY_GRAPH, "h2d", binding.nbytes, binding.label, "input", event=event)
 
-    def upload_seeds(self, queue: cl.CommandQueue, keep: list[Any]) -> None:
-        """Fresh seeds into their arena slots (staged: already sent with the batch)."""
+    def upload_seeds(self, queue: cl.CommandQueue, keep: list[Any], landing: bool = False) -> None:
+        """Fresh seeds into their arena slots (staged: already sent with the batch); ``landing``:
+        into the landing buffer, as :meth:`bind`."""
         if self._tail is not None:
             return
         for offset in self._seeds:
             # As the full path draws them (Executable): torch.manual_seed(n) makes replays repeat too.
             seed = host_array(torch.randint(0, 2**62, (), dtype=torch.int64))
             keep.append(seed)
-            write_buffer(queue, self._arena, seed, offset)
+            upload_queue, target, at = self._target(landing, self._arena, offset)
+            event = write_buffer(upload_queue or queue, target, seed, at)
+            if landing:
+                self._landed = event
             BUS.transfer(REPLAY_GRAPH, "h2d", seed.nbytes, "seed", "input")

@@ -2,51 +2,45 @@
 the driver allows.
 
 A replayed step (:mod:`torch_adreno.replay.step`) is such a list: launches of kernels whose
-arguments are bound once, buffer copies, buffer fills (``fill_uninitialized_memory``) and flushes. Enqueued from Python, each costs ~1-2 us of
-interpreter and pyopencl work (argument conversion, an event object per call) on top of the
-driver's own enqueue. So runs of them go to a small C loop (``launch_list.c``) in one ctypes call,
-which calls the driver's entry points directly and asks for no events. Operations it does not know
-(an image refresh) stay Python callables between the runs.
+arguments are bound once, buffer copies, buffer fills (``fill_uninitialized_memory``) and flushes.
+Enqueued from Python, each costs ~1-2 us of interpreter and pyopencl work (argument conversion, an
+event object per call) on top of the driver's own enqueue. So runs of them go to a small C loop
+(``launch_list.c``, built by :mod:`.native_loop`) in one ctypes call, which calls the driver's entry
+points directly and asks for no events; where the driver can record them (a
+``cl_khr_command_buffer``, :mod:`.driver_recording`), each run is recorded once and a step enqueues
+the recording, one call instead of one per operation. Operations neither knows (an image refresh,
+a read of the loss) stay Python callables between the runs.
 
-The C loop is built once per machine with its C compiler (``$TORCH_ADRENO_CC``, else ``$CC``,
-else ``cc``, ``gcc`` or ``clang``) into the cache directory, as PoCL or Inductor build code at run
-time; it needs no headers and links nothing. Where it cannot be built or loaded, the same
-operations are enqueued from Python, in the same order (bit-identical results), and
-:func:`native_loop_status` says why; a warning says so once, the first time a list is enqueued
-that way. ``TORCH_ADRENO_NATIVE_LOOP=0`` chooses the Python loop.
+Where the C loop cannot be built or loaded, the same operations are enqueued from Python, in the
+same order (bit-identical results), and :func:`native_loop_status` says why; a warning says so
+once, the first time a list is enqueued that way. ``TORCH_ADRENO_NATIVE_LOOP=0`` chooses the
+Python loop.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyopencl as cl
 
-from torch_adreno.config import cache_root
+from torch_adreno.replay.driver_recording import (
+    COMMAND_BUFFER,
+    DriverRecording,
+    RecordedRuns,
+    RecordingRefused,
+)
+from torch_adreno.replay.native_loop import COPY, FILL, FLUSH, LAUNCH, native_loop, native_loop_status
+from torch_adreno.replay.native_loop import Operation as _Operation
 from torch_adreno.runner.format import FILL_PATTERN, fill_commands
 from torch_adreno.runtime.enqueue import copy_buffer_call, fill_buffer_call
 
 __all__ = ["Copy", "Fill", "Flush", "Launch", "LaunchError", "LaunchList", "native_loop", "native_loop_status"]
 
-SOURCE = Path(__file__).with_name("launch_list.c")
-ENV_COMPILER = "TORCH_ADRENO_CC"
-ENV_SWITCH = "TORCH_ADRENO_NATIVE_LOOP"
-
-# The operation kinds of launch_list.c.
-_LAUNCH, _COPY, _FLUSH, _FILL = 0, 1, 2, 3
 #: The fill pattern's bytes, and its first byte alone (an odd last byte), as the C loop reads them:
 #: alive as long as the module (the loop's records point into them).
 _PATTERNS = {pattern: ctypes.create_string_buffer(pattern, len(pattern)) for pattern in (FILL_PATTERN, FILL_PATTERN[:1])}
@@ -117,120 +111,8 @@ class Flush:
 Operation = Launch | Copy | Fill | Flush | Callable[[cl.CommandQueue], Any]
 #: The operations the C loop runs itself.
 _NATIVE_KINDS = (Launch, Copy, Fill, Flush)
-
-
-class _Operation(ctypes.Structure):
-    """``struct ta_operation`` of launch_list.c."""
-
-    _fields_ = [
-        ("kind", ctypes.c_int32),
-        ("dims", ctypes.c_uint32),
-        ("kernel", ctypes.c_void_p),
-        ("source", ctypes.c_void_p),
-        ("destination", ctypes.c_void_p),
-        ("global_size", ctypes.c_size_t * 3),
-        ("local_size", ctypes.c_size_t * 3),
-        ("source_offset", ctypes.c_size_t),
-        ("destination_offset", ctypes.c_size_t),
-        ("nbytes", ctypes.c_size_t),
-        ("pattern", ctypes.c_void_p),
-        ("pattern_size", ctypes.c_size_t),
-    ]
-
-
-class _EntryPoints(ctypes.Structure):
-    """``struct ta_entry_points`` of launch_list.c."""
-
-    _fields_ = [("enqueue_nd_range_kernel", ctypes.c_void_p), ("enqueue_copy_buffer", ctypes.c_void_p),
-                ("flush", ctypes.c_void_p), ("enqueue_fill_buffer", ctypes.c_void_p)]
-
-
-@dataclass(frozen=True)
-class NativeLoop:
-    """The built C loop and the OpenCL entry points it calls."""
-
-    function: Any
-    entry_points: _EntryPoints
-    library: Path
-    opencl: str
-
-
-def _compiler(environ: dict[str, str] | os._Environ[str]) -> str | None:
-    for name in (environ.get(ENV_COMPILER), environ.get("CC")):
-        if name:
-            return name
-    return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
-
-
-def _opencl_library() -> str | None:
-    """The path of the OpenCL library this process loaded for pyopencl (its handles are that
-    library's): found in the process's memory map (pyopencl's extension, imported above, loaded
-    it); else the system's."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1] if line.strip() else ""
-                if path.startswith("/") and os.path.basename(path).startswith("libOpenCL"):
-                    return path
-    except OSError:
-        pass
-    return ctypes.util.find_library("OpenCL")
-
-
-def _build(compiler: str) -> Path:
-    """The C loop's shared library, built into the cache directory unless there already."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + compiler.encode() + platform.machine().encode()).hexdigest()[:16]
-    directory = cache_root() / "native"
-    library = directory / f"launch_list-{key}.so"
-    if library.exists():
-        return library
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        built = Path(scratch) / library.name
-        result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(built), str(SOURCE)],
-                                capture_output=True, text=True, timeout=120)
-        if result.returncode != 0:
-            raise OSError(f"{compiler} failed: {result.stderr.strip()[:500]}")
-        os.replace(built, library)  # atomic: a concurrent process finds a whole library or none
-    return library
-
-
-@functools.cache
-def _load() -> tuple[NativeLoop | None, str]:
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return None, f"off ({ENV_SWITCH}=0)"
-    compiler = _compiler(os.environ)
-    if compiler is None:
-        return None, f"no C compiler found (set {ENV_COMPILER} or CC, or install cc)"
-    opencl = _opencl_library()
-    if opencl is None:
-        return None, "the OpenCL library pyopencl uses was not found"
-    try:
-        library = _build(compiler)
-        loop = ctypes.CDLL(str(library))
-        driver = ctypes.CDLL(opencl)
-        entry_points = _EntryPoints(*(ctypes.cast(getattr(driver, name), ctypes.c_void_p).value for name in
-                                      ("clEnqueueNDRangeKernel", "clEnqueueCopyBuffer", "clFlush",
-                                       "clEnqueueFillBuffer")))
-    except (OSError, AttributeError, subprocess.SubprocessError) as error:
-        return None, f"the C loop could not be built or loaded: {error}"
-    function = loop.ta_enqueue_operations
-    function.restype = ctypes.c_int64
-    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                         ctypes.POINTER(ctypes.c_int32)]
-    return NativeLoop(function, entry_points, library, opencl), f"native ({library.name}, {opencl})"
-
-
-def native_loop() -> NativeLoop | None:
-    """The C loop, built and loaded once per process; None where it cannot be (see
-    :func:`native_loop_status`)."""
-    return _load()[0]
-
-
-def native_loop_status() -> str:
-    """How launch lists are enqueued in this process: ``native (...)`` or why not."""
-    return _load()[1]
+#: What a call of a step is: a run of the C loop, a recording in the driver, a Python operation.
+_RUN, _RECORDED, _PYTHON = "run", "recorded", "python"
 
 
 @functools.cache
@@ -262,20 +144,20 @@ def _native_operation(operation: Launch | Copy | Fill | Flush) -> _Operation:
         if not 1 <= dims <= 3 or (operation.local_size is not None and len(operation.local_size) != dims):
             raise ValueError(f"a launch takes 1 to 3 dimensions and a local size of as many: "
                              f"{operation.global_size}, {operation.local_size}")
-        record.kind, record.dims, record.kernel = _LAUNCH, dims, operation.kernel.int_ptr
+        record.kind, record.dims, record.kernel = LAUNCH, dims, operation.kernel.int_ptr
         record.global_size[:dims] = operation.global_size
         if operation.local_size is not None:
             record.local_size[:dims] = operation.local_size
     elif isinstance(operation, Copy):
-        record.kind, record.source, record.destination = _COPY, operation.source.int_ptr, operation.destination.int_ptr
+        record.kind, record.source, record.destination = COPY, operation.source.int_ptr, operation.destination.int_ptr
         record.source_offset, record.destination_offset = operation.source_offset, operation.destination_offset
         record.nbytes = operation.nbytes
     elif isinstance(operation, Fill):
-        record.kind, record.destination = _FILL, operation.buffer.int_ptr
+        record.kind, record.destination = FILL, operation.buffer.int_ptr
         record.destination_offset, record.nbytes = operation.offset, operation.nbytes
         record.pattern, record.pattern_size = ctypes.addressof(_PATTERNS[operation.pattern]), len(operation.pattern)
     else:
-        record.kind = _FLUSH
+        record.kind = FLUSH
     return record
 
 
@@ -283,43 +165,134 @@ class LaunchList:
     """``operations`` enqueued on ``queue`` in order by each call.
 
     Invariant: the list holds every kernel, buffer and queue it was given for its lifetime (the C
-    loop passes their raw handles), and a call enqueues exactly the operations given, in order,
-    whichever loop runs them. ``native``: use the C loop where it is available (see the module
-    docstring); False always enqueues from Python.
+    loop and the driver's recordings pass their raw handles), and a call enqueues exactly the
+    operations given, in order, whichever way runs them. ``native``: use the C loop where it is
+    available (see the module docstring); False always enqueues from Python. ``recording``: record
+    each run of launches, copies and fills into the driver once and enqueue the recordings
+    (:mod:`.driver_recording`; with the C loop only). Every kernel's arguments must be set before
+    the list is made: a recording keeps them as they are then.
     """
 
-    def __init__(self, queue: cl.CommandQueue, operations: Sequence[Operation], native: bool = True) -> None:
+    def __init__(self, queue: cl.CommandQueue, operations: Sequence[Operation], native: bool = True,
+                 recording: DriverRecording | None = None) -> None:
         self.queue = queue
         self.operations = list(operations)
         #: One Python call per operation, in order (the Python loop; also what benchmarks time).
         self.calls = [_python_call(queue, operation) for operation in self.operations]
         self._native = native_loop() if native else None
         self._fell_back = native and self._native is None
-        #: The list as the C loop runs it: per run of launches, copies, fills and flushes, (first index,
-        #: C array, length); a Python operation between runs as (index, None, 0).
-        self._segments: list[tuple[int, Any, int]] = []
+        #: Per call of a step, in order: (first operation, what it is, function, arguments): a run
+        #: of the C loop, a recording, or a Python operation.
+        self._segments: list[tuple[int, str, Any, tuple[Any, ...]]] = []
         self._status = ctypes.c_int32(0)
-        if self._native is not None:
-            # What every C call passes, converted once (the queue and entry points live as long
-            # as the list: self.queue, the cached loop).
-            self._call_arguments = (queue.int_ptr, ctypes.byref(self._native.entry_points),
-                                    ctypes.byref(self._status))
-            run: list[int] = []
-            for index, operation in enumerate([*self.operations, None]):
-                if isinstance(operation, _NATIVE_KINDS):
-                    run.append(index)
+        #: The driver's recordings of the runs (None: none), and why recording was refused ("" if not).
+        self._recorded: RecordedRuns | None = None
+        self.recording_refused = ""
+        if self._native is None:
+            return
+        runs = self._runs()
+        if recording is not None and recording.kind is not None:
+            try:
+                self._recorded = RecordedRuns(recording, queue)
+                self._segments = self._recorded_segments(runs, self._recorded)
+                return
+            except RecordingRefused as refused:
+                self._recorded = None
+                what = "making or finishing a recording" if refused.index < 0 else self._describe(refused.index)
+                self.recording_refused = (f"the driver refused to record {what} into a {recording.kind}: error "
+                                          f"{refused.code} ({_error_name(refused.code)})")
+                warnings.warn(f"torch_adreno: a replayed step is enqueued operation by operation: "
+                              f"{self.recording_refused}", RuntimeWarning, stacklevel=2)
+        self._segments = [self._loop_segment(run) if run else self._python_segment(first) for first, run in runs]
+
+    def _runs(self) -> list[tuple[int, list[int]]]:
+        """The list as the C loop takes it: each run of launches, copies, fills and flushes as
+        (first index, the indices), and each Python operation between runs as (index, [])."""
+        runs: list[tuple[int, list[int]]] = []
+        run: list[int] = []
+        for index, operation in enumerate([*self.operations, None]):
+            if isinstance(operation, _NATIVE_KINDS):
+                run.append(index)
+                continue
+            if run:
+                runs.append((run[0], run))
+                run = []
+            if operation is not None:
+                runs.append((index, []))
+        return runs
+
+    def _records(self, indices: list[int]) -> Any:
+        return (_Operation * len(indices))(*(_native_operation(self.operations[i]) for i in indices))  # type: ignore[arg-type]
+
+    def _loop_segment(self, indices: list[int]) -> tuple[int, str, Any, tuple[Any, ...]]:
+        assert self._native is not None
+        records = self._records(indices)
+        # (The queue and entry points live as long as the list: self.queue, the cached loop.)
+        return indices[0], _RUN, self._native.function, (self.queue.int_ptr, records, len(indices),
+                                                         ctypes.byref(self._native.entry_points),
+                                                         ctypes.byref(self._status))
+
+    def _python_segment(self, index: int) -> tuple[int, str, Any, tuple[Any, ...]]:
+        return index, _PYTHON, self.calls[index], ()
+
+    def _recorded_segments(self, runs: list[tuple[int, list[int]]],
+                           recorded: RecordedRuns) -> list[tuple[int, str, Any, tuple[Any, ...]]]:
+        """The segments with each run recorded: a command buffer holds a run's launches, copies
+        and fills (its flushes left out: the enqueue flushes after it); a recordable queue's
+        recordings hold runs of at most ``max_launches`` launches, the copies, fills and flushes
+        between them going to the C loop."""
+        segments = []
+        command_buffer = recorded.recording.kind == COMMAND_BUFFER
+        for first, run in runs:
+            if not run:
+                segments.append(self._python_segment(first))
+                continue
+            groups: list[tuple[bool, list[int]]] = []  # (recorded, indices)
+            for index in run:
+                operation = self.operations[index]
+                if command_buffer and isinstance(operation, Flush):
                     continue
-                if run:
-                    records = (_Operation * len(run))(*(_native_operation(self.operations[i]) for i in run))  # type: ignore[arg-type]
-                    self._segments.append((run[0], records, len(run)))
-                    run = []
-                if operation is not None:
-                    self._segments.append((index, None, 0))
+                records = isinstance(operation, Launch) or (command_buffer and isinstance(operation, Copy | Fill))
+                if (not groups or groups[-1][0] != records
+                        or (records and not command_buffer and len(groups[-1][1]) == recorded.recording.max_launches)):
+                    groups.append((records, []))
+                groups[-1][1].append(index)
+            for records, indices in groups:
+                if not records:
+                    segments.append(self._loop_segment(indices))
+                    continue
+                handle = recorded.record(self._records(indices), len(indices))
+                call, arguments = recorded.call(handle)
+                segments.append((indices[0], _RECORDED, call, arguments))
+        return segments
 
     @property
     def native(self) -> bool:
-        """Whether calls run the C loop."""
+        """Whether calls run the C loop (or the driver's recordings)."""
         return self._native is not None
+
+    @property
+    def recorded(self) -> str | None:
+        """What the driver recorded the list into (:data:`~.driver_recording.COMMAND_BUFFER` or
+        :data:`~.driver_recording.RECORDABLE_QUEUE`); None: it is enqueued operation by operation."""
+        return self._recorded.recording.kind if self._recorded is not None else None
+
+    @property
+    def host_calls(self) -> int:
+        """Calls a step makes to enqueue the list: recordings, C loop runs and Python operations."""
+        return len(self._segments) if self._native is not None else len(self.calls)
+
+    def describe(self) -> str:
+        """How a call enqueues the list, e.g. ``command buffer (cl_khr_command_buffer 1.0.0): 1
+        call per step for 497 operations``."""
+        if self._recorded is not None:
+            how = f"{self._recorded.recording.kind} ({self._recorded.recording.detail})"
+        elif self._native is not None:
+            how = "C loop" + (f" ({self.recording_refused})" if self.recording_refused else "")
+        else:
+            how = "Python loop" + (f" ({native_loop_status()})" if self._fell_back else "")
+        calls = self.host_calls
+        return f"{how}: {calls} call{'s' if calls != 1 else ''} per step for {len(self.operations)} operations"
 
     def __call__(self) -> None:
         if self._native is None:
@@ -332,22 +305,24 @@ class LaunchList:
             except cl.Error as error:
                 raise self._refused(index, error.code) from None
             return
-        function = self._native.function
-        queue, entry_points, status = self._call_arguments
-        for first, records, count in self._segments:
-            if records is None:
-                self.calls[first]()
-                continue
-            failed = function(queue, records, count, entry_points, status)
-            if failed >= 0:
-                raise self._refused(first + failed, self._status.value)
+        for first, kind, call, arguments in self._segments:
+            result = call(*arguments)
+            if kind is _RUN:
+                if result >= 0:
+                    raise self._refused(first + result, self._status.value)
+            elif kind is _RECORDED and result != 0:
+                raise LaunchError(f"the OpenCL driver refused to enqueue the {self.recorded} holding operations "
+                                  f"from {first} ({self._describe(first)}) of a launch list: error {result} "
+                                  f"({_error_name(result)})")
+
+    def _describe(self, index: int) -> str:
+        operation = self.operations[index]
+        return (operation.describe() if isinstance(operation, Launch) else type(operation).__name__.lower()
+                if isinstance(operation, Copy | Fill | Flush) else "a Python operation")
 
     def _refused(self, index: int, code: int) -> LaunchError:
         """The error for operation ``index``, refused by the driver with error ``code``."""
-        operation = self.operations[index]
-        what = (operation.describe() if isinstance(operation, Launch) else type(operation).__name__.lower()
-                if isinstance(operation, Copy | Fill | Flush) else "a Python operation")
-        return LaunchError(f"the OpenCL driver refused operation {index} of a launch list ({what}): "
+        return LaunchError(f"the OpenCL driver refused operation {index} of a launch list ({self._describe(index)}): "
                            f"error {code} ({_error_name(code)})")
 
 

@@ -15,16 +15,21 @@ per buffer argument (NVIDIA's ~0.45 us each with the device busy), and resnet_mi
 300 buffer arguments instead of 648. A replay then:
 
 1. puts the batch in place: on a unified-memory device with zero-copy, binds each new batch's host
-   memory to the kernels that read it (a host-pointer buffer made over it, nothing copied); on a
-   device with memory of its own, copies it into pinned staging memory mapped once and uploads
-   that asynchronously, with the step's seeds, in one write (a driver stages pageable memory
-   itself, synchronously, and charges each write's enqueue); else (zero-copy off on unified memory)
-   uploads it from its own memory;
+   memory to the kernels that read it (a host-pointer buffer made over it, nothing copied; not
+   where the list is recorded in the driver, which keeps arguments as recorded: then it is
+   uploaded); on a device with memory of its own, copies it into pinned staging memory mapped once
+   and uploads that asynchronously, with the step's seeds, in one write (a driver stages pageable
+   memory itself, synchronously, and charges each write's enqueue); else (zero-copy off on unified
+   memory) uploads it from its own memory;
 2. draws fresh random seeds from torch's default generator in the capture's order (staged: into
    the same write);
-3. enqueues the launches in one loop with nothing in it but the enqueue (with
-   ``fill_uninitialized_memory``, fills of the step's memory before its first writes among them);
-4. reads the loss (the one blocking wait of the step).
+3. enqueues the launches: the list recorded once into a ``cl_khr_command_buffer`` where the device
+   offers one (:mod:`.driver_recording`), else in one C loop with nothing in it but the enqueue
+   (with ``fill_uninitialized_memory``, fills of the step's memory before its first writes among
+   them);
+4. reads the loss (the one wait of the step): with the batch copied and not zero-copy, right after
+   the loss is computed, the device running the backward and optimizer on after the call returns
+   while the next batch lands in a second buffer (:mod:`.overlap`); else after the whole step.
 
 Before it allocates anything, a replay holds its device footprint (persistent state, arena,
 images, the compiled graphs' arenas: :attr:`ReplayedStep.footprint`) to the global memory and
@@ -33,10 +38,11 @@ largest allocation of its limits (:class:`ReplayOptions`), refusing with a
 
 No Dynamo, AOTAutograd wrapper or autograd engine runs. What a replay assumes (the same batch
 geometry, the same tensors, hyperparameters, modes) is checked by its owner before each call
-(:mod:`torch_adreno.replay.guards`). The enqueue loop is :meth:`ReplayedStep._enqueue_all`, over a
-:class:`~torch_adreno.replay.launch_list.LaunchList`: the one place a driver-recorded queue
-(``cl_qcom_recordable_queues``) would replace. The parts: :mod:`.batch` (the batch and seeds),
-:mod:`.buffers` (where identities live), :mod:`.arena_kernels` (the kernels rebuilt for the arena).
+(:mod:`torch_adreno.replay.guards`). The enqueue is :meth:`ReplayedStep._enqueue_all`, over a
+:class:`~torch_adreno.replay.launch_list.LaunchList` (recorded in the driver or not; profiled calls
+enqueue launch by launch, each with its event). The parts: :mod:`.batch` (the batch and seeds),
+:mod:`.buffers` (where identities live), :mod:`.arena_kernels` (the kernels rebuilt for the arena),
+:mod:`.operations` (the operations, arguments bound), :mod:`.overlap` (the early return).
 """
 
 from __future__ import annotations
@@ -52,23 +58,21 @@ import torch
 from torch_adreno.compiler.memory.footprint import MemoryLimits
 from torch_adreno.replay.arena_kernels import (
     MergedCopies,
-    ReplayKernel,
     arena_kernels,
     merged_copies,
 )
-from torch_adreno.replay.batch import REPLAY_GRAPH, BatchBinding, BatchInput, BatchMode, batch_mode
+from torch_adreno.replay.batch import REPLAY_GRAPH, BatchInput, BatchMode, batch_mode
 from torch_adreno.replay.buffers import StepBuffers
 from torch_adreno.replay.capture import (
     INTERNAL,
     PERSISTENT,
-    RecordedCopy,
-    RecordedFill,
     RecordedLaunch,
     StepRecorder,
     recording_of,
 )
+from torch_adreno.replay.driver_recording import DriverRecording
 from torch_adreno.replay.inputs import ScalarInputs
-from torch_adreno.replay.launch_list import Copy, Fill, Flush, Launch, LaunchList, Operation
+from torch_adreno.replay.launch_list import LaunchList
 from torch_adreno.replay.memory import (
     arena_layout,
     plan_step_memory,
@@ -76,20 +80,13 @@ from torch_adreno.replay.memory import (
     step_footprint,
     verify_step_memory,
 )
+from torch_adreno.replay.operations import CaptureError, bind_operations
+from torch_adreno.replay.overlap import StepOverlap, finished, overlap_refusal, wait_for_other_replays
 from torch_adreno.runtime.enqueue import read_buffer
 from torch_adreno.runtime.events import BUS, LaunchRecord
-from torch_adreno.runtime.images import image_views
 from torch_adreno.runtime.residency import Residency, host_array
 
 __all__ = ["REPLAY_GRAPH", "BatchMode", "CaptureError", "ReplayOptions", "ReplayedStep"]
-
-#: Launch counts after which a replay flushes the queue: early, then at doubling intervals.
-FLUSH_AFTER = frozenset({4, 16, 48, 112, 240, 496, 1008})
-
-
-class CaptureError(RuntimeError):
-    """A recorded step cannot be replayed; the message says why (the step runs the full path)."""
-
 
 class ReplayOptions:
     """How a replay is built (from :class:`~torch_adreno.config.Config`): ``arena_kernels``
@@ -102,11 +99,15 @@ class ReplayOptions:
     is held to (a target's; None: the present device's); ``fill_uninitialized_memory``: the launch
     list fills each internal identity's bytes where the recording's fills say (before its first
     use, and a graph's slot again before each buffer it holds in turn), so that a read of memory
-    nothing wrote in this step shows as NaN or an index error."""
+    nothing wrote in this step shows as NaN or an index error; ``recording``: how the driver records
+    the launch list (:func:`~torch_adreno.replay.driver_recording.driver_recording`; None, or one
+    of kind None: the C loop enqueues it operation by operation); ``overlap``: return once the loss
+    is read where that applies (:mod:`torch_adreno.replay.overlap`)."""
 
     def __init__(self, arena_kernels: bool = True, merge_copies: bool = True, verify_memory: bool = False,
                  limits: MemoryLimits | None = None, share_memory: bool = True,
-                 fill_uninitialized_memory: bool = False) -> None:
+                 fill_uninitialized_memory: bool = False, recording: DriverRecording | None = None,
+                 overlap: bool = False) -> None:
         self.arena_kernels = arena_kernels
         self.merge_copies = merge_copies
         self.verify_memory = verify_memory
@@ -114,6 +115,8 @@ class ReplayOptions:
         #: False: every identity made during the step gets memory of its own (a reference replay).
         self.share_memory = share_memory
         self.fill_uninitialized_memory = fill_uninitialized_memory
+        self.recording = recording if recording is not None and recording.kind else None
+        self.overlap = overlap
 
 
 class ReplayedStep:
@@ -144,9 +147,10 @@ class ReplayedStep:
         images = any(isinstance(op, RecordedLaunch) and op.source.images for op in recorder.operations)
         #: How the batch is put in place: in place, staged or uploaded (see :mod:`.batch`).
         self.batch_mode = batch_mode(residency.zero_copy, self.runtime.profile.unified_memory)
-        if self.batch_mode is BatchMode.IN_PLACE and images:
-            # An image is made over a buffer once, at binding: a batch bound anew each step would
-            # need new images each step, so the batch goes into the replay's own buffers instead.
+        if self.batch_mode is BatchMode.IN_PLACE and (images or options.recording is not None):
+            # An image is made over a buffer once, at binding, and a recording in the driver keeps
+            # the kernel arguments it was recorded with: a batch bound anew each step would need new
+            # images, or a new recording, each step, so it goes into the replay's own memory instead.
             self.batch_mode = BatchMode.UPLOADED
         limits = options.limits or MemoryLimits.of(self.runtime.profile)
         # The memory made during the step, the seeds and the batch's own copy live in the arena, each at
@@ -171,8 +175,6 @@ class ReplayedStep:
         self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
         self._scalar_inputs = ScalarInputs(recorder.identities, {index for _, index in recorder.updated}, inputs,
                                            residency, REPLAY_GRAPH)
-        #: The images the kernels read (a kernel argument holds no reference).
-        self._images: list[Any] = []
         kernels = arena_kernels(self.runtime, recorder, self._buffers.located, self._buffers.slabs,
                                 options.arena_kernels)
         #: Per launch, whether its kernel was rewritten to take the arenas (else bound as compiled).
@@ -182,17 +184,32 @@ class ReplayedStep:
         #: The slabs the kernels take (a kernel argument holds no reference).
         self._bases = list({id(b): b for k in kernels for b in k.slabs or ()}.values())
         self._bases += [slab for slab in copies.slabs if all(slab is not b for b in self._bases)]
-        #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
-        self._launches: list[tuple[str, Any, cl.Kernel]] = []
-        self._offset_arguments: list[int] = []
         fills = step_fills(recorder, self.memory) if options.fill_uninitialized_memory else {}
-        listed, described, covered = self._bind_operations(recorder, kernels, copies, bindings, fills)
+        bound = bind_operations(self.runtime, recorder, self._buffers, kernels, copies, bindings, fills)
+        listed, described, covered = bound.listed, bound.described, bound.covered
+        #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
+        self._launches, self._offset_arguments = bound.launches, bound.offset_arguments
+        #: The images the kernels read (a kernel argument holds no reference).
+        self._images = bound.images
         #: Per operation of the launch list, the positions of the recorded operations it does.
         self.covered = covered
         own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
         self.footprint = step_footprint(recorder, self.arena, list(own_images.values()), limits, residency.name_of)
-        #: The step's device operations on the replay's own queue (the C loop where available).
-        self._operations = LaunchList(self._queue, listed)
+        self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
+        self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
+        self._loss_shape = tuple(loss.shape)
+        self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
+        refused = overlap_refusal(options.overlap, self.batch_mode, residency.zero_copy, options.recording)
+        self._overlap = None if refused else StepOverlap.of(self.runtime, self.batch_input, recorder, loss_identity, bound,
+                                                            (self._loss_buffer, self._loss_offset), self._loss_shape,
+                                                            self._loss_dtype)
+        #: Why a call waits for all of its step before returning (None: it returns once the loss
+        #: is read, the device finishing the step: :mod:`.overlap`).
+        self.overlap_refused = refused or (None if self._overlap else "no operation of the step uses the loss")
+        #: The step's device operations on the replay's own queue (recorded in the driver, or the C
+        #: loop, where available).
+        self._operations = LaunchList(self._queue, self._overlap.operations(listed) if self._overlap else listed,
+                                      recording=options.recording)
         # Under profile(): on the runtime's queue, from Python, each call returning its event.
         self._profiled_operations = LaunchList(self.runtime.queue, listed, native=False).calls
         #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
@@ -200,10 +217,6 @@ class ReplayedStep:
         #: A replay's enqueues' arguments but the arena offsets (an ``int`` each): the buffers, mostly.
         self.offset_arguments = sum(self._offset_arguments)
         self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches) - self.offset_arguments
-        self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
-        self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
-        self._loss_shape = tuple(loss.shape)
-        self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
         self._loss_torch_dtype = loss.dtype
         self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
         self._synchronizations_seen = -1
@@ -216,95 +229,6 @@ class ReplayedStep:
         #: work), and "after" (the caller's bookkeeping once the loss is read; set by the caller).
         self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
         self.loss_read_at = 0.0
-
-    def _bind_operations(self, recorder: StepRecorder, kernels: list[ReplayKernel], copies: MergedCopies,
-                         batch_of: dict[int, BatchBinding], fills: dict[int, list[RecordedFill]],
-                         ) -> tuple[list[Operation], list[tuple[str, Any] | None], list[tuple[int, ...]]]:
-        """The step's device work in order, every kernel argument bound once: the operations of a
-        launch list, per operation the (graph, source) a profile reports (None: a copy, a fill, a
-        flush), and per operation the positions of the recorded operations it does (a merged run
-        of copies: several; a fill, a flush or an image refresh: none). ``fills``: by operation,
-        the fills right before it."""
-        listed: list[Operation] = []
-        described: list[tuple[str, Any] | None] = []
-        covered: list[tuple[int, ...]] = []
-
-        def merged_run(first: int) -> tuple[int, ...]:
-            """The positions of the run of copies merged into the kernel at ``first``."""
-            end = first + 1
-            while end in copies.by_position and copies.by_position[end] is None:
-                end += 1
-            return tuple(range(first, end))
-        launched = iter(kernels)
-        buffers = self._buffers
-
-        def bind_or_defer(kernel: cl.Kernel, position: int, index: int, buffer: cl.Buffer | None) -> None:
-            if index in batch_of and batch_of[index].buffer is None:
-                batch_of[index].consumers.append((kernel, position))  # bound by each replay
-            else:
-                kernel.set_arg(position, buffer)
-
-        def launch(graph: str, kernel: cl.Kernel, source: Any, positions: tuple[int, ...], offsets: int = 0) -> None:
-            self._launches.append((graph, source, kernel))
-            self._offset_arguments.append(offsets)
-            listed.append(Launch(kernel, source.global_size, source.local_size, source.name))
-            described.append((graph, source))
-            covered.append(positions)
-
-        def other(operation: Operation) -> None:
-            listed.append(operation)
-            described.append(None)
-            covered.append(())
-
-        for position, op in enumerate(recorder.operations):
-            for fill in fills.get(position, ()):
-                buffer, at = buffers.place(fill.identity)
-                for operation in Fill.of(buffer, at + fill.offset, fill.nbytes):
-                    other(operation)
-            if isinstance(op, RecordedCopy):
-                if position in copies.by_position:
-                    merged = copies.by_position[position]
-                    if merged is not None:
-                        # (the run it starts: every position merged into this one kernel)
-                        launch(REPLAY_GRAPH, merged[0], merged[1], merged_run(position))
-                    continue
-                try:
-                    (destination, at), (source_buffer, start) = buffers.place(op.destination), buffers.place(op.source)
-                except ValueError as err:
-                    raise CaptureError(str(err)) from None
-                listed.append(Copy(source_buffer, destination, start, at, op.nbytes))
-                described.append(None)
-                covered.append((position,))
-                continue
-            replay_kernel = next(launched)
-            kernel, slabs, source = replay_kernel.kernel, replay_kernel.slabs, op.source
-            kept = [index for argument, index in enumerate(op.args) if argument not in replay_kernel.placed]
-            if slabs is None:
-                # Kept as compiled, bound to the arena's sub-buffers (images over them: a copied image
-                # is refreshed before each read).
-                for argument, index in enumerate(op.args):
-                    bind_or_defer(kernel, argument, index, buffers.buffer(index) if index not in batch_of
-                                  or batch_of[index].buffer is not None else None)
-                if source.images:
-                    named = list(zip(source.params, op.args, strict=True))
-                    by_param = {name: buffers.buffer(index) for name, index in named}
-                    in_arena = {name: where for name, index in named
-                                if index in self.arena.offset_of and (where := buffers.located(index)) is not None}
-                    for image in image_views(self.runtime).bind(kernel, source, by_param.__getitem__, in_arena.get):
-                        self._images.append(image)
-                        if not image.shared:
-                            other(image.refresh)
-            else:  # (its slabs and offsets bound already)
-                for argument, index in enumerate(kept, start=replay_kernel.first_argument):
-                    bind_or_defer(kernel, argument, index, buffers.buffers[index])
-            if source.checks_indices:  # the device's index error record and the launch's token, after those
-                self.runtime.index_errors.bind(kernel, source, replay_kernel.first_argument + len(kept))
-            launch(op.graph, kernel, source, (position,), len(replay_kernel.offsets))
-            if len(self._launches) in FLUSH_AFTER:
-                # Hand what is enqueued to the device now, so that it computes while the host enqueues
-                # the rest (some drivers submit only at a flush or a blocking call).
-                other(Flush())
-        return listed, described, covered
 
     @property
     def kernel_launches(self) -> int:
@@ -329,45 +253,70 @@ class ReplayedStep:
             if described is not None:
                 BUS.launch(LaunchRecord(described[0], described[1], event, self.runtime.entry.label))
 
+    @property
+    def enqueue_path(self) -> str:
+        """How an unprofiled call enqueues the step, and whether it returns before the device is
+        done: e.g. ``command buffer (cl_khr_command_buffer 1.0.0): 2 calls per step for 506
+        operations; returns once the loss is read``. (Profiled calls enqueue launch by launch.)"""
+        overlap = ("returns once the loss is read" if self._overlap is not None
+                   else f"waits for the whole step ({self.overlap_refused})")
+        return f"{self._operations.describe()}; {overlap}"
+
     def __call__(self, batch: tuple[Any, ...], started: float | None = None) -> torch.Tensor:
         """Run the step on ``batch`` (checked by the caller to match the capture's) and return the
         loss. ``started``: the ``time.perf_counter()`` at which the caller's own host work for this
-        step began (its checks), counted in :attr:`last_host_seconds`."""
+        step began (its checks), counted in :attr:`last_host_seconds`. Overlapped (:attr:`enqueue_path`),
+        the device may still run the step's backward and optimizer when this returns."""
         start = time.perf_counter() if started is None else started
         keep: list[Any] = []
         bind_start = time.perf_counter()
         profiled = BUS.active  # profiling: the runtime's queue, whose events time each launch
         queue = self.runtime.queue if profiled else self._queue
-        if not profiled and self.runtime.graph_calls != self._graph_calls_seen:
-            # Graphs enqueued on the runtime's queue since the last replay (the compiled path, an
-            # evaluation) may still be running: the replay's queue is not ordered after them.
-            # (The residency's own copies are waited for where they are made.)
-            self.runtime.queue.finish()
-            self._graph_calls_seen = self.runtime.graph_calls
-        self.batch_input.bind(batch, queue, keep)
-        self.batch_input.upload_seeds(queue, keep)
+        overlap = None if profiled else self._overlap
+        if not profiled:
+            if self.runtime.graph_calls != self._graph_calls_seen:
+                # Graphs enqueued on the runtime's queue since the last replay (the compiled path, an
+                # evaluation) may still be running: the replay's queue is not ordered after them.
+                # (The residency's own copies are waited for where they are made.)
+                self.runtime.queue.finish()
+                self._graph_calls_seen = self.runtime.graph_calls
+            wait_for_other_replays(self.runtime, queue)
+        self.batch_input.bind(batch, queue, keep, landing=overlap is not None)
+        self.batch_input.upload_seeds(queue, keep, landing=overlap is not None)
+        if overlap is not None:
+            self.batch_input.wait_for_landing(queue)
         self._scalar_inputs.upload(queue, keep)
         enqueue_start = time.perf_counter()
         self._enqueue_all(profiled)
         index_errors = self.runtime.index_errors
-        index_errors.launches += self._checking_launches
-        index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
+        index_check = None
+        if overlap is not None:
+            overlap.leave_running(queue)  # (the index record is read with the loss)
+        else:
+            index_errors.launches += self._checking_launches
+            index_check = index_errors.enqueue_read(queue)  # read in the loss's wait (None: nothing checked)
         end = time.perf_counter()
         self.last_host_seconds = end - start
         phases = self.last_phases
         phases["guard"], phases["batch"], phases["enqueue"] = bind_start - start, enqueue_start - bind_start, \
             end - enqueue_start
-        loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
-        # Blocking, on the queue of the launches: when it returns, the whole step is done.
-        read_buffer(queue, self._loss_buffer, loss, self._loss_offset, blocking=True)
+        if overlap is not None:
+            loss = overlap.loss()  # read after the loss's last use, while the device runs on
+        else:
+            loss = np.empty(self._loss_shape, dtype=self._loss_dtype)
+            # Blocking, on the queue of the launches: when it returns, the whole step is done.
+            read_buffer(queue, self._loss_buffer, loss, self._loss_offset, blocking=True)
+            finished(self.runtime)
         #: When the loss was read: the caller counts its own work after it as "after".
         self.loss_read_at = time.perf_counter()
         phases["loss_read"] = self.loss_read_at - end
         BUS.transfer(REPLAY_GRAPH, "d2h", loss.nbytes, "loss", "output")
         self._defer_updates()
-        if index_check is not None:
+        if overlap is not None:
+            overlap.check_indices()
+        elif index_check is not None:
             index_errors.raise_if_set(queue)
-        del keep  # the batch's memory and the seeds were in use until the blocking read above
+        del keep  # the batch's memory and the seeds were in use until the loss was read
         return torch.from_numpy(loss).view(self._loss_torch_dtype)  # (bfloat16 is read as its bits)
 
     def run_stepwise(self, batch: tuple[Any, ...], after: Callable[[tuple[int, ...]], None]) -> torch.Tensor:

@@ -271,6 +271,10 @@ class DeviceRuntime:
         #: Graph calls enqueued on :attr:`queue` so far (a replay, on a queue of its own, waits for
         #: the runtime's queue only when this moved since its last call).
         self.graph_calls = 0
+        #: A replayed step still running on its own queue after it returned, as (that queue, the
+        #: event of its end): :attr:`queue` waits for it already; another replay's queue must too
+        #: (torch_adreno.replay.overlap). None: no step is in flight.
+        self.replay_in_flight: tuple[cl.CommandQueue, cl.Event] | None = None
 
     def __repr__(self) -> str:
         return f"DeviceRuntime({self.entry.label})"

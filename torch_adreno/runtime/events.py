@@ -81,6 +81,9 @@ class StepRecord:
     #: The step's device memory against its limits, once captured (a
     #: :class:`~torch_adreno.compiler.memory.footprint.DeviceFootprint`; None before).
     footprint: DeviceFootprint | None = None
+    #: A replay: how its unprofiled calls enqueue it (``ReplayedStep.enqueue_path``); a profiled
+    #: call, as this one, enqueues launch by launch, each with its event.
+    enqueue: str | None = None
 
 
 class Subscriber(Protocol):

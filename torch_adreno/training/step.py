@@ -45,12 +45,14 @@ from typing import Any
 
 import torch
 
-from torch_adreno.compiler.memory.footprint import DeviceFootprint
+from torch_adreno.compiler.memory.footprint import DeviceFootprint, MemoryLimits
 from torch_adreno.config import Config
 from torch_adreno.replay import guards
 from torch_adreno.replay.capture import StepRecorder
+from torch_adreno.replay.driver_recording import driver_recording
 from torch_adreno.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.runtime import get_residency, get_runtime
+from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS, StepRecord
 from torch_adreno.runtime.residency import StepContext
 from torch_adreno.target.profiles import profile_for
@@ -95,6 +97,17 @@ def _sync_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, hook: 
     return [*(module.register_state_dict_pre_hook(hook) for module in model.modules()),
             model.register_load_state_dict_pre_hook(hook), optimizer.register_state_dict_pre_hook(hook),
             optimizer.register_load_state_dict_pre_hook(hook)]
+
+
+def replay_options_for(config: Config, runtime: DeviceRuntime, limits: MemoryLimits) -> ReplayOptions:
+    """How a TrainingStep's replays are built on ``runtime`` (held to ``limits``), from its options."""
+    rebuild = config.replay_arena_kernels
+    if rebuild == "auto":  # a GPU's (the target's, where one is given)
+        rebuild = profile_for(runtime.profile, config.target).is_gpu
+    return ReplayOptions(bool(rebuild), config.replay_merge_copies, config.verify_memory, limits,
+                         fill_uninitialized_memory=config.fill_uninitialized_memory,
+                         recording=driver_recording(runtime.device, config.replay_command_buffers, runtime.entry.label),
+                         overlap=config.replay_overlap)
 
 
 class TrainingStep:
@@ -142,11 +155,7 @@ class TrainingStep:
         self._memory = StepMemory(profile_for(self._residency.runtime.profile, config.target))
         #: The largest allocation and global memory this step is held to (the target's, else the device's).
         self.memory_limits = self._memory.limits
-        rebuild = config.replay_arena_kernels
-        if rebuild == "auto":  # a GPU's (the target's, where one is given)
-            rebuild = profile_for(self._residency.runtime.profile, config.target).is_gpu
-        replay_options = ReplayOptions(bool(rebuild), config.replay_merge_copies, config.verify_memory,
-                                       self.memory_limits, fill_uninitialized_memory=config.fill_uninitialized_memory)
+        replay_options = replay_options_for(config, self._residency.runtime, self.memory_limits)
         self._step_context = StepContext(self._memory.heap_group, config.heap_copies)
         # Hyperparameters as step inputs, during each call.
         self._hyperparameters = StepHyperparameters(optimizer, self._compiled.rule)
@@ -244,7 +253,8 @@ class TrainingStep:
                 replay.last_phases["after"] = after
                 replay.last_host_seconds += after
                 if BUS.active:
-                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches, None, replay.footprint))
+                    BUS.step(StepRecord("replay", replay.last_host_seconds, replay.kernel_launches, None, replay.footprint,
+                                        replay.enqueue_path))
                 return loss
         signature = self._signature(batch) if self._replay_enabled else None
         self._full.check(batch)  # (host_sync's mode off the stack: Dynamo would trace it)
