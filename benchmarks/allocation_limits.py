@@ -40,7 +40,7 @@ import gpt2_lora
 from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
-from torch_adreno.target import profiles
+from torch_adreno.targets import profiles
 
 #: The reduced MobileNetV2 of --small (each kind of block at width 0.25), as benchmarks/workloads.py's.
 SMALL_MOBILENET_SETTING = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 1, 2], [6, 64, 1, 2]]

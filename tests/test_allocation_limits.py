@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 import torch_adreno
-from torch_adreno.compiler.memory.intervals import AllocationLimitError, split_into_buffers
 from torch_adreno.errors import DeviceMemoryError
-from torch_adreno.target import profiles
+from torch_adreno.memory.intervals import AllocationLimitError, split_into_buffers
+from torch_adreno.targets import profiles
 
 #: The reduced profile's largest allocation: every tensor of the model below fits, its step's
 #: arena (about 80 KiB) does not.

@@ -29,7 +29,7 @@ from test_graph_accuracy import FLOOR
 
 import torch_adreno
 from torch_adreno.models import gpt2_lora, mobilenet_v2, qwen2_lora
-from torch_adreno.target import profiles
+from torch_adreno.targets import profiles
 
 #: (model, the parameters it trains, one batch, the loss function).
 Workload = tuple[torch.nn.Module, list[torch.nn.Parameter], tuple[torch.Tensor, ...], Callable[..., torch.Tensor]]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from test_kernels import compile_stages, lenet_program
 
 import torch_adreno
-from torch_adreno.compiler.codegen.arena_params import (
+from torch_adreno.kernels.arena_params import (
     ARENA_BUFFER,
     ARENA_PARAM,
     MAX_OFFSET,
@@ -23,8 +23,8 @@ from torch_adreno.compiler.codegen.arena_params import (
     offset_values,
     place_in_arena,
 )
-from torch_adreno.compiler.codegen.params import Role
-from torch_adreno.compiler.codegen.program import assemble
+from torch_adreno.kernels.params import Role
+from torch_adreno.kernels.program import assemble
 from torch_adreno.replay.launch_list import Copy
 from torch_adreno.runtime.heap import placement
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from helpers import LaunchProfile, assert_matches_eager, capture_graphs, record_programs
 
-from torch_adreno.compiler.ir.torch_dtypes import TORCH_TO_IR
+from torch_adreno.ir.torch_dtypes import TORCH_TO_IR
 
 g = torch.Generator().manual_seed(11)
 
@@ -92,7 +92,7 @@ def test_16_bit_sdpa_computes_in_float32_like_eagers_kernel(dtype, is_causal):
         assert ours_off <= 2 * eager_off + 1e-3, f"{what}: ours {ours_off:.3g} from float64, eager {eager_off:.3g}"
 
 
-# -- the fused kernels (compiler/codegen/attention.cl) ---------------------------------------------------------
+# -- the fused kernels (kernels/attention.cl) ---------------------------------------------------------
 
 @pytest.fixture
 def compiled_programs(monkeypatch):
@@ -200,7 +200,7 @@ def test_hand_written_attention_runs_fused(compiled_programs):
 
 def test_probabilities_used_elsewhere_stay_decomposed():
     """A chain whose probabilities are also returned is not rewritten (they must exist)."""
-    from torch_adreno.compiler.frontend.attention_pattern import fuse_attention_patterns
+    from torch_adreno.frontend.attention_pattern import fuse_attention_patterns
 
     def attention(q, k, v):
         p = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
@@ -221,7 +221,7 @@ def test_probabilities_used_elsewhere_stay_decomposed():
 def test_unfused_attention_says_why():
     """An attention the fused kernels do not take (an attn_mask) decomposes with a warning naming
     the reason, kept in UNFUSED_REASONS; no fused kernel runs."""
-    from torch_adreno.compiler.lowering import attention as fused
+    from torch_adreno.lowering import attention as fused
 
     q, k, v = _qkv(queries=6, keys=6)
     mask = torch.randn(6, 6, generator=g)
@@ -239,9 +239,9 @@ def test_register_blocking_fits_a_gpu_and_an_adreno():
     scores per work-item; a blocking whose micro-tile does not divide is refused."""
     from dataclasses import replace
 
-    from torch_adreno.compiler.codegen.attention import AttentionBlocks, choose_blocks
-    from torch_adreno.compiler.lowering.attention import FORWARD, GRAD_KEY_VALUE, GRAD_QUERY
-    from torch_adreno.target import REFERENCE_PROFILE
+    from torch_adreno.kernels.attention import AttentionBlocks, choose_blocks
+    from torch_adreno.lowering.attention import FORWARD, GRAD_KEY_VALUE, GRAD_QUERY
+    from torch_adreno.targets import REFERENCE_PROFILE
 
     gpu = replace(REFERENCE_PROFILE, max_work_group_size=1024, local_mem_bytes=48 * 1024)
     expected = {FORWARD: (32, 32, 4, 2, 128), GRAD_QUERY: (32, 32, 4, 2, 128), GRAD_KEY_VALUE: (32, 32, 4, 2, 128)}
@@ -262,7 +262,7 @@ def test_register_blocking_fits_a_gpu_and_an_adreno():
 def test_the_fused_attention_option_decomposes_every_attention():
     """``fused_attention=False``: no fused kernel runs, the results are still eager's, and the
     reason is recorded (what benchmarks/attention.py compares the fused kernels against)."""
-    from torch_adreno.compiler.lowering import attention as fused
+    from torch_adreno.lowering import attention as fused
 
     q, k, v = _qkv(queries=6, keys=6)
     fused.UNFUSED_REASONS.clear()

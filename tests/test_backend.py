@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_adreno
-from torch_adreno.compiler import frontend as backend
+from torch_adreno import frontend as backend
 from torch_adreno.config import OPTIONS, Config
 from torch_adreno.errors import SymbolicShapeError
 from torch_adreno.runtime.device import ENV_DEVICE, list_devices, select_device
@@ -156,7 +156,7 @@ def test_unsupported_op_error_names_op_node_and_source_line():
 
 @pytest.mark.device
 def test_host_fallback_runs_warns_once_and_is_counted():
-    from torch_adreno.compiler.lowering import _warned_host_ops
+    from torch_adreno.lowering import _warned_host_ops
 
     _warned_host_ops.discard("aten.kthvalue.default")
     x = torch.randn(6, 3, requires_grad=True)

@@ -17,16 +17,16 @@ import torch
 from test_kernels import compile_stages
 
 import torch_adreno
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import KernelSource, graph_stem, kernel_name, kernel_symbol
-from torch_adreno.compiler.codegen.params import buffer_record
-from torch_adreno.compiler.codegen.program import (
+from torch_adreno import ir
+from torch_adreno.errors import OptionError
+from torch_adreno.kernels import KernelSource, graph_stem, kernel_name, kernel_symbol
+from torch_adreno.kernels.params import buffer_record
+from torch_adreno.kernels.program import (
     HELPER_NAMING,
     HELPER_NAMING_MACROS,
     assemble,
     kernel_opening,
 )
-from torch_adreno.errors import OptionError
 from torch_adreno.runtime import get_runtime
 from torch_adreno.runtime.binary_cache import (
     ENV_DIR,

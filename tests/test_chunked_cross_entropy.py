@@ -21,9 +21,9 @@ from helpers import LaunchProfile
 from torch import nn
 
 import torch_adreno
-from torch_adreno.compiler.frontend import fused_cross_entropy as fused
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
+from torch_adreno.frontend import fused_cross_entropy as fused
 from torch_adreno.runtime.frozen import FROZEN_COPIES
 
 VOCAB, D, BATCH, SEQ, IGNORE = 1024, 16, 2, 128, 7

@@ -1,4 +1,4 @@
-"""The compile cache: compiled graphs kept in PyTorch's AOTAutograd cache (torch_adreno.compiler.frontend.compile_cache).
+"""The compile cache: compiled graphs kept in PyTorch's AOTAutograd cache (torch_adreno.frontend.compile_cache).
 
 A hit must give the very same results as a compile, under the current region's names; anything
 that changes the compiled program (options, input metadata, constants) must miss; what cannot be
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import torch_adreno
-from torch_adreno.compiler.frontend import compile_cache
-from torch_adreno.compiler.frontend.compile_cache import CompiledGraph
+from torch_adreno.frontend import compile_cache
+from torch_adreno.frontend.compile_cache import CompiledGraph
 
 pytestmark = [pytest.mark.device,
               pytest.mark.skipif(not compile_cache.AVAILABLE, reason="this torch has no bundled AOTAutograd cache")]
@@ -91,7 +91,7 @@ def test_hit_gives_the_compiled_results_under_the_new_regions_names(cache_dir: P
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(CompiledGraph, "bind", recording)
         # Lowering must not run on a hit: make it fail loudly if it does.
-        patch.setattr("torch_adreno.compiler.frontend.lower_graph", lambda *a, **k: pytest.fail("lowered on a hit"))
+        patch.setattr("torch_adreno.frontend.lower_graph", lambda *a, **k: pytest.fail("lowered on a hit"))
         hit_loss, hit_grads = _step(model, x, y)
     assert _delta(before) == {"autograd_cache_hit": 1, "autograd_cache_miss": 0, "autograd_cache_bypass": 0}
     assert torch.equal(hit_loss, loss)
@@ -264,7 +264,7 @@ def test_a_changed_code_choice_misses(cache_dir: Path, monkeypatch: pytest.Monke
     """Which GEMM template (and tile width) a device gets is decided by functions of the kernel
     stage; where they decide differently (a test picking a template), the entry of the other
     choice is not served. Positive control: the unchanged choice hits."""
-    from torch_adreno.compiler.codegen import gemm
+    from torch_adreno.kernels import gemm
 
     model, x, y = _model_and_batch()
     _step(model, x, y)
@@ -299,8 +299,8 @@ def test_the_same_graph_from_another_source_line_misses(cache_dir: Path) -> None
 
 
 def test_the_source_hash_covers_every_stage_of_the_package() -> None:
-    # (It once hashed compiler/frontend/ alone: an edit of the fusion or kernel stages kept stale entries.)
+    # (It once hashed frontend/ alone: an edit of the fusion or kernel stages kept stale entries.)
     files = {p.relative_to(compile_cache.PACKAGE_ROOT).as_posix() for p in compile_cache.source_files()}
-    assert {"compiler/frontend/compile_cache.py", "compiler/fusion/split_reductions.py", "compiler/codegen/gemm.cl",
-            "compiler/lowering/conv.py", "compiler/memory/plan.py", "runtime/device.py", "training/step.py",
+    assert {"frontend/compile_cache.py", "fusion/split_reductions.py", "kernels/gemm.cl",
+            "lowering/conv.py", "memory/plan.py", "runtime/device.py", "training/step.py",
             "replay/step.py"} <= files

@@ -13,26 +13,26 @@ from helpers import capture_graphs, cross_entropy_loss, eager_training_step
 from torch import nn
 
 import torch_adreno
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import render_program
-from torch_adreno.compiler.codegen.params import buffer_record
-from torch_adreno.compiler.codegen.program import (
+from torch_adreno import ir
+from torch_adreno.config import Config
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import render_program
+from torch_adreno.kernels.params import buffer_record
+from torch_adreno.kernels.program import (
     HELPER_NAMING,
     HELPER_NAMING_MACROS,
     KernelSource,
     assemble_program,
     kernel_opening,
 )
-from torch_adreno.compiler.fusion import fuse
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import plan_memory
-from torch_adreno.config import Config
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import plan_memory
 from torch_adreno.replay import arena_kernels as replay_kernels
 from torch_adreno.replay.arena_kernels import build_placed
 from torch_adreno.runtime import get_runtime, tuning
 from torch_adreno.runtime.binary_cache import ENV_ENABLE, build_stats, forget_programs, reset_build_stats
 from torch_adreno.runtime.build import build_kernels
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.targets import REFERENCE_PROFILE
 
 
 def _kernel(name: str, symbol: str, node: str, increment: float = 1.0) -> KernelSource:

@@ -24,7 +24,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: What the API reference documents (mkdocstrings' anchors).
 API_OBJECTS = ("torch_adreno.training.step.TrainingStep", "torch_adreno.training.buckets.Buckets",
                "torch_adreno.profiler.profile", "torch_adreno.runtime.host_writes.mark_changed",
-               "torch_adreno.compiler.frontend.adreno_backend", "torch_adreno.config.Config", "torch_adreno.config.OPTIONS",
+               "torch_adreno.frontend.adreno_backend", "torch_adreno.config.Config", "torch_adreno.config.OPTIONS",
                "torch_adreno.export.load_state", "torch_adreno.runner.StepRunner")
 
 

@@ -8,8 +8,8 @@ import torch
 from helpers import assert_ran_on_device
 
 import torch_adreno
-from torch_adreno.compiler.lowering.checks import EAGER_DTYPE_CHECKED, eager_error_type
 from torch_adreno.errors import UnsupportedOpError
+from torch_adreno.lowering.checks import EAGER_DTYPE_CHECKED, eager_error_type
 
 pytestmark = pytest.mark.device
 
@@ -78,7 +78,7 @@ def test_the_eager_error_type_is_also_a_lowering_error():
 
 def test_float32_graphs_are_not_replayed_on_the_host(monkeypatch):
     """The check costs nothing for float32 operands: eager's kernel is not called."""
-    from torch_adreno.compiler.lowering import checks
+    from torch_adreno.lowering import checks
 
     calls = []
     original = checks._disable_current_modes

@@ -29,9 +29,9 @@ from torch_adreno.profiler.energy import (
     window_energy,
 )
 from torch_adreno.profiler.report import energy_line
-from torch_adreno.target import REFERENCE_PROFILE
-from torch_adreno.target.energy import DRAM_PJ_PER_BYTE, GPU_PJ_PER_FLOP, energy_costs, project_energy
-from torch_adreno.target.profiles import derive_target, get_target, target_of_device
+from torch_adreno.targets import REFERENCE_PROFILE
+from torch_adreno.targets.energy import DRAM_PJ_PER_BYTE, GPU_PJ_PER_FLOP, energy_costs, project_energy
+from torch_adreno.targets.profiles import derive_target, get_target, target_of_device
 
 # ---- Android: a phone's sysfs in a temporary directory ---------------------------------------------
 

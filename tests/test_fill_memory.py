@@ -21,13 +21,13 @@ from helpers import cross_entropy_loss as _loss
 from native_fixtures import partial_write_step
 
 import torch_adreno
-from torch_adreno.compiler.codegen import render_program
-from torch_adreno.compiler.codegen.fills import FillRegion, fill_schedule
-from torch_adreno.compiler.codegen.verify import verify_program
-from torch_adreno.compiler.fusion import fuse
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import StorageKind, plan_memory
 from torch_adreno.config import OPTIONS, Config
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import render_program
+from torch_adreno.kernels.fills import FillRegion, fill_schedule
+from torch_adreno.kernels.verify import verify_program
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import StorageKind, plan_memory
 from torch_adreno.models import MODELS
 from torch_adreno.replay.capture import INTERNAL, StepRecorder
 from torch_adreno.replay.launch_list import Fill

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from helpers import assert_matches_eager, capture_graphs
 
 import torch_adreno
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.fusion import GemmKernel, PointwiseKernel, ReductionKernel, fuse
-from torch_adreno.compiler.lowering import lower_graph
+from torch_adreno import ir
 from torch_adreno.config import Config
+from torch_adreno.fusion import GemmKernel, PointwiseKernel, ReductionKernel, fuse
+from torch_adreno.lowering import lower_graph
 from torch_adreno.models import MODELS
 
 
@@ -70,7 +70,7 @@ def test_bias_gradient_rides_on_the_weight_gradient_gemm():
 
 
 def test_long_k_with_few_outputs_is_split_with_reason():
-    from torch_adreno.compiler.fusion.split_k import choose_split, target_tiles
+    from torch_adreno.fusion.split_k import choose_split, target_tiles
 
     # resnet_mini's first-stage weight gradient: 16 x 144 outputs (3 tiles) over k = 32 x 32 x 32.
     stage1 = ir.Gemm("g", "out", 1, 16, 144, 32768, ir.index(0), ir.index(0), (), ())
@@ -225,7 +225,7 @@ def test_debug_directory_gets_every_stage(tmp_path):
 
 
 def test_long_reduction_into_few_outputs_is_split_into_partials_with_reason():
-    from torch_adreno.compiler.fusion.split_reductions import choose_leading_dims
+    from torch_adreno.fusion.split_reductions import choose_leading_dims
 
     # A BatchNorm's per-channel sum over batch x height x width: 16 channels of 8 x 32 x 32.
     x = torch.randn(8, 16, 32, 32)

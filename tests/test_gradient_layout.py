@@ -21,7 +21,7 @@ from torch._functorch.aot_autograd import aot_function
 from torch._functorch.partitioners import default_partition
 
 import torch_adreno
-from torch_adreno.compiler.frontend.gradient_layout import gradient_strides, non_overlapping_and_dense
+from torch_adreno.frontend.gradient_layout import gradient_strides, non_overlapping_and_dense
 
 
 class ChannelsLayerNorm(nn.Module):

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_adreno.compiler import frontend as backend
+from torch_adreno import frontend as backend
 from torch_adreno.models import MODELS, ModelSpec
 from torch_adreno.runtime.device_tensor import DeviceTensor
 

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_adreno
-from torch_adreno.compiler.lowering import lower_graph
 from torch_adreno.config import Config
 from torch_adreno.errors import LoweringError
+from torch_adreno.lowering import lower_graph
 
 pytestmark = pytest.mark.device
 

@@ -16,15 +16,15 @@ import torch.nn.functional as F
 from helpers import assert_ran_on_device, capture_graphs
 
 import torch_adreno
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import render_program
-from torch_adreno.compiler.codegen.expressions import load_text, store_text
-from torch_adreno.compiler.codegen.writer import Param
-from torch_adreno.compiler.fusion import fuse
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import plan_memory
+from torch_adreno import ir
 from torch_adreno.config import Config
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import render_program
+from torch_adreno.kernels.expressions import load_text, store_text
+from torch_adreno.kernels.writer import Param
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import plan_memory
+from torch_adreno.targets import REFERENCE_PROFILE
 
 HALF_DTYPES = [torch.float16, torch.bfloat16]
 IR_OF = {torch.float16: ir.DType.F16, torch.bfloat16: ir.DType.BF16}

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from helpers import capture_graphs
 
 import torch_adreno
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.fusion import GemmKernel, fuse
-from torch_adreno.compiler.fusion.inline import op_cost
-from torch_adreno.compiler.fusion.split_k import choose_split
-from torch_adreno.compiler.lowering import lower_graph
+from torch_adreno import ir
 from torch_adreno.config import Config
+from torch_adreno.fusion import GemmKernel, fuse
+from torch_adreno.fusion.inline import op_cost
+from torch_adreno.fusion.split_k import choose_split
+from torch_adreno.lowering import lower_graph
 
 HALF_DTYPES = [torch.float16, torch.bfloat16]
 

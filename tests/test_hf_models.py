@@ -30,7 +30,7 @@ from helpers import assert_ran_on_device
 from test_graph_accuracy import FLOOR, GraphAccuracy
 
 import torch_adreno
-from torch_adreno.compiler import frontend as backend
+from torch_adreno import frontend as backend
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")

@@ -24,14 +24,14 @@ from helpers import cross_entropy_loss as _loss
 from helpers import eager_training_step as _eager_step
 
 import torch_adreno
-from torch_adreno.compiler.codegen import ImageOperand, KernelSource
-from torch_adreno.compiler.codegen.gemm_operands import image_width
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
+from torch_adreno.kernels import ImageOperand, KernelSource
+from torch_adreno.kernels.gemm_operands import image_width
 from torch_adreno.models import MODELS
 from torch_adreno.runtime import get_runtime
 from torch_adreno.runtime.images import ImageViews, image_views, images_enabled
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.targets import REFERENCE_PROFILE
 
 IMAGES = {"images": True}
 
@@ -141,7 +141,7 @@ LAYERS = {
 def test_layers_forward_and_gradients_through_images_match_eager(layer: str, template: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Both GEMM templates on any device: the local-memory one (GPUs) and the direct one (CPUs)."""
-    from torch_adreno.compiler.codegen import gemm
+    from torch_adreno.kernels import gemm
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
     fn, shapes = LAYERS[layer]
@@ -328,7 +328,7 @@ def test_image_load_macro_reads_every_element_of_float_and_half_images(channel_t
     flags = cl.mem_flags
     buffer = cl.Buffer(runtime.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=values)
     out = cl.Buffer(runtime.context, flags.WRITE_ONLY, 60 * 4)
-    helper = resources.files("torch_adreno.compiler.codegen").joinpath("gemm_image.cl").read_text()
+    helper = resources.files("torch_adreno.kernels").joinpath("gemm_image.cl").read_text()
     program = cl.Program(runtime.context, helper + """
         __kernel void read_all(__global float* out, __read_only image2d_t image) {
             const int i = get_global_id(0);

@@ -18,8 +18,8 @@ from helpers import cross_entropy_loss as _loss
 from helpers import eager_training_step as _eager_step
 
 import torch_adreno
-from torch_adreno.compiler.codegen.expressions import INDEX_CHECK_CALL
-from torch_adreno.compiler.codegen.writer import INDEX_CHECK_PARAMS
+from torch_adreno.kernels.expressions import INDEX_CHECK_CALL
+from torch_adreno.kernels.writer import INDEX_CHECK_PARAMS
 from torch_adreno.runtime.index_check import DeviceIndexOutOfRange
 
 pytestmark = pytest.mark.device

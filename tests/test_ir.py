@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.ir import Buffer, DType, View
+from torch_adreno import ir
+from torch_adreno.ir import Buffer, DType, View
 
 
 def v(name: str, size: int) -> ir.Var:

@@ -7,19 +7,19 @@ import dataclasses
 import torch
 from test_kernels import compile_stages, lenet_program
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import render_program
-from torch_adreno.compiler.codegen.arena_params import (
+from torch_adreno import ir
+from torch_adreno.kernels import render_program
+from torch_adreno.kernels.arena_params import (
     ARENA_PARAM,
     OFFSET_ALIGNMENT,
     OFFSET_SUFFIX,
     arena_buffer,
     place_in_arena,
 )
-from torch_adreno.compiler.codegen.params import ArenaLocation, Role
-from torch_adreno.compiler.codegen.program import RECORD_MACROS, assemble
+from torch_adreno.kernels.params import ArenaLocation, Role
+from torch_adreno.kernels.program import RECORD_MACROS, assemble
 from torch_adreno.runtime.tuning import kernel_key
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.targets import REFERENCE_PROFILE
 
 
 def _kernels():

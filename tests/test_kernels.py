@@ -9,15 +9,15 @@ import torch
 import torch.nn.functional as F
 from helpers import capture_graphs
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import render_program
-from torch_adreno.compiler.codegen.expressions import EXPRESSIONS
-from torch_adreno.compiler.fusion import fuse
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import StorageKind, plan_memory
+from torch_adreno import ir
 from torch_adreno.config import Config
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import render_program
+from torch_adreno.kernels.expressions import EXPRESSIONS
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import StorageKind, plan_memory
 from torch_adreno.models import MODELS
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.targets import REFERENCE_PROFILE
 
 CPU_PROFILE = dataclasses.replace(REFERENCE_PROFILE, is_gpu=False)
 
@@ -110,7 +110,7 @@ def test_gemm_template_choice_follows_the_device():
 
 
 def test_gemm_tile_grows_while_every_compute_unit_keeps_a_work_group():
-    from torch_adreno.compiler.codegen.gemm import choose_tiling, tiling_candidates
+    from torch_adreno.kernels.gemm import choose_tiling, tiling_candidates
 
     h200 = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
     shape = {size: (t.tile_m, t.tile_n, t.wpt_m, t.wpt_n) for size in (512, 1024, 2048, 4096)

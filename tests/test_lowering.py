@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from helpers import capture_graphs
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.lowering import lower_graph, supported_ops
+from torch_adreno import ir
 from torch_adreno.config import Config
 from torch_adreno.errors import UnsupportedOpError
+from torch_adreno.lowering import lower_graph, supported_ops
 
 
 def lower(fn, *inputs, index=0, num_host_outputs=None, fallback="error"):

@@ -12,13 +12,13 @@ from helpers import assert_matches_eager, capture_graphs
 from test_fusion import FUSION_CASES
 
 import torch_adreno
-from torch_adreno.compiler.fusion import fuse
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import StorageKind, plan_memory
 from torch_adreno.config import Config
+from torch_adreno.fusion import fuse
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import StorageKind, plan_memory
 from torch_adreno.models import MODELS
 from torch_adreno.runtime import get_runtime
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.targets import REFERENCE_PROFILE
 
 
 def model_graphs(model_name: str):

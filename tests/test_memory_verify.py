@@ -14,16 +14,16 @@ from torch._functorch.aot_autograd import aot_function
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 import torch_adreno
-from torch_adreno.compiler.codegen import render_program
-from torch_adreno.compiler.codegen.verify import verify_program
-from torch_adreno.compiler.frontend import decomposition_table
-from torch_adreno.compiler.frontend.donation import Donation, donatable_saved_tensors
-from torch_adreno.compiler.fusion import fuse
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import plan_memory
-from torch_adreno.compiler.memory.verify import Access, MemoryPlanError, Placement, verify_accesses
 from torch_adreno.config import Config
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.frontend import decomposition_table
+from torch_adreno.frontend.donation import Donation, donatable_saved_tensors
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import render_program
+from torch_adreno.kernels.verify import verify_program
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import plan_memory
+from torch_adreno.memory.verify import Access, MemoryPlanError, Placement, verify_accesses
+from torch_adreno.targets import REFERENCE_PROFILE
 
 # -- the engine --------------------------------------------------------------------------------
 

@@ -15,14 +15,14 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.fx import GraphModule
 
 import torch_adreno
-from torch_adreno.compiler.codegen import render_program
-from torch_adreno.compiler.frontend import decomposition_table
-from torch_adreno.compiler.frontend.decompositions import foreach_decompositions
-from torch_adreno.compiler.fusion import SegmentedKernel, fuse, max_kernel_buffers
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import StorageKind, plan_memory
 from torch_adreno.config import Config
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.frontend import decomposition_table
+from torch_adreno.frontend.decompositions import foreach_decompositions
+from torch_adreno.fusion import SegmentedKernel, fuse, max_kernel_buffers
+from torch_adreno.kernels import render_program
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import StorageKind, plan_memory
+from torch_adreno.targets import REFERENCE_PROFILE
 from torch_adreno.training.hyperparameters import _own_step_settings
 
 GROUPED = "multi-tensor grouping"
@@ -214,7 +214,7 @@ def test_segments_of_equal_code_share_it_so_the_kernel_does_not_grow_with_repeat
 
 
 def test_index_simplification_of_a_graph_lowered_again_is_found_memoised(monkeypatch):
-    from torch_adreno.compiler.ir import expr
+    from torch_adreno.ir import expr
 
     monkeypatch.setattr(expr, "_SIMPLIFIED", {})
     gm = capture_graphs(lambda a: (a.reshape(6, 4).t() * 2).reshape(2, 12), torch.randn(4, 6))[0]

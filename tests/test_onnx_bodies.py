@@ -9,8 +9,7 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.ir import DType
+from torch_adreno import ir
 from torch_adreno.export.kernel_bodies import (
     ONNX_TYPE,
     Body,
@@ -19,6 +18,7 @@ from torch_adreno.export.kernel_bodies import (
     split_slices,
     translate_node,
 )
+from torch_adreno.ir import DType
 
 F32 = DType.F32
 

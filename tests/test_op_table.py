@@ -1,4 +1,4 @@
-"""The op table (no device): every IR op is defined once, in ``torch_adreno.compiler.ir.ops.OPS``, with every
+"""The op table (no device): every IR op is defined once, in ``torch_adreno.ir.ops.OPS``, with every
 entry (IR form, OpenCL expression, ONNX body, FLOP count), and every stage that reads the table can
 use every entry: each OpenCL form renders, each ONNX form builds a body the ONNX checker accepts."""
 
@@ -14,12 +14,11 @@ import pytest
 from onnx import helper
 
 import torch_adreno
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import _float_ops
-from torch_adreno.compiler.codegen.expressions import render_op
-from torch_adreno.compiler.fusion.inline import EXPENSIVE_OPS
-from torch_adreno.compiler.ir import DType
-from torch_adreno.compiler.ir.ops import (
+from torch_adreno import ir
+from torch_adreno.export.kernel_bodies import ONNX_TYPE, Body, translate_node
+from torch_adreno.fusion.inline import EXPENSIVE_OPS
+from torch_adreno.ir import DType
+from torch_adreno.ir.ops import (
     OPS,
     Arg,
     ByKind,
@@ -31,8 +30,9 @@ from torch_adreno.compiler.ir.ops import (
     OpInfo,
     Recipe,
 )
-from torch_adreno.compiler.lowering import pointwise
-from torch_adreno.export.kernel_bodies import ONNX_TYPE, Body, translate_node
+from torch_adreno.kernels import _float_ops
+from torch_adreno.kernels.expressions import render_op
+from torch_adreno.lowering import pointwise
 
 PACKAGE = Path(torch_adreno.__file__).parent
 #: Ops with no standard-ONNX body: the export refuses them, naming the op.
@@ -215,7 +215,7 @@ def test_the_ir_imports_no_later_stage() -> None:
     for path in sorted((PACKAGE / "ir").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch_adreno"):
-                assert node.module.startswith("torch_adreno.compiler.ir"), f"{path.name} imports {node.module}"
+                assert node.module.startswith("torch_adreno.ir"), f"{path.name} imports {node.module}"
             if isinstance(node, ast.Import):
-                assert not any(a.name.startswith("torch_adreno") and not a.name.startswith("torch_adreno.compiler.ir")
+                assert not any(a.name.startswith("torch_adreno") and not a.name.startswith("torch_adreno.ir")
                                for a in node.names), path.name

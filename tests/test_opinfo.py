@@ -134,7 +134,7 @@ def _mm_case(monkeypatch, raise_in_compile=None):
 
     import torch
 
-    from torch_adreno.compiler import frontend as backend
+    from torch_adreno import frontend as backend
     from torch_adreno.tools.testing.opinfo_errors import _Sample, run_case
 
     if raise_in_compile is not None:
@@ -163,7 +163,7 @@ def test_eagers_error_from_a_graph_not_compiled_for_the_device_is_no_agreement(m
     still is not ours."""
     from torch_adreno.tools.testing.opinfo_errors import NOT_ON_DEVICE
 
-    monkeypatch.setattr("torch_adreno.compiler.frontend.compile_graph", lambda gm, *args, **kwargs: gm)
+    monkeypatch.setattr("torch_adreno.frontend.compile_graph", lambda gm, *args, **kwargs: gm)
     outcome = _mm_case(monkeypatch)
     assert outcome.kind == NOT_ON_DEVICE and not outcome.agrees, outcome
 
@@ -176,8 +176,8 @@ def test_internal_errors_and_other_messages_never_count_as_eagers(monkeypatch, e
     backend's own (BackendCompilerFailed), eager's type with another message."""
     import pyopencl as cl
 
-    from torch_adreno.compiler.lowering.checks import eager_error_type
     from torch_adreno.errors import KernelBuildError
+    from torch_adreno.lowering.checks import eager_error_type
     from torch_adreno.runtime import get_runtime
     from torch_adreno.tools.testing.opinfo_errors import INTERNAL, OTHER_ERROR
 
@@ -205,7 +205,7 @@ def test_a_result_not_computed_on_the_device_is_no_agreement(monkeypatch):
 
     import torch
 
-    from torch_adreno.compiler import frontend as backend
+    from torch_adreno import frontend as backend
     from torch_adreno.tools.testing.opinfo_errors import NOT_ON_DEVICE, SAME_RESULT, _Sample, run_case
 
     op = types.SimpleNamespace(name="mm", variant_test_name="", op=torch.mm)

@@ -199,7 +199,7 @@ def gemm_template(monkeypatch, request):
     """Selects the GEMM template of ``request.param`` on any device (and the 128-wide tiles), and
     yields a recorder of the GEMM kernels launched, to check that this template is the one that
     ran (the compile cache keys on the choice, see ``compile_cache.code_choices``)."""
-    from torch_adreno.compiler.codegen import gemm
+    from torch_adreno.kernels import gemm
 
     monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: request.param == "tiled")
     monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
@@ -224,7 +224,7 @@ def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(ge
     tiled template; the bias gradient is the ROW_SUM of the weight-gradient GEMM. (A device of
     many compute units would take smaller tiles for so few outputs: the 128 x 128 ones are asked
     for wherever they fit, so that every device runs this.)"""
-    from torch_adreno.compiler.codegen import gemm
+    from torch_adreno.kernels import gemm
 
     heuristic = gemm.choose_tiling
 
@@ -275,7 +275,7 @@ def test_16_bit_gemms_take_the_half_filled_tiles(gemm_template, dtype, monkeypat
     raw 16-bit values; it and its gradients equal eager's."""
     import math
 
-    from torch_adreno.compiler.codegen import gemm
+    from torch_adreno.kernels import gemm
     from torch_adreno.runtime import get_runtime
 
     monkeypatch.setattr(gemm, "HALF_FILLED_UNITS", 1e6)  # (every grid of 128 x 128 tiles counts as "few")

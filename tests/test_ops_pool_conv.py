@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from helpers import assert_matches_eager, capture_graphs, training_step_against_eager
 from torch import nn
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.lowering import lower_graph
+from torch_adreno import ir
 from torch_adreno.config import Config
 from torch_adreno.errors import UnsupportedOpError
+from torch_adreno.lowering import lower_graph
 
 device = pytest.mark.device
 

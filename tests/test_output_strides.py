@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torch_adreno
-from torch_adreno.compiler.frontend.compile_cache import _non_overlapping
+from torch_adreno.frontend.compile_cache import _non_overlapping
 
 pytestmark = pytest.mark.device
 

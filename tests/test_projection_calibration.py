@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from torch_adreno.profiler.roofline import project_step
-from torch_adreno.target.profiles import get_target
+from torch_adreno.targets.profiles import get_target
 from torch_adreno.tools.bench.calibration import (
     CALIBRATION_FILE,
     POOLED,

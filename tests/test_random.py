@@ -132,8 +132,8 @@ def test_a_graph_draws_one_seed_for_all_its_random_ops():
     """One 8-byte upload per call however many dropouts: ops differ by stream, not by seed."""
     from helpers import capture_graphs
 
-    from torch_adreno.compiler.lowering import lower_graph
     from torch_adreno.config import Config
+    from torch_adreno.lowering import lower_graph
 
     def three_random_ops(x):
         return F.dropout(x, 0.5, training=True) + F.dropout(x, 0.2, training=True) + torch.rand_like(x)

@@ -19,7 +19,7 @@ from torch_adreno.errors import OptionError
 from torch_adreno.models.reference import MODELS
 from torch_adreno.remote import RemoteDevice
 from torch_adreno.runtime.device import select_device
-from torch_adreno.target.profiles import AdrenoTarget
+from torch_adreno.targets.profiles import AdrenoTarget
 from torch_adreno.training.remote import remote_target
 
 pytestmark = pytest.mark.device

@@ -410,7 +410,7 @@ def test_the_step_verifier_accepts_the_planned_layout_and_rejects_one_sharing_li
     """Issue 25: the whole-step layout is proven against the recorded reads and writes."""
     from types import SimpleNamespace
 
-    from torch_adreno.compiler.memory.verify import MemoryPlanError
+    from torch_adreno.memory.verify import MemoryPlanError
     from torch_adreno.replay.capture import INTERNAL, MemoryIdentity, RecordedLaunch, StepRecorder
     from torch_adreno.replay.memory import ArenaLayout, verify_step_memory
 

@@ -10,9 +10,9 @@ from helpers import assert_matches_eager
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-import torch_adreno.compiler.frontend as backend
-import torch_adreno.compiler.frontend.saved_views as saved_views
-from torch_adreno.compiler.frontend.saved_views import recompute_saved_views
+import torch_adreno.frontend as backend
+import torch_adreno.frontend.saved_views as saved_views
+from torch_adreno.frontend.saved_views import recompute_saved_views
 
 
 def _attention(x: torch.Tensor, w_qkv: torch.Tensor, w_out: torch.Tensor, heads: int = 2) -> torch.Tensor:

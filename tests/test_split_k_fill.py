@@ -1,5 +1,5 @@
 """GEMMs of too few 128 x 128 tiles to fill a desktop GPU are split in k
-(compiler/fusion/split_k.py ``choose_large_tile_split``), and so are outputs too narrow for those tiles
+(fusion/split_k.py ``choose_large_tile_split``), and so are outputs too narrow for those tiles
 (``choose_small_output_split``): the rules without a device, and on the device forward and
 gradients against eager with the rules forced on (the CPU runs the direct template, where the
 kernels stage makes no 128 x 128 tiles)."""
@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import torch_adreno
-import torch_adreno.compiler.frontend as backend
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.fusion import split_k
-from torch_adreno.compiler.fusion.kernels import GemmKernel
-from torch_adreno.compiler.fusion.schedule import FusionGroup
+import torch_adreno.frontend as backend
+from torch_adreno import ir
+from torch_adreno.fusion import split_k
+from torch_adreno.fusion.schedule import FusionGroup
+from torch_adreno.fusion.specs import GemmKernel
 
 F32 = ir.DType.F32
 

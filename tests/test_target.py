@@ -16,15 +16,15 @@ import torch
 import torch.nn.functional as F
 from helpers import record_programs
 
-from torch_adreno.compiler import frontend as backend
-from torch_adreno.compiler.codegen.gemm import choose_tiling, tiling_candidates
-from torch_adreno.compiler.codegen.workgroup import linear_local_size, reduction_local_size
-from torch_adreno.compiler.memory import StorageKind, check_allocation
+from torch_adreno import frontend as backend
 from torch_adreno.config import Config
 from torch_adreno.errors import DeviceMemoryError
+from torch_adreno.kernels.gemm import choose_tiling, tiling_candidates
+from torch_adreno.kernels.workgroup import linear_local_size, reduction_local_size
+from torch_adreno.memory import StorageKind, check_allocation
 from torch_adreno.models import MODELS
-from torch_adreno.target import REFERENCE_PROFILE
-from torch_adreno.target.profiles import (
+from torch_adreno.targets import REFERENCE_PROFILE
+from torch_adreno.targets.profiles import (
     SOURCES,
     TARGETS,
     AdrenoTarget,
@@ -151,7 +151,7 @@ def test_gemm_tiles_and_group_sizes_fit_every_target(name):
 
 
 def test_a_buffer_above_the_targets_largest_allocation_is_refused_naming_it_and_the_limit():
-    from torch_adreno.compiler import ir
+    from torch_adreno import ir
 
     graph = ir.Graph("forward_0")
     graph.buffers["addmm"] = ir.Buffer("addmm", (40_000, 8_000), ir.DType.F32)  # 1.28 GB
@@ -222,7 +222,7 @@ def test_every_kernel_of_every_reference_model_fits_adreno740(monkeypatch, model
 
 @pytest.mark.device
 def test_the_target_changes_the_code_and_is_part_of_the_compile_cache_key(monkeypatch):
-    from torch_adreno.compiler.frontend.compile_cache import cache_salt
+    from torch_adreno.frontend.compile_cache import cache_salt
 
     salts = {cache_salt(Config.from_options({"target": t})) for t in (None, "adreno640", "adreno740")}
     assert len(salts) == 3
@@ -283,10 +283,10 @@ def test_tuning_for_a_target_tries_only_launches_within_it(tmp_path, monkeypatch
     inside it (PoCL alone accepts groups up to 4096 and multiples of 8), under a key of its own."""
     from helpers import capture_graphs
 
-    from torch_adreno.compiler.codegen import launch_candidates, render_program
-    from torch_adreno.compiler.fusion import fuse
-    from torch_adreno.compiler.lowering import lower_graph
-    from torch_adreno.compiler.memory import plan_memory
+    from torch_adreno.fusion import fuse
+    from torch_adreno.kernels import launch_candidates, render_program
+    from torch_adreno.lowering import lower_graph
+    from torch_adreno.memory import plan_memory
     from torch_adreno.runtime import Executable, get_residency, get_runtime, tuning
 
     monkeypatch.setenv("TORCH_ADRENO_CACHE", str(tmp_path))
@@ -317,7 +317,7 @@ def test_tuning_for_a_target_tries_only_launches_within_it(tmp_path, monkeypatch
 def test_a_graph_compiled_for_one_target_is_not_served_for_another(tmp_path, monkeypatch):
     from torch._dynamo.utils import counters
 
-    from torch_adreno.compiler.frontend import compile_cache
+    from torch_adreno.frontend import compile_cache
 
     if not compile_cache.AVAILABLE:
         pytest.skip("this torch has no bundled AOTAutograd cache")

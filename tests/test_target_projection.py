@@ -13,7 +13,7 @@ import pytest
 
 from torch_adreno.cli import main
 from torch_adreno.profiler.roofline import project_step
-from torch_adreno.target.profiles import get_target
+from torch_adreno.targets.profiles import get_target
 from torch_adreno.tools.bench.calibration import load_calibration
 
 ADRENO740 = get_target("adreno740")  # 63 GB/s, 3700 GFLOP/s fp32

@@ -16,7 +16,7 @@ from helpers import assert_ran_on_device
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_adreno
-import torch_adreno.compiler.frontend as backend
+import torch_adreno.frontend as backend
 from torch_adreno.errors import OptionError, ShapeLimitError
 
 pytestmark = pytest.mark.device

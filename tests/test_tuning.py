@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from helpers import capture_graphs
 
-from torch_adreno.compiler.codegen import launch_candidates, render_program
-from torch_adreno.compiler.codegen.generated import GROUP_SIZE
-from torch_adreno.compiler.fusion import fuse
-from torch_adreno.compiler.lowering import lower_graph
-from torch_adreno.compiler.memory import plan_memory
 from torch_adreno.config import Config
+from torch_adreno.fusion import fuse
+from torch_adreno.kernels import launch_candidates, render_program
+from torch_adreno.kernels.pointwise_reduction import GROUP_SIZE
+from torch_adreno.lowering import lower_graph
+from torch_adreno.memory import plan_memory
 from torch_adreno.runtime import tuning
-from torch_adreno.target import REFERENCE_PROFILE
+from torch_adreno.targets import REFERENCE_PROFILE
 
 CPU_PROFILE = dataclasses.replace(REFERENCE_PROFILE, is_gpu=False, preferred_work_group_multiple=8,
                                   max_work_group_size=4096, max_work_item_sizes=(4096, 4096, 4096))

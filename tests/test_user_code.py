@@ -21,9 +21,9 @@ from helpers import capture_graphs
 from onnx import numpy_helper
 
 import torch_adreno
-from torch_adreno.compiler.lowering import lower_graph
 from torch_adreno.config import Config
 from torch_adreno.errors import LoweringError
+from torch_adreno.lowering import lower_graph
 
 pytestmark = pytest.mark.device
 

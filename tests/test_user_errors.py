@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_adreno
-from torch_adreno.compiler.lowering import _warned_host_ops
 from torch_adreno.errors import BatchError, OptionError, UnsupportedOpError
+from torch_adreno.lowering import _warned_host_ops
 
 #: A traceback this long or longer is Dynamo's, not ours (ours: the user's frame, a few of ours).
 SHORT = 24

@@ -1,6 +1,6 @@
 """The view fuzzer: random chains of view ops over shapes with coinciding sizes.
 
-* Without a device: each chain composed as index maps (:class:`torch_adreno.compiler.ir.View`) addresses
+* Without a device: each chain composed as index maps (:class:`torch_adreno.ir.View`) addresses
   exactly the elements torch's strided view does (hundreds of chains, evaluated numerically).
 * On the device: the chain, then a pointwise op, a reduction, a matrix product or attention,
   compiled with ``fullgraph=True``; forward and input gradient against eager.
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from view_chains import Chain, apply_to_view, chains, index_values
 
-from torch_adreno.compiler import ir
+from torch_adreno import ir
 
 INDEX_EXAMPLES = int(os.environ.get("TORCH_ADRENO_FUZZ_EXAMPLES", "600"))
 DEVICE_EXAMPLES = int(os.environ.get("TORCH_ADRENO_FUZZ_EXAMPLES", "40"))

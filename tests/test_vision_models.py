@@ -17,7 +17,7 @@ from helpers import assert_ran_on_device
 from test_graph_accuracy import FLOOR, GraphAccuracy
 
 import torch_adreno
-from torch_adreno.compiler import frontend as backend
+from torch_adreno import frontend as backend
 from torch_adreno.models import MobileNetV2, ResNet, mobilenet_v2, resnet18
 
 BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")

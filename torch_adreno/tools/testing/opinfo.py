@@ -31,8 +31,8 @@ import pyopencl as cl
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from torch_adreno.compiler.frontend.compile_cache import CompiledGraph
 from torch_adreno.errors import AdrenoError, KernelBuildError, UnsupportedOpError
+from torch_adreno.frontend.compile_cache import CompiledGraph
 from torch_adreno.runtime import Executable
 
 #: float32 comparison used for every sample (OpInfo's per-op overrides target other backends);
@@ -189,7 +189,7 @@ def claimed_opinfos(dtype: torch.dtype = torch.float32) -> list[Any]:
     """The op_db entries exercising ops the lowering registry claims, with ``dtype`` samples on the CPU."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    from torch_adreno.compiler.lowering import supported_ops
+    from torch_adreno.lowering import supported_ops
 
     claimed = {s.split(".")[1] for s in supported_ops() if s.startswith(("aten.", "prims."))}
     chosen = []
