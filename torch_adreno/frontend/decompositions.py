@@ -108,7 +108,7 @@ def flash_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     (A softmax of the recomputed scores would be a little more precise where scores are large —
     one ulp of a log-sum-exp near 200 is a 1.5e-5 relative error in every probability — but the
     joint graph then shares the scores with the forward and the partitioner saves the queries x keys
-    matrix; tests/test_attention.py checks that it does not.)
+    matrix; tests/frontend/test_attention.py checks that it does not.)
     """
     _check_no_dropout(dropout_p)
     if fused_attention_refusal(query, key, value, attn_mask, fused) is None:

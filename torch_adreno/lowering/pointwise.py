@@ -16,7 +16,7 @@ from torch_adreno.lowering.context import LoweringContext, LoweringError, Value,
 aten = torch.ops.aten
 
 # ATen op -> IR op. The IR ops are names of the op table (torch_adreno.ir.ops.OPS), which says what
-# each computes in a kernel and in the ONNX export; tests/test_op_table.py checks every name here.
+# each computes in a kernel and in the ONNX export; tests/lowering/test_op_table.py checks every name here.
 _UNARY = {
     aten.abs.default: "abs", aten.neg.default: "neg", aten.exp.default: "exp", aten.log.default: "log",
     aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.tanh.default: "tanh",

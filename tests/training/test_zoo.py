@@ -91,7 +91,7 @@ def test_zoo_model_trains_like_eager_or_fails_as_expected(entry):
 def test_zoo_command_prints_the_table_and_writes_json(tmp_path, capsys):
     """A model that trains but is not replayed makes a row with its reason and a JSON record; that
     does not fail the command (only wrong results and internal errors do). A passing model's row
-    is checked by tests/test_command_devices.py."""
+    is checked by tests/tools/test_command_devices.py."""
     out = tmp_path / "zoo.json"
     assert main(["zoo", "--models", "wav2vec2", "--steps", "3", "--json", str(out)]) == 0
     table = capsys.readouterr().out.splitlines()

@@ -246,7 +246,7 @@ _CHILD = textwrap.dedent("""
 
 
 def test_a_second_process_loads_what_the_first_compiled(tmp_path: Path) -> None:
-    path = os.pathsep.join(p for p in (str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": path}
     env.pop("TORCH_ADRENO_COMPILE_CACHE", None)
     runs = []

@@ -28,7 +28,7 @@ from torch_adreno.tools.bench.projection import step_totals
 
 #: ``benchmarks/workloads.py`` records of our replayed step profiled on the H200 (2026-12-02): the input
 #: the stored calibration was made from (``python benchmarks/calibrate_projection.py``).
-H200_RESULTS = Path(__file__).parent / "data" / "workloads_h200.jsonl"
+H200_RESULTS = Path(__file__).parents[1] / "data" / "workloads_h200.jsonl"
 ADRENO740 = get_target("adreno740")  # 63 GB/s, 3700 GFLOP/s fp32
 
 

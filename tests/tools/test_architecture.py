@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "torch_adreno"
+PACKAGE = Path(__file__).resolve().parents[2] / "torch_adreno"
 
 #: Each folder's layer (and each root module's): a module may import modules of its own layer or
 #: lower ones. The compiler's stages in pipeline order (a stage reads the data types of the ones

@@ -22,7 +22,7 @@ from torch_adreno.models import MODELS, LeNet
 from torch_adreno.runner import UnsupportedStepFile, check_device, choose_device, integrity, read_step
 from torch_adreno.runner import format as fmt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCKER = '''
 import sys
 

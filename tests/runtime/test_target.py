@@ -242,7 +242,7 @@ def test_the_target_changes_the_code_and_is_part_of_the_compile_cache_key(monkey
 ])
 def test_reference_models_train_like_eager_compiled_for_adreno740(monkeypatch, test_name):
     """The reference-model training tests of test_training.py, run with TORCH_ADRENO_TARGET=adreno740
-    (what `TORCH_ADRENO_TARGET=adreno740 pytest tests/test_training.py` does for all of them).
+    (what `TORCH_ADRENO_TARGET=adreno740 pytest tests/training/test_training.py` does for all of them).
 
     The larger models run 4 steps instead of 20 here: compiled for an Adreno, their GEMMs are
     local-memory tiles, which PoCL runs about 70x slower than its own direct template (0.3 against

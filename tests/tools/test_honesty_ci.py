@@ -41,7 +41,7 @@ def test_a_pytest_run_under_ci_fails_missing_modules_and_devices(tmp_path):
     device fail, an intended skip and an xfail stay what they are."""
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
         import importlib.util
-        spec = importlib.util.spec_from_file_location("suite_conftest", {str(Path(__file__).with_name("conftest.py"))!r})
+        spec = importlib.util.spec_from_file_location("suite_conftest", {str(Path(__file__).parents[1] / "conftest.py")!r})
         suite = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(suite)
         pytest_configure = suite.pytest_configure

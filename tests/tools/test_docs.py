@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 #: The README's setup commands, which .ci/run runs (the README says so: they must stay the same).
 SETUP_COMMANDS = ('pip install "torch==2.13.0" -e ".[test]" --extra-index-url https://download.pytorch.org/whl/cpu '

@@ -20,19 +20,19 @@ from torch_adreno.runtime.device import list_devices
 
 #: The subset's tests (a few minutes on two cores).
 SUBSET = (
-    "tests/test_training.py::test_trains_like_eager",
-    "tests/test_training.py::test_bigger_reference_models_train_like_eager",
-    "tests/test_replay.py::test_reference_models_replay_bit_identically",
-    "tests/test_replay.py::test_replay_is_bit_identical_to_the_compiled_graphs",
-    *(f"tests/test_ops.py::{name}" for name in (
+    "tests/training/test_training.py::test_trains_like_eager",
+    "tests/training/test_training.py::test_bigger_reference_models_train_like_eager",
+    "tests/replay/test_replay.py::test_reference_models_replay_bit_identically",
+    "tests/replay/test_replay.py::test_replay_is_bit_identical_to_the_compiled_graphs",
+    *(f"tests/lowering/test_ops.py::{name}" for name in (
         "test_mm_transposes", "test_bmm", "test_addmm_alpha_beta", "test_conv2d", "test_conv1d", "test_sum_mean",
         "test_log_softmax_and_cross_entropy", "test_both_gemm_templates_on_this_device",
         "test_split_k_gemms_match_eager", "test_both_gemm_templates_for_convolution",
         "test_var_std_layer_norm_batch_norm")),
-    "tests/test_ops_pool_conv.py",
-    "tests/test_half.py",
+    "tests/lowering/test_ops_pool_conv.py",
+    "tests/lowering/test_half.py",
 )
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _implementation(label: str) -> str:

@@ -178,7 +178,7 @@ def _kernel(name: str, symbol: str, increment: float = 1.0) -> KernelSource:
 @pytest.mark.device
 def test_graph_numbers_do_not_change_the_program(cache):
     runtime = get_runtime()
-    # (Two contents: kernels of one content would be one function, tests/test_compile_once.py.)
+    # (Two contents: kernels of one content would be one function, tests/frontend/test_compile_once.py.)
     first = build_kernels(runtime, [_kernel("forward_3_0_pw_add", "forward_0_pw_add"),
                                     _kernel("forward_3_1_pw_add", "forward_1_pw_add", 2.0)])
     second = build_kernels(runtime, [_kernel("forward_41_0_pw_add", "forward_0_pw_add"),

@@ -93,7 +93,7 @@ def test_switched_off_the_python_loop_runs_the_same_list_and_warns_once(tmp_path
     script = tmp_path / "off.py"
     script.write_text(
         "import sys, warnings\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
         "import numpy as np\n"
         "from test_launch_list import _run\n"
         "from torch_adreno.replay import launch_list\n"

@@ -159,7 +159,7 @@ def test_no_allocation_exceeds_the_targets_limit_and_the_split_arena_changes_no_
     assert footprint.persistent_bytes >= 2 * sum(p.numel() * 4 for p in params)  # parameters + momentum
     assert step.memory_limits.max_allocation_bytes == SMALL_LIMIT
     # The compiled graphs the replay was captured from (no arena: each slot a buffer of its own; a
-    # replay is bit-identical to them, tests/test_replay.py): the same bits.
+    # replay is bit-identical to them, tests/replay/test_replay.py): the same bits.
     compiled_losses, compiled_params, _, _ = _train(small, options, replay=False)
     assert torch.equal(losses, compiled_losses)
     assert all(torch.equal(a, b) for a, b in zip(params, compiled_params, strict=True))
