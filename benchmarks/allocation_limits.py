@@ -18,7 +18,7 @@ It prints as it goes (the model, each step's loss and time, then the footprint a
 allocations) and appends one JSON line (``--out``, default benchmarks/results/<device>/allocation_limits.jsonl):
 the largest buffer and image made, how many, the arena's buffers, the footprint's parts and total,
 the limits, the losses, the step times and ``within_limits``. A benchmark, not a test: it reports,
-it asserts nothing (``tests/test_allocation_limits_full.py`` asserts the same sizes, marked slow).
+it asserts nothing (``tests/memory/test_allocation_limits_full.py`` asserts the same sizes, marked slow).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import gpt2_lora
 from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
-from torch_adreno.target import profiles
+from torch_adreno.targets import profiles
 
 #: The reduced MobileNetV2 of --small (each kind of block at width 0.25), as benchmarks/workloads.py's.
 SMALL_MOBILENET_SETTING = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 1, 2], [6, 64, 1, 2]]

@@ -1,4 +1,4 @@
-"""Fused attention (``compiler/codegen/attention.cl``) against the decomposed path (matrix products and a
+"""Fused attention (``kernels/attention.cl``) against the decomposed path (matrix products and a
 softmax with the queries x keys scores in device memory), forward and backward, at GPT-2's shapes.
 
 For each sequence length: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` on
@@ -15,7 +15,7 @@ per (seq, path) is printed as it is measured and appended to benchmarks/results/
                                    [--forward-blocking 64,32,4,2 32,32,4,2 ...]
                                    [--backward-blocking 32,32,4,2 32,16,2,2 ...]
 
-A blocking is rows,cols,micro_rows,micro_cols (``compiler/codegen/attention.py``'s AttentionBlocks: rows a
+A blocking is rows,cols,micro_rows,micro_cols (``kernels/attention.py``'s AttentionBlocks: rows a
 work-group owns, streamed rows per step, the scores of one work-item); each pair of the given
 forward and backward blockings is measured as its own fused path (a tuning sweep), the default
 being the backend's own choice.
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
-from torch_adreno.compiler.codegen import attention as attention_kernels
+from torch_adreno.kernels import attention as attention_kernels
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -45,7 +45,7 @@ from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainab
 from workloads import breakdown
 
 import torch_adreno
-import torch_adreno.compiler.frontend as backend
+import torch_adreno.frontend as backend
 from torch_adreno.replay.capture import PERSISTENT
 from torch_adreno.runtime.frozen import FROZEN_COPIES
 

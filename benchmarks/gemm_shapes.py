@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
-import torch_adreno.compiler.frontend as backend
-from torch_adreno.compiler.codegen import gemm
-from torch_adreno.compiler.fusion import split_k
+import torch_adreno.frontend as backend
+from torch_adreno.fusion import split_k
+from torch_adreno.kernels import gemm
 
 #: (case, make(batch) -> (module, input)); the modules are the workloads' layers at full size.
 Layer = tuple[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]]

@@ -29,7 +29,7 @@ from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 import torch_adreno
 from torch_adreno.models import MODELS
 from torch_adreno.profiler.roofline import project_step
-from torch_adreno.target.profiles import get_target, target_names
+from torch_adreno.targets.profiles import get_target, target_names
 from torch_adreno.tools.bench.measure import _loss
 
 

@@ -28,9 +28,9 @@ from common import device_arg, run_context
 from precision import PRECISIONS, training_step
 
 import torch_adreno
-import torch_adreno.compiler.frontend as backend
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.fusion import FusedGraph
+import torch_adreno.frontend as backend
+from torch_adreno import ir
+from torch_adreno.fusion import FusedGraph
 
 GRAPH_KINDS = {"forward": "forward", "backward": "backward", "inference": "optimizer"}
 

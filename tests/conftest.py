@@ -99,7 +99,7 @@ PREFERRED_SUITE_PLATFORM = "Portable Computing Language"
 def _choose_suite_device() -> None:
     """Run the suite on PoCL where it builds kernels, else on the default device (Intel's CPU
     runtime where PoCL's LLVM does not know the CPU); ``TORCH_ADRENO_DEVICE`` set by the caller
-    wins. ``tests/test_second_compiler.py`` runs a subset on the other runtime."""
+    wins. ``tests/runtime/test_second_compiler.py`` runs a subset on the other runtime."""
     from torch_adreno.runtime.device import ENV_DEVICE, list_devices
 
     if os.environ.get(ENV_DEVICE, "").strip():

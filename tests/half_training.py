@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from helpers import LaunchProfile
 
-from torch_adreno.compiler.codegen.expressions import STORAGE_CTYPE
-from torch_adreno.compiler.codegen.params import Role
+from torch_adreno.kernels.expressions import STORAGE_CTYPE
+from torch_adreno.kernels.params import Role
 from torch_adreno.models import MODELS
 
 #: precision -> (autocast dtype or None, parameter dtype, GradScaler or not)

@@ -10,8 +10,8 @@ from torch._functorch.aot_autograd import aot_function
 from torch.fx import GraphModule
 
 import torch_adreno
-from torch_adreno.compiler.codegen import KernelSource
-from torch_adreno.compiler.frontend import decomposition_table
+from torch_adreno.frontend import decomposition_table
+from torch_adreno.kernels import KernelSource
 
 
 class LaunchProfile(torch_adreno.profile):
@@ -174,7 +174,7 @@ def eager_training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: t
 def record_programs(monkeypatch: Any) -> list[Any]:
     """A list that receives every KernelProgram the backend compiles from now on in the test (with
     its graph and memory plan): ``backend.compile_program`` wrapped for the test's duration."""
-    import torch_adreno.compiler.frontend as backend
+    import torch_adreno.frontend as backend
 
     programs: list[Any] = []
     original = backend.compile_program

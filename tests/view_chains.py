@@ -3,7 +3,7 @@
 A chain is a base shape and a list of steps (each a view op with its arguments), drawn so that
 every step is valid for the tensor it receives; sizes come from a small set, so two dimensions of
 equal size (the case that hid a wrong index map: a sequence as long as the head count) are common.
-The same chain runs on a torch tensor (``apply``) and on an :class:`torch_adreno.compiler.ir.View`
+The same chain runs on a torch tensor (``apply``) and on an :class:`torch_adreno.ir.View`
 (``apply_to_view``); ``index_values`` evaluates a view's index map numerically.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from torch_adreno.compiler import ir
+from torch_adreno import ir
 
 SIZES = (1, 2, 2, 3, 3, 4)
 MAX_RANK = 5

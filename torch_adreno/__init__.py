@@ -2,8 +2,8 @@
 
     cmodel = torch.compile(model, backend="adreno")
 
-The pipeline, one module per stage: backend -> lowering -> ir -> fusion -> memory -> kernels ->
-runtime -> profiler.
+The pipeline, one folder per stage: frontend (Dynamo's graphs) -> lowering -> ir -> fusion ->
+memory -> kernels -> runtime -> replay -> training; ``api`` is the public surface.
 """
 
 from __future__ import annotations
@@ -31,5 +31,5 @@ except ImportError as _torch_missing:
         raise ImportError(f"torch_adreno.{name} needs PyTorch, which cannot be imported here ({_reason}); without "
                           "it, `python -m torch_adreno.runner` trains steps exported by torch_adreno")
 else:
-    from torch_adreno._compiler import *  # noqa: F403  (the backend, registered with Dynamo on import)
-    from torch_adreno._compiler import __all__  # noqa: F401
+    from torch_adreno.api import *  # noqa: F403  (the backend, registered with Dynamo on import)
+    from torch_adreno.api import __all__  # noqa: F401

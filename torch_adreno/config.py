@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_adreno.errors import OptionError
-from torch_adreno.target.profiles import AdrenoTarget, get_target
+from torch_adreno.targets.profiles import AdrenoTarget, get_target
 
 #: This package's version (the exported ONNX files record it).
 VERSION = "0.1.0"
@@ -90,7 +90,7 @@ def _fraction(value: Any) -> float:
 
 
 def _target(value: Any) -> AdrenoTarget | None:
-    """The compile target: a profile of :mod:`torch_adreno.target.profiles` by name, a profile
+    """The compile target: a profile of :mod:`torch_adreno.targets.profiles` by name, a profile
     itself (a derived one, or a remote device's), or None (the device itself)."""
     if value is None or isinstance(value, AdrenoTarget):
         return value
@@ -273,7 +273,7 @@ OPTIONS: dict[str, OptionSpec] = {
             "target", _target, None, "TORCH_ADRENO_TARGET",
             "compile for an Adreno GPU's limits and preferences while running on the present device: "
             "a profile name such as 'adreno740' (`python -m torch_adreno devices` lists them) or an AdrenoTarget "
-            "(`torch_adreno.target.profiles.derive_target`); work-group "
+            "(`torch_adreno.targets.profiles.derive_target`); work-group "
             "sizes, local memory, GEMM tiles and the largest allocation obey both devices (default None: "
             "the present device only)",
         ),

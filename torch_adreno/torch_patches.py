@@ -1,5 +1,5 @@
 """Every change ``import torch_adreno`` makes to PyTorch, in one place, each with the torch versions
-it was written for and why. :func:`install` applies them once (``torch_adreno._compiler`` calls
+it was written for and why. :func:`install` applies them once (``torch_adreno.api`` calls
 it at import); each is a no-op on a torch where its target is not there.
 
 1. **GradScaler's unscale bumps versions** (torch 2.11, 2.13): ``torch._amp_foreach_non_finite_
@@ -21,7 +21,7 @@ it at import); each is a no-op on a torch where its target is not there.
 7. **Options checked at ``torch.compile``** (2.6-2.13): torch hands a custom backend its
    ``options`` only at the first call, under Dynamo's frames; an unknown name was a 90-line
    traceback there. Dynamo's ``get_compiler_fn``, which ``torch.compile`` calls with the backend
-   and its arguments, checks ours first (:func:`torch_adreno.compiler.frontend.backend_config`)
+   and its arguments, checks ours first (:func:`torch_adreno.frontend.backend_config`)
    and raises the :class:`~torch_adreno.errors.OptionError` from there.
 """
 

@@ -24,7 +24,7 @@ from torch_adreno.cli.arguments import (
     refuse_bad_device,
     seed_int,
 )
-from torch_adreno.target.profiles import target_names
+from torch_adreno.targets.profiles import target_names
 from torch_adreno.training.optimizers import OPTIMIZERS, describe_optimizers
 
 #: Each task's options and their defaults (None: none; a task's code handles it). An option not

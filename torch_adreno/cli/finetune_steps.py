@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from torch_adreno.compiler.memory.footprint import DeviceFootprint
+from torch_adreno.memory.footprint import DeviceFootprint
 from torch_adreno.runtime.device import select_device
 from torch_adreno.training.step import TrainingStep
 

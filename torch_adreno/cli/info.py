@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from torch_adreno.cli.arguments import add_device_argument, address, bounded, refuse_bad_device
-from torch_adreno.compiler.lowering import supported_ops
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError
+from torch_adreno.lowering import supported_ops
 from torch_adreno.opencl_drivers import load_failures
 from torch_adreno.profiler.roofline import SEED_DATA_MOVEMENT_SHARE, SEED_GEMM_GFLOPS
 from torch_adreno.remote.client import PREFIX as REMOTE_PREFIX
@@ -21,7 +21,7 @@ from torch_adreno.remote.listing import print_remote_device
 from torch_adreno.replay.driver_recording import driver_recording
 from torch_adreno.replay.launch_list import native_loop_status
 from torch_adreno.runtime.device import ENV_DEVICE, INSTALL_HINT, get_runtime, list_devices, select_device
-from torch_adreno.target.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
+from torch_adreno.targets.profiles import TARGETS, AdrenoTarget, get_target, match_device, target_names
 from torch_adreno.tools.bench.calibration import (
     CALIBRATION_FILE,
     Calibration,

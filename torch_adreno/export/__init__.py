@@ -30,8 +30,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen.program import KernelSource, assemble
+from torch_adreno import ir
 from torch_adreno.config import VERSION
 from torch_adreno.export.attention_bodies import attention_body
 from torch_adreno.export.kernel_bodies import (
@@ -42,6 +41,7 @@ from torch_adreno.export.kernel_bodies import (
     split_slices,
     translate_node,
 )
+from torch_adreno.kernels.program import KernelSource, assemble
 from torch_adreno.replay.capture import BATCH, INTERNAL, PERSISTENT, RecordedCopy, StepRecording
 from torch_adreno.replay.guards import state_tensors
 from torch_adreno.runner import format as fmt

@@ -1,4 +1,4 @@
-"""ONNX bodies of the fused attention templates (``compiler/lowering/attention.py``): what each pass
+"""ONNX bodies of the fused attention templates (``lowering/attention.py``): what each pass
 computes, in standard ONNX ops over the whole [batch, heads, queries, keys] scores (an ONNX
 runtime has no flash kernel to call; the body states the function, not the kernel's blocking).
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.ir import DType
-from torch_adreno.compiler.lowering.attention import FORWARD, GRAD_KEY_VALUE, GRAD_QUERY
+from torch_adreno import ir
 from torch_adreno.export.kernel_bodies import Body, Grid, flat, full
+from torch_adreno.ir import DType
+from torch_adreno.lowering.attention import FORWARD, GRAD_KEY_VALUE, GRAD_QUERY
 
 _NAMES = ("b", "h", "s", "d")
 

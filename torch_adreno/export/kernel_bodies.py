@@ -2,7 +2,7 @@
 
 A kernel computes IR nodes (pointwise, reduction, GEMM) of one graph. Each node becomes ops over a
 grid of its loop variables: a loop variable is a ``Range`` along its own axis, an IR op is the ONNX
-body its op-table entry gives (``onnx`` of :data:`torch_adreno.compiler.ir.ops.OPS`), index arithmetic is
+body its op-table entry gives (``onnx`` of :data:`torch_adreno.ir.ops.OPS`), index arithmetic is
 int64 arithmetic, a load is a ``Gather`` from the flat input at the flat index (clamped into the
 buffer where the IR cannot bound it: an index only a ``where`` discards may point anywhere), a
 reduction reduces the grid's reduction axes, a GEMM is a ``MatMul`` of its operand grids. Every
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.ir import DType
-from torch_adreno.compiler.ir.ops import OPS, Arg, CastTo, IfFlag, Lit, OnnxBody, OnnxOp, Recipe, Target
+from torch_adreno import ir
+from torch_adreno.ir import DType
+from torch_adreno.ir.ops import OPS, Arg, CastTo, IfFlag, Lit, OnnxBody, OnnxOp, Recipe, Target
 
 ONNX_TYPE = {DType.F32: TensorProto.FLOAT, DType.I64: TensorProto.INT64, DType.I32: TensorProto.INT32,
              DType.BOOL: TensorProto.BOOL, DType.U8: TensorProto.UINT8, DType.INDEX: TensorProto.INT64}
@@ -240,7 +240,7 @@ def flat(body: Body, value: str) -> str:
 @dataclass(frozen=True)
 class SplitK:
     """A split-K GEMM's two launches: the first writes ``partials`` (slice sums), the second adds
-    them up through the epilogue (see :mod:`torch_adreno.compiler.codegen.gemm`)."""
+    them up through the epilogue (see :mod:`torch_adreno.kernels.gemm`)."""
 
     gemm: ir.Gemm
     partials: str

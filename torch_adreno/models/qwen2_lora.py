@@ -1,11 +1,11 @@
 """Qwen2 (Qwen2.5-0.5B's shapes) with LoRA adapters on the query and value projections, in plain
 torch: the second language-model workload of issue 29 (``benchmarks/allocation_limits.py
---workload qwen2_lora``, ``tests/test_allocation_limits_full.py``).
+--workload qwen2_lora``, ``tests/memory/test_allocation_limits_full.py``).
 
 What ``transformers.Qwen2ForCausalLM`` + ``peft.get_peft_model(..., LoraConfig(r=8, lora_alpha=16,
 target_modules=["q_proj", "v_proj"]))`` trains, written without either (neither is on the GPU
 machine), with transformers' module names (``model.layers.0.self_attn.q_proj``) so that its
-``state_dict`` loads into transformers' model (``tests/test_allocation_limits_full.py`` checks that
+``state_dict`` loads into transformers' model (``tests/memory/test_allocation_limits_full.py`` checks that
 both compute the same logits):
 
 - pre-norm decoder blocks with RMSNorm (statistics in float32, as Qwen2RMSNorm);

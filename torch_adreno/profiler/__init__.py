@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torch_adreno.compiler.memory.footprint import DeviceFootprint
+from torch_adreno.memory.footprint import DeviceFootprint
 from torch_adreno.profiler.energy import (
     EnergyReading,
     EnergyTotals,
@@ -178,7 +178,7 @@ class profile(EnergyTotals):  # named like torch.profiler.profile
     def device_footprint(self) -> DeviceFootprint | None:
         """The device memory of the last TrainingStep replayed or captured here (persistent state,
         the replay's arena buffers, images, the compiled graphs' arenas) against the limits of its
-        device or target (:class:`~torch_adreno.compiler.memory.footprint.DeviceFootprint`: ``total_bytes``,
+        device or target (:class:`~torch_adreno.memory.footprint.DeviceFootprint`: ``total_bytes``,
         ``arena_buffers``, ``largest_allocation_bytes``, ``limits``, ``describe()``); None if no
         step here was replayed or captured."""
         return next((s.footprint for s in reversed(self.steps) if s.footprint is not None), None)

@@ -205,7 +205,7 @@ def project_step(kernels: Sequence[Any], target: Any, copied_bytes: int = 0,
                  launch_us: float = ASSUMED_LAUNCH_US) -> StepProjection:
     """``kernels``: launch records with ``name``, ``kind``, ``bytes`` and ``flops`` (the profiler's
     :class:`~torch_adreno.profiler.KernelRecord`); ``target``: an
-    :class:`~torch_adreno.target.profiles.AdrenoTarget`; ``copied_bytes``: host<->device bytes the
+    :class:`~torch_adreno.targets.profiles.AdrenoTarget`; ``copied_bytes``: host<->device bytes the
     step copies (on a phone, the batch in and the loss out)."""
     if launch_us < 0:
         raise ValueError(f"the per-launch cost must be >= 0 microseconds, got {launch_us}")

@@ -4,7 +4,7 @@
 - :class:`RemoteDevice` / :class:`RemoteStep`: the client (properties, load a step, run steps with
   batches, read and write state, set a scalar input such as ``lr``, profile).
 - :func:`parse_remote`: ``remote:HOST:PORT`` device strings (``TORCH_ADRENO_DEVICE``).
-- :func:`device_profile`: the remote device's properties as a :class:`~torch_adreno.target.DeviceProfile`,
+- :func:`device_profile`: the remote device's properties as a :class:`~torch_adreno.targets.DeviceProfile`,
   for compiling against its real limits.
 - :class:`NativeStep`: the same calls on a local device through the native library (ctypes).
 """

@@ -1,5 +1,5 @@
 """A remote device's properties (``RemoteDevice.properties()``) as the compiler's
-:class:`~torch_adreno.target.DeviceProfile`: the same fields the local runtime reads from its
+:class:`~torch_adreno.targets.DeviceProfile`: the same fields the local runtime reads from its
 driver (``torch_adreno.runtime.device.profile_of``), so that fusion, memory planning and code
 generation plan kernels for the remote device's real limits."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torch_adreno.target import DeviceProfile
+from torch_adreno.targets import DeviceProfile
 
 
 def _missing(properties: Mapping[str, Any], names: tuple[str, ...]) -> list[str]:
@@ -26,7 +26,7 @@ def device_profile(properties: Mapping[str, Any]) -> DeviceProfile:
     """The DeviceProfile of a remote device from its properties: equal to the one the local runtime
     builds for the same device and driver (so caches keyed by :attr:`DeviceProfile.key`, which
     names platform, device and driver, are shared by both). Narrow it to an Adreno target with
-    :func:`torch_adreno.target.profiles.profile_for` as for a local device."""
+    :func:`torch_adreno.targets.profiles.profile_for` as for a local device."""
     missing = _missing(properties, REQUIRED)
     if missing:
         raise ValueError(f"the remote device's properties lack {', '.join(missing)}: the server speaks another "

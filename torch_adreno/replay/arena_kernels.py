@@ -3,7 +3,7 @@ few slabs (the arena, the heap's slabs of the persistent tensors), and runs of c
 regions merged into one kernel each.
 
 A driver's enqueue costs time per argument (NVIDIA's ~0.45 us each with the device busy); a
-kernel rebuilt by :func:`~torch_adreno.compiler.codegen.arena_params.place_in_arena` takes each slab once,
+kernel rebuilt by :func:`~torch_adreno.kernels.arena_params.place_in_arena` takes each slab once,
 and each operand's offset in it as an ``int`` argument. The offsets are arguments so that the
 rebuilt kernels of a model's repeated blocks, alike but for where their operands are, are one
 program function: built once (12 GPT-2 blocks: ~40 functions of ~430 launches, not ~400).
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from torch_adreno.compiler.codegen.arena_params import copy_ranges, offset_values, place_in_arena
-from torch_adreno.compiler.codegen.program import KernelSource
+from torch_adreno.kernels.arena_params import copy_ranges, offset_values, place_in_arena
+from torch_adreno.kernels.program import KernelSource
 from torch_adreno.replay.capture import RecordedCopy, RecordedLaunch, StepRecorder
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime

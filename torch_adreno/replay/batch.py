@@ -288,7 +288,7 @@ class BatchInput:
                 # is defined at creation): nothing is copied on a unified-memory device. (This was
                 # once turned off after crashes in long PoCL runs; their cause was the capture
                 # taking a released buffer's reused handle for another identity, since fixed:
-                # tests/test_replay.py's fresh-tensor, dropout and interleaved tests guard it.)
+                # tests/replay/test_replay.py's fresh-tensor, dropout and interleaved tests guard it.)
                 buffer = shared_buffer(self.runtime, view)
                 bound.append((buffer, view))
                 for kernel, position in binding.consumers:

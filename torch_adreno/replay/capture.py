@@ -42,9 +42,9 @@ from typing import Any
 import pyopencl as cl
 import torch
 
-from torch_adreno.compiler.codegen.fills import fill_schedule, step_runs
-from torch_adreno.compiler.codegen.program import HostStep
-from torch_adreno.compiler.memory import StorageKind
+from torch_adreno.kernels.fills import fill_schedule, step_runs
+from torch_adreno.kernels.program import HostStep
+from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.frozen import FROZEN_COPIES
 from torch_adreno.runtime.graph_calls import GraphCall, observing
@@ -111,7 +111,7 @@ class RecordedCopy:
 class RecordedFill:
     """Where ``fill_uninitialized_memory`` fills memory in a replay (and a runner): ``nbytes`` of
     identity ``identity`` from byte ``offset`` of it, right before operation ``before``. A graph
-    call's fills (:func:`~torch_adreno.compiler.codegen.fills.fill_schedule`) at its launches: an
+    call's fills (:func:`~torch_adreno.kernels.fills.fill_schedule`) at its launches: an
     internal identity is filled before its first use, and an arena slot's bytes again before each
     buffer the slot holds in turn; always inside the identity's lifetime and bytes."""
 

@@ -14,21 +14,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_adreno.compiler.codegen.arena_params import OFFSET_ALIGNMENT
-from torch_adreno.compiler.memory.footprint import (
+from torch_adreno.errors import DeviceMemoryError
+from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
+from torch_adreno.memory.footprint import (
     FIT_ADVICE,
     DeviceFootprint,
     MemoryLimits,
     check_allocations,
 )
-from torch_adreno.compiler.memory.intervals import (
+from torch_adreno.memory.intervals import (
     AllocationLimitError,
     Interval,
     pack_intervals,
     split_into_buffers,
 )
-from torch_adreno.compiler.memory.verify import Access, MemoryPlanError, Placement, verify_accesses
-from torch_adreno.errors import DeviceMemoryError
+from torch_adreno.memory.verify import Access, MemoryPlanError, Placement, verify_accesses
 from torch_adreno.replay.capture import (
     BATCH,
     INTERNAL,
@@ -64,7 +64,7 @@ class StepMemoryPlan:
 
 def plan_step_memory(recorder: StepRecorder, keep_to_end: set[int], shared: bool = True) -> StepMemoryPlan:
     """Lifetimes of the step's internal identities over its operations, packed into slots by the
-    memory stage's packer (:func:`~torch_adreno.compiler.memory.intervals.pack_intervals`), as a compiled
+    memory stage's packer (:func:`~torch_adreno.memory.intervals.pack_intervals`), as a compiled
     graph's buffers are. ``shared`` False: each identity a slot of its own (a reference that no
     reuse of memory can disturb)."""
     lifetimes: dict[int, tuple[int, int]] = {}
@@ -100,12 +100,12 @@ class ArenaLayout:
     byte offset of one of them.
 
     The arena is one buffer when it fits the largest single allocation (``max_buffer_bytes``), else
-    as few buffers of at most that as first fit makes (:func:`~torch_adreno.compiler.memory.intervals.split_into_buffers`),
+    as few buffers of at most that as first fit makes (:func:`~torch_adreno.memory.intervals.split_into_buffers`),
     the kernels then taking each as an argument of its own. Invariants: a slot, seed or batch
     argument never straddles two buffers, and the seeds and copied batch arguments are in one
     buffer, one after another (a staged upload writes them in one write); offsets are multiples of
     ``alignment`` (the device's sub-buffer alignment and
-    :data:`~torch_adreno.compiler.codegen.arena_params.OFFSET_ALIGNMENT`); identities in one slot share its
+    :data:`~torch_adreno.kernels.arena_params.OFFSET_ALIGNMENT`); identities in one slot share its
     buffer and offset (their lifetimes do not overlap), any others never share a byte."""
 
     #: Per identity, its byte offset in its buffer.
@@ -134,7 +134,7 @@ class ArenaLayout:
            max_buffer_bytes: int | None = None) -> ArenaLayout:
         """The layout of ``memory``'s slots and the recording's seeds and (``batch_copied``) batch,
         in buffers of at most ``max_buffer_bytes`` (None: one buffer); an
-        :class:`~torch_adreno.compiler.memory.intervals.AllocationLimitError` where a slot, or the seeds and
+        :class:`~torch_adreno.memory.intervals.AllocationLimitError` where a slot, or the seeds and
         batch together, are larger than that."""
         alignment = max(256, OFFSET_ALIGNMENT, base_alignment)
         inputs = [i for i in recorder.identities if i.kind is SEED or (i.kind is BATCH and batch_copied)]
@@ -178,7 +178,7 @@ def step_footprint(recorder: StepRecorder, layout: ArenaLayout, image_bytes: Seq
                    name_of: Callable[[Any, str], str]) -> DeviceFootprint:
     """What a replay of ``recorder`` in ``layout`` holds on the device (images of the sizes
     ``image_bytes``), held to ``limits``: each persistent tensor checked against the largest
-    allocation first (:func:`~torch_adreno.compiler.memory.footprint.check_allocations`, naming it by
+    allocation first (:func:`~torch_adreno.memory.footprint.check_allocations`, naming it by
     ``name_of(tensor, label)``), then the whole (:meth:`DeviceFootprint.check`); a
     :class:`~torch_adreno.errors.DeviceMemoryError` where it does not fit. A persistent tensor
     counts once, with the bytes of its buffer, however many buffers a capture bound it through.
@@ -206,8 +206,8 @@ def step_fills(recorder: StepRecorder, memory: StepMemoryPlan) -> dict[int, list
     operation of its lifetime, inside its bytes. The plan gives identities whose lifetimes overlap
     bytes of their own, so such a fill destroys no other identity's value; within the identity,
     the graph's plan made the bytes free (proved with ``verify_memory``:
-    :func:`torch_adreno.compiler.codegen.verify.program_accesses`). A fill that breaks this is a
-    :class:`~torch_adreno.compiler.memory.verify.MemoryPlanError` (a torch_adreno bug)."""
+    :func:`torch_adreno.kernels.verify.program_accesses`). A fill that breaks this is a
+    :class:`~torch_adreno.memory.verify.MemoryPlanError` (a torch_adreno bug)."""
     by_position: dict[int, list[RecordedFill]] = {}
     for fill in recorder.fills:
         identity = recorder.identities[fill.identity]
@@ -231,10 +231,10 @@ def described_step(recorder: StepRecorder) -> str:
 
 def verify_step_memory(recorder: StepRecorder, layout: ArenaLayout, keep_to_end: set[int]) -> None:
     """Prove that the replay's layout of ``recorder``'s memory destroys no value still to be read
-    (:func:`torch_adreno.compiler.memory.verify.verify_accesses` over the recorded operations, each
+    (:func:`torch_adreno.memory.verify.verify_accesses` over the recorded operations, each
     identity a value, placed where the layout puts it): every read of an identity finds it in its
     bytes, and the persistent tensors and ``keep_to_end`` survive the step. The writes of each
-    launch are the recorded kernel's :attr:`~torch_adreno.compiler.codegen.KernelSource.writes`."""
+    launch are the recorded kernel's :attr:`~torch_adreno.kernels.KernelSource.writes`."""
     accesses = []
     for op in recorder.operations:
         if isinstance(op, RecordedLaunch):

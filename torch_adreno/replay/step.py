@@ -9,7 +9,7 @@ persistent tensors (parameters, optimizer state) keep the residency's buffers. T
 memory, its seeds and (where copied) its batch live in one buffer, the arena (:class:`ArenaLayout`;
 several buffers where one would exceed the largest allocation of the device or target, each then
 an argument of its own), and the kernels are rebuilt to take it as one argument and find those
-operands at offsets passed as ``int`` arguments, bound once (:mod:`torch_adreno.compiler.codegen.arena_params`:
+operands at offsets passed as ``int`` arguments, bound once (:mod:`torch_adreno.kernels.arena_params`:
 the kernels of repeated blocks are then one function, built once): a driver's enqueue costs time
 per buffer argument (NVIDIA's ~0.45 us each with the device busy), and resnet_mini's step passes
 300 buffer arguments instead of 648. A replay then:
@@ -55,7 +55,7 @@ import numpy as np
 import pyopencl as cl
 import torch
 
-from torch_adreno.compiler.memory.footprint import MemoryLimits
+from torch_adreno.memory.footprint import MemoryLimits
 from torch_adreno.replay.arena_kernels import (
     MergedCopies,
     arena_kernels,

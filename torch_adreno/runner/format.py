@@ -19,7 +19,7 @@ A file holds one ONNX model of one whole training step:
   :data:`FILL_VARIABLE` set, or its own flag) right before operation ``before`` (an index into the
   file's kernel and copy nodes), in operation order: every identity before its first use, and an
   identity's bytes again where a graph's slot begins holding another buffer (see
-  :mod:`torch_adreno.compiler.codegen.fills`). Ignored unless filling is asked for;
+  :mod:`torch_adreno.kernels.fills`). Ignored unless filling is asked for;
 - model metadata ``torch_adreno.integrity``: SHA-256 digests of every initializer's values, of
   the kernel sources and of the operations and plan (:mod:`torch_adreno.runner.integrity`), which
   every runner checks before it uses the file.
@@ -99,7 +99,7 @@ KERNEL_ATTRIBUTES = (
     "graph",           # the compiled graph the kernel belongs to
     "index_checks",    # 1: after ``buffers`` the kernel takes an index error record (4 x int32, zeroed)
                        # and an int32 token >= 1 naming the launch; a value indexing out of range is
-                       # replaced by 0 and recorded there (torch_adreno/compiler/codegen/index_check.cl)
+                       # replaced by 0 and recorded there (torch_adreno/kernels/index_check.cl)
     "extensions",      # the OpenCL extensions the kernel enables (the device must have them); [""]: none
 )
 COPY_ATTRIBUTES = ("destination", "source", "nbytes")

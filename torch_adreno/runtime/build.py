@@ -4,7 +4,7 @@ once per device and driver.
 All kernels of a graph go into one program (one compiler invocation: on PoCL a build of twenty
 kernels costs about what one of a single kernel does), each distinct kernel once: kernels of
 equal content (a model's repeated blocks) are one function of it, which every one of them gets a
-kernel object of (:func:`~torch_adreno.compiler.codegen.program.assemble_program`). Programs come from
+kernel object of (:func:`~torch_adreno.kernels.program.assemble_program`). Programs come from
 :mod:`torch_adreno.runtime.binary_cache`: this process's programs, then device binaries cached on
 disk, then the compiler; so a second process compiles nothing an earlier one compiled.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pyopencl as cl
 
-from torch_adreno.compiler.codegen import KernelSource
-from torch_adreno.compiler.codegen.program import assemble_program
 from torch_adreno.errors import KernelBuildError
+from torch_adreno.kernels import KernelSource
+from torch_adreno.kernels.program import assemble_program
 from torch_adreno.runtime.binary_cache import (
     BuildStats,
     build_stats,

@@ -29,7 +29,7 @@ from torch_adreno.errors import AmbiguousDeviceError, DeviceNotFoundError, Optio
 from torch_adreno.remote.client import parse_remote
 from torch_adreno.runtime.index_check import IndexErrorRecord
 from torch_adreno.runtime.pool import BufferPool
-from torch_adreno.target import DeviceProfile
+from torch_adreno.targets import DeviceProfile
 
 ENV_DEVICE = "TORCH_ADRENO_DEVICE"
 _log = logging.getLogger("torch_adreno")

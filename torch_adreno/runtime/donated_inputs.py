@@ -1,12 +1,12 @@
 """The saved activations a compiled graph may overwrite (donated inputs), checked at each call.
 
 The memory plan places later buffers in a donated input's bytes after its last read
-(:mod:`torch_adreno.compiler.frontend.donation` decides which inputs are donated and which other inputs
+(:mod:`torch_adreno.frontend.donation` decides which inputs are donated and which other inputs
 view the same bytes). At each call this makes that safe for the inputs the call really got:
 a donor that came as a host tensor, or whose device buffer another input the plan does not know
 of shares, gets a scratch block of its size instead (the latter warned: the analysis missed a
 view). With ``verify_memory``, each new pattern of inputs sharing memory is first proved by the
-memory verifier (:func:`torch_adreno.compiler.codegen.verify.verify_program`). After the call every donor
+memory verifier (:func:`torch_adreno.kernels.verify.verify_program`). After the call every donor
 device tensor is marked consumed: its bytes may hold other values now.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from torch_adreno.compiler.codegen import KernelProgram
-from torch_adreno.compiler.codegen.verify import verify_program
+from torch_adreno.kernels import KernelProgram
+from torch_adreno.kernels.verify import verify_program
 from torch_adreno.runtime.device_tensor import DeviceTensor
 from torch_adreno.runtime.pool import BufferPool
 

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 import pyopencl as cl
 
-from torch_adreno.compiler.codegen import KernelSource
-from torch_adreno.compiler.memory.footprint import DeviceFootprint
+from torch_adreno.kernels import KernelSource
+from torch_adreno.memory.footprint import DeviceFootprint
 
 
 @dataclass
@@ -79,7 +79,7 @@ class StepRecord:
     launches: int
     reason: str | None = None
     #: The step's device memory against its limits, once captured (a
-    #: :class:`~torch_adreno.compiler.memory.footprint.DeviceFootprint`; None before).
+    #: :class:`~torch_adreno.memory.footprint.DeviceFootprint`; None before).
     footprint: DeviceFootprint | None = None
     #: A replay: how its unprofiled calls enqueue it (``ReplayedStep.enqueue_path``); a profiled
     #: call, as this one, enqueues launch by launch, each with its event.

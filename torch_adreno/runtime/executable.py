@@ -16,11 +16,11 @@ from typing import Any
 import pyopencl as cl
 import torch
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import HostStep, KernelProgram, KernelSource
-from torch_adreno.compiler.codegen.fills import fill_schedule
-from torch_adreno.compiler.ir.torch_dtypes import IR_TO_TORCH
-from torch_adreno.compiler.memory import StorageKind
+from torch_adreno import ir
+from torch_adreno.ir.torch_dtypes import IR_TO_TORCH
+from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
+from torch_adreno.kernels.fills import fill_schedule
+from torch_adreno.memory import StorageKind
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.device_tensor import DeviceTensor, download, download_owned, own_tensor
@@ -55,13 +55,13 @@ class Executable:
         by one right before every call because this graph updates them in place; taken only for
         inputs the graph does update (``graph.mutations``).
         ``verify_memory``: check the memory plan against each new pattern of inputs sharing memory
-        (:func:`torch_adreno.compiler.memory.verify.verify_program`) before a call with it enqueues anything.
+        (:func:`torch_adreno.memory.verify.verify_program`) before a call with it enqueues anything.
         ``restrided_outputs``: (position, strides) of host outputs returned in eager's layout rather
         than our row-major one: each is downloaded (never left deferred to the device), then copied
         on the host into a tensor of those strides, and the call reports it as a host copy
         (:attr:`GraphCall.host_copies`).
         ``fill_uninitialized_memory``: each call fills the memory it makes with NaN words right before
-        the first launch that touches it (:func:`~torch_adreno.compiler.codegen.fills.fill_schedule`),
+        the first launch that touches it (:func:`~torch_adreno.kernels.fills.fill_schedule`),
         so that a read of bytes nothing wrote in this call shows."""
         # An instance attribute, so that wrappers made with functools.wraps (Dynamo's disable()
         # around the backward) keep telling AOTAutograd that we take boxed arguments.

@@ -4,7 +4,7 @@ Under autocast every matrix product casts its float32 weight to 16 bits, in the 
 in the backward, and the GEMM then reads the float32 weight (4 bytes an element) each time. For a
 tensor that does not change between steps -- a parameter that requires no grad, a buffer the
 graphs do not update -- the backend gives each such cast a graph input of its own
-(:mod:`torch_adreno.compiler.frontend.frozen_casts`), which :class:`FrozenCopies` fills with the tensor's
+(:mod:`torch_adreno.frontend.frozen_casts`), which :class:`FrozenCopies` fills with the tensor's
 16-bit copy: made at the first call, kept, and made again only when the tensor changed.
 
 The copy is an ordinary host tensor made by PyTorch's own cast (``tensor.to(dtype)``: the very

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyopencl as cl
 import torch
 
-from torch_adreno.compiler.codegen import HostStep, KernelProgram, KernelSource
+from torch_adreno.kernels import HostStep, KernelProgram, KernelSource
 
 if TYPE_CHECKING:
     from torch_adreno.runtime.device import DeviceRuntime

@@ -6,7 +6,7 @@ busy). After the replay's own memory moved into one arena, the persistent tensor
 buffers, optimizer state) were most of what remained: 213 of resnet_mini's 300 arguments, 117 of
 them in the SGD update alone. Their device copies (copy mode), and the replays' arenas there,
 are therefore regions of shared slabs: a replay's kernels address everything that lives in one
-slab through that one argument at constant offsets (:func:`torch_adreno.compiler.codegen.arena_params.place_in_arena`).
+slab through that one argument at constant offsets (:func:`torch_adreno.kernels.arena_params.place_in_arena`).
 
 A region is an OpenCL sub-buffer, so the rest of the runtime (graph calls, copies, images) uses it
 as any buffer. Invariants:
@@ -40,8 +40,8 @@ from typing import Any
 
 import pyopencl as cl
 
-from torch_adreno.compiler.codegen.arena_params import OFFSET_ALIGNMENT
 from torch_adreno.errors import DeviceMemoryError
+from torch_adreno.kernels.arena_params import OFFSET_ALIGNMENT
 
 #: Bytes of a new slab (a larger request gets a slab of its own size). Large enough that a model's
 #: persistent tensors and its replay's arena usually share one, small enough for a phone's budget.

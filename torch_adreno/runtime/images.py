@@ -1,5 +1,5 @@
 """Images over buffers: the runtime side of a kernel's image operands (see
-:class:`torch_adreno.compiler.codegen.ImageOperand`).
+:class:`torch_adreno.kernels.ImageOperand`).
 
 A kernel that reads an operand through an image takes, after its buffer arguments, one
 ``image2d_t`` per :class:`ImageOperand`; the image shows the bytes of the buffer bound for that
@@ -31,10 +31,10 @@ from typing import Any
 
 import pyopencl as cl
 
-from torch_adreno.compiler.codegen.program import ImageOperand, KernelSource
 from torch_adreno.errors import OptionError
+from torch_adreno.kernels.program import ImageOperand, KernelSource
 from torch_adreno.runtime.heap import placement
-from torch_adreno.target import DeviceProfile
+from torch_adreno.targets import DeviceProfile
 
 _log = logging.getLogger(__name__)
 

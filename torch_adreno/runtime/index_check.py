@@ -1,7 +1,7 @@
 """Device-side index checks reported to the host, like CUDA's asynchronous device-side asserts.
 
 Kernels that index by tensor values (gather, scatter, embedding, advanced indexing, ...) check
-every such index on the device (``compiler/codegen/index_check.cl``): a value out of range is replaced by
+every such index on the device (``kernels/index_check.cl``): a value out of range is replaced by
 0, so nothing is read or written out of bounds, and the first failure is written into the
 device's *index error record* (four ints: the failing launch's token, the check site, the value).
 Nothing waits for that record on its own: it is read where the host waits for the device anyway
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from torch_adreno.compiler import ir
+from torch_adreno import ir
 
 #: Ints in the error record: token, site, value low, value high.
 RECORD_INTS = 4

@@ -2,7 +2,7 @@
 launch candidates on the device, keep the fastest whose output matches the default's, and remember
 the choice on disk so that a later process does not tune again.
 
-* **Candidates** come from :func:`torch_adreno.compiler.codegen.launch_candidates`, the heuristic's launch
+* **Candidates** come from :func:`torch_adreno.kernels.launch_candidates`, the heuristic's launch
   first: local sizes of pointwise and reduction kernels, group sizes of tree reductions, tilings of
   the GEMM templates. Variants whose build options differ are built as programs of their own, one
   program per round of variants across the graph's kernels.
@@ -25,7 +25,7 @@ the choice on disk so that a later process does not tune again.
   candidate replaces the default only when it is at least :data:`MIN_GAIN` faster.
 * **Cache**: one JSON file per kernel under ``tuning/<device>/`` in
   :func:`torch_adreno.config.cache_root`, keyed by device, driver and platform (the directory) and
-  by the kernel (sha256 of its content, :meth:`~torch_adreno.compiler.codegen.KernelSource.content`, and
+  by the kernel (sha256 of its content, :meth:`~torch_adreno.kernels.KernelSource.content`, and
   its launch geometry, which fix the shapes): the same kernel in another graph or process shares
   the entry, and kernels of one key in a graph (a model's repeated blocks) are tuned once. A
   cached choice that is no longer among the candidates (the candidate rules changed) is tuned
@@ -50,14 +50,14 @@ import numpy as np
 import pyopencl as cl
 from tqdm import tqdm
 
-from torch_adreno.compiler import ir
-from torch_adreno.compiler.codegen import KernelSource, launch_candidates
+from torch_adreno import ir
 from torch_adreno.config import cache_root
 from torch_adreno.errors import KernelBuildError
+from torch_adreno.kernels import KernelSource, launch_candidates
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.images import image_views
-from torch_adreno.target import DeviceProfile
+from torch_adreno.targets import DeviceProfile
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A :class:`~torch_adreno.TrainingStep`'s call through the compiled graphs (Dynamo, AOTAutograd,
 autograd): what a step needs, checked before it runs, and the run itself in the step's context.
 
-Invariants: no call starts without :func:`~torch_adreno.training.replays.check_can_step`'s checks
+Invariants: no call starts without :func:`~torch_adreno.training.geometries.check_can_step`'s checks
 and the state's memory check; host_sync's mode is off the stack while the compiled code runs and
 back on where host copies are left out of date; the gradients' host copies are marked as never
 filled in after every call, and a failed call leaves the deferred records as the host left them.
@@ -19,10 +19,10 @@ from torch_adreno.runtime.residency import Residency, StepContext
 from torch_adreno.training import host_sync
 from torch_adreno.training.batch_check import BatchHistory
 from torch_adreno.training.compiled_step import CompiledStep
+from torch_adreno.training.geometries import check_can_step
 from torch_adreno.training.gradients import GradientMarkers
 from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
-from torch_adreno.training.replays import check_can_step
 from torch_adreno.training.state import REMEMBERED_SIGNATURES, batch_shapes
 
 

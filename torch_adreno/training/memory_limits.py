@@ -2,7 +2,7 @@
 
 A step compiled for a target (``options={"target": "adreno740"}``) is held to the target's largest
 single allocation and global memory, narrowed to the present device's where those are smaller
-(:func:`torch_adreno.target.profiles.compile_profile`); without a target, to the present device's.
+(:func:`torch_adreno.targets.profiles.compile_profile`); without a target, to the present device's.
 Three places hold it there:
 
 - before the first step, :meth:`StepMemory.check_state` refuses a parameter, buffer or optimizer
@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
-from torch_adreno.compiler.memory.footprint import MemoryLimits, check_state_fits
+from torch_adreno.memory.footprint import MemoryLimits, check_state_fits
 from torch_adreno.runtime.heap import HeapGroup
-from torch_adreno.target import DeviceProfile
+from torch_adreno.targets import DeviceProfile
 
 
 class StepMemory:

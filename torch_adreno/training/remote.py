@@ -39,8 +39,8 @@ from torch_adreno.replay.capture import RecordedCopy
 from torch_adreno.runtime.device import select_device
 from torch_adreno.runtime.events import BUS, LaunchRecord
 from torch_adreno.runtime.residency import Residency
-from torch_adreno.target.profiles import AdrenoTarget, target_of_device
-from torch_adreno.training.replays import Replays
+from torch_adreno.targets.profiles import AdrenoTarget, target_of_device
+from torch_adreno.training.geometries import Replays
 
 
 def remote_spec(device: Any) -> tuple[str, int] | None:

@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from torch_adreno.compiler.memory.footprint import DeviceFootprint, MemoryLimits
 from torch_adreno.config import Config
+from torch_adreno.memory.footprint import DeviceFootprint, MemoryLimits
 from torch_adreno.replay import guards
 from torch_adreno.replay.capture import StepRecorder
 from torch_adreno.replay.driver_recording import driver_recording
@@ -55,17 +55,17 @@ from torch_adreno.runtime import get_residency, get_runtime
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.events import BUS, StepRecord
 from torch_adreno.runtime.residency import StepContext
-from torch_adreno.target.profiles import profile_for
+from torch_adreno.targets.profiles import profile_for
 from torch_adreno.training import host_sync
 from torch_adreno.training.accumulation import GradientAccumulation
 from torch_adreno.training.compiled_step import CompiledStep
 from torch_adreno.training.full_path import FullPath
+from torch_adreno.training.geometries import check_can_train
 from torch_adreno.training.gradients import GradientMarkers, check_norm_type
 from torch_adreno.training.hyperparameters import StepHyperparameters
 from torch_adreno.training.memory_limits import StepMemory
 from torch_adreno.training.progress import reported, slow_work
 from torch_adreno.training.remote import RemoteTraining, remote_spec
-from torch_adreno.training.replays import check_can_train
 from torch_adreno.training.state import name_of
 from torch_adreno.training.step_replays import StepReplays
 

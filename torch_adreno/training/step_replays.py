@@ -1,5 +1,5 @@
 """The replay side of a :class:`~torch_adreno.TrainingStep`: its replays (one per batch geometry,
-:class:`~torch_adreno.training.replays.Replays`), how a capture becomes one, how a call runs
+:class:`~torch_adreno.training.geometries.Replays`), how a capture becomes one, how a call runs
 one, and what is counted.
 
 A call first asks :meth:`StepReplays.run` for the replay of its batch geometry; where there is
@@ -20,9 +20,9 @@ from torch_adreno.replay.capture import StepRecorder
 from torch_adreno.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.runtime.residency import Residency
 from torch_adreno.training import host_sync
+from torch_adreno.training.geometries import Replays, build_replay
 from torch_adreno.training.gradients import GradientMarkers
 from torch_adreno.training.replay_check import ReplayCheck, reference_options
-from torch_adreno.training.replays import Replays, build_replay
 
 #: Replays kept per TrainingStep, one per batch geometry (a partial last batch is a second one;
 #: :class:`~torch_adreno.Buckets` makes a few lengths of many). Each holds its own step memory.

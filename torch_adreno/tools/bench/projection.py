@@ -19,13 +19,13 @@ quantity projected here is a sum over launches, a step of ``n`` blocks launches 
 1-block step plus ``n - 1`` blocks' worth (the blocks are identical), so the total is
 ``P(a) + (n - a) * (P(b) - P(a)) / (b - a)`` from profiles at ``a`` and ``b`` blocks.
 
-Energy per step (:mod:`torch_adreno.target.energy`): the step's kernel bytes and copies at the
+Energy per step (:mod:`torch_adreno.targets.energy`): the step's kernel bytes and copies at the
 target's picojoules per DRAM byte, its FLOPs at the GPU's picojoules per FLOP (fp32, as the kernels
 compute unless ``native_half``; fp16 too in the JSON); published figures and estimates, each with
 its source, no static power.
 
 What this is not: a measurement. The peaks are published or estimated figures
-(:mod:`torch_adreno.target.profiles`), the calibration comes from another GPU, and the texture
+(:mod:`torch_adreno.targets.profiles`), the calibration comes from another GPU, and the texture
 cache, clocks under thermal limits and the driver's real dispatch cost are not modelled.
 """
 
@@ -43,8 +43,8 @@ import torch
 import torch_adreno
 from torch_adreno.profiler.roofline import ASSUMED_LAUNCH_US, SEED_GEMM_GFLOPS, StepProjection, project_step
 from torch_adreno.runtime import get_runtime
-from torch_adreno.target.energy import EnergyCosts, StepEnergy, energy_costs, project_energy
-from torch_adreno.target.profiles import AdrenoTarget, compile_profile
+from torch_adreno.targets.energy import EnergyCosts, StepEnergy, energy_costs, project_energy
+from torch_adreno.targets.profiles import AdrenoTarget, compile_profile
 from torch_adreno.tools.bench.calibration import (
     UNMEASURED_STAND_INS,
     Calibration,

@@ -4,7 +4,7 @@
 (:func:`torch_adreno.tools.bench.calibration.calibrate`) replaces the stored H200 fractions.
 
 The roofline's peaks are the remote device's Adreno profile's (its fp32 peak and bandwidth, each with
-its source in :mod:`torch_adreno.target.profiles`) when its name matches one, else the ones the user
+its source in :mod:`torch_adreno.targets.profiles`) when its name matches one, else the ones the user
 gives (``--remote-peaks``). Invariant: every fraction of the result is in (0, 1]; a kind that ran
 faster than the peaks allow means the peaks are wrong, and is refused (:class:`CalibrationError`)
 rather than clipped.
@@ -18,7 +18,7 @@ from typing import Any
 
 from torch_adreno.profiler import profile
 from torch_adreno.remote import RemoteDevice, device_profile, parse_remote
-from torch_adreno.target.profiles import match_device
+from torch_adreno.targets.profiles import match_device
 from torch_adreno.tools.bench.calibration import Calibration, CalibrationError, calibrate
 from torch_adreno.tools.bench.projected_workloads import StepWorkload
 from torch_adreno.tools.bench.projection import profile_step

@@ -31,8 +31,8 @@ import pyopencl as cl
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from torch_adreno.compiler.frontend.compile_cache import CompiledGraph
 from torch_adreno.errors import AdrenoError, KernelBuildError, UnsupportedOpError
+from torch_adreno.frontend.compile_cache import CompiledGraph
 from torch_adreno.runtime import Executable
 
 #: float32 comparison used for every sample (OpInfo's per-op overrides target other backends);
@@ -79,7 +79,7 @@ FUNCTIONAL = {
 }
 
 #: Random ops: our generator is Philox on the device, not eager's, so their samples cannot be
-#: compared value for value; tests/test_random.py checks their distributions, repeatability under
+#: compared value for value; tests/lowering/test_random.py checks their distributions, repeatability under
 #: torch.manual_seed, and that dropout's backward uses its forward's mask.
 RANDOM_OPINFOS = frozenset({"bernoulli", "rand_like", "randn", "randn_like", "nn.functional.dropout", "normal",
                             "uniform", "randint", "randint_like", "multinomial"})
@@ -189,7 +189,7 @@ def claimed_opinfos(dtype: torch.dtype = torch.float32) -> list[Any]:
     """The op_db entries exercising ops the lowering registry claims, with ``dtype`` samples on the CPU."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    from torch_adreno.compiler.lowering import supported_ops
+    from torch_adreno.lowering import supported_ops
 
     claimed = {s.split(".")[1] for s in supported_ops() if s.startswith(("aten.", "prims."))}
     chosen = []
@@ -277,7 +277,7 @@ def run_sample(op: Any, index: int, sample: Any, options: dict[str, Any] | None 
     if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in _leaves(expected_out)):
         # A float32 sample asking for a float64 result (to(float64), softmax(dtype=float64)): the
         # backend computes float32 only (Adreno GPUs have no float64) and raises a LoweringError
-        # naming the node, which tests/test_lowering.py checks; these are reported apart.
+        # naming the node, which tests/lowering/test_lowering.py checks; these are reported apart.
         return Outcome(name, index, False, FLOAT64_OUT_OF_SCOPE, skipped=True)
     elsewhere = {str(t.device) for t in _leaves(expected_out) if isinstance(t, torch.Tensor) and t.device.type != "cpu"}
     if elsewhere:

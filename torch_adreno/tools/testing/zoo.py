@@ -261,7 +261,7 @@ ZOO: tuple[ZooModel, ...] = (
 #: mechanisms the other entries reuse -- learned and rotary positions, grouped-query attention,
 #: RMSNorm and gated MLPs, relative-position buckets,
 #: encoder-decoder cross-attention, convolutional audio and image stems, batch norms, residual
-#: stages. (Mixture-of-experts routing is in tests/test_moe.py's CI share.) The other entries are
+#: stages. (Mixture-of-experts routing is in tests/lowering/test_moe.py's CI share.) The other entries are
 #: marked slow; ``python -m torch_adreno zoo`` runs them all.
 DEFAULT_SHARE = frozenset({"gpt2", "llama", "bert", "t5", "whisper", "wav2vec2", "vit", "resnet", "convnext"})
 
