@@ -11,6 +11,24 @@
 
 #include "cli.h"
 #include "npz.h"
+#include "safetensors.h"
+
+struct batch_source {
+    tas_tensor_info *inputs; /* the step's batch inputs (their names the step's) */
+    size_t input_count;
+    safetensors_file file;   /* the data file's arrays (a safetensors file or an .npz archive) */
+    const safetensor **arrays; /* per batch input */
+    size_t *row_bytes;       /* per batch input: one batch's bytes */
+    size_t row_count;        /* S stacked batches, or N examples */
+    int examples;            /* the layout: examples (else stacked batches) */
+    size_t batch_size;       /* B, with examples */
+    uint64_t seed, state;    /* the shuffle's splitmix64 seed and state */
+    size_t *order;           /* the examples' order in the last epoch shuffled */
+    size_t epochs_shuffled;
+    uint8_t **gathered;      /* per batch input: the batch gathered from the examples */
+    const void **current;    /* the pointers of the step being run */
+    void *zeros;
+};
 
 #define FORMATS "safetensors (python -m torch_adreno export --data-out writes one) or .npz (numpy.savez)"
 
@@ -22,13 +40,12 @@ static void describe(const char *name, tas_dtype dtype, int rank, const int64_t 
 }
 
 /* "batch_0 float32[64, 784], batch_1 int64[64]" */
-static void takes(tas_step *step, char *out, size_t size) {
+static void takes(const batch_source *source, char *out, size_t size) {
     out[0] = '\0';
-    for (size_t i = 0; i < tas_step_batch_count(step); i++) {
-        tas_tensor_info info;
+    for (size_t i = 0; i < source->input_count; i++) {
+        const tas_tensor_info *info = &source->inputs[i];
         char one[256];
-        tas_step_batch_info(step, i, &info);
-        describe(info.name, info.dtype, info.rank, info.shape, one, sizeof one);
+        describe(info->name, info->dtype, info->rank, info->shape, one, sizeof one);
         size_t used = strlen(out);
         snprintf(out + used, size - used, "%s%s", i ? ", " : "", one);
     }
@@ -54,19 +71,18 @@ static int read_data_file(const char *path, safetensors_file *file) {
 }
 
 /* The array for each batch input: by the inputs' names, else by x, y, batch_2, ... */
-static int choose_arrays(batch_source *source, tas_step *step, const char *path, const char *expected) {
+static int choose_arrays(batch_source *source, const char *path, const char *expected) {
     static const char *const SHORT[] = {"x", "y"};
     for (int short_names = 0; short_names < 2; short_names++) {
         size_t found = 0;
-        for (size_t i = 0; i < source->inputs; i++) {
-            tas_tensor_info info;
-            tas_step_batch_info(step, i, &info);
+        for (size_t i = 0; i < source->input_count; i++) {
             char name[32];
-            if (short_names) snprintf(name, sizeof name, i < 2 ? "%s" : "batch_%zu", i < 2 ? SHORT[i] : "", i);
-            source->arrays[i] = safetensors_find(&source->file, short_names ? name : info.name);
+            if (short_names && i < 2) snprintf(name, sizeof name, "%s", SHORT[i]);
+            else if (short_names) snprintf(name, sizeof name, "batch_%zu", i);
+            source->arrays[i] = safetensors_find(&source->file, short_names ? name : source->inputs[i].name);
             found += source->arrays[i] != NULL;
         }
-        if (found == source->inputs) return 0;
+        if (found == source->input_count) return 0;
     }
     char has[1024] = "";
     for (size_t i = 0; i < source->file.count; i++) {
@@ -124,57 +140,66 @@ static int out_of_memory(void) {
 }
 
 /* Examples: a buffer per input for the batch gathered, and the epoch's order. */
-static int prepare_examples(batch_source *source, tas_step *step, const char *path, const char *expected) {
+static int prepare_examples(batch_source *source, const char *path, const char *expected) {
     source->examples = 1;
-    for (size_t i = 0; i < source->inputs; i++) {
-        tas_tensor_info info;
-        tas_step_batch_info(step, i, &info);
-        if (i == 0) source->batch_size = (size_t)info.shape[0];
-        if ((size_t)info.shape[0] != source->batch_size) {
+    for (size_t i = 0; i < source->input_count; i++) {
+        const tas_tensor_info *info = &source->inputs[i];
+        if (i == 0) source->batch_size = (size_t)info->shape[0];
+        if ((size_t)info->shape[0] != source->batch_size) {
             fprintf(stderr, "error: %s holds examples, but the step's inputs differ in batch size (%s): stack its "
                     "batches over steps instead, [steps, *input shape]\n", path, expected);
             return EXIT_BAD_INPUT;
         }
-        source->gathered[i] = malloc(info.bytes ? info.bytes : 1);
+        source->gathered[i] = malloc(info->bytes ? info->bytes : 1);
         if (source->gathered[i] == NULL) return out_of_memory();
     }
     source->order = calloc(source->row_count + 1, sizeof *source->order);
     return source->order ? 0 : out_of_memory();
 }
 
-int batches_open(batch_source *source, tas_step *step, const char *path, long long seed) {
-    memset(source, 0, sizeof *source);
-    source->inputs = tas_step_batch_count(step);
+/* Reads and checks the data file; the source is left for batches_close on failure. */
+static int open_source(batch_source *source, const tas_tensor_info *inputs, size_t count, const char *path,
+                       long long seed) {
+    source->input_count = count;
     source->seed = (uint64_t)seed;
-    source->arrays = calloc(source->inputs + 1, sizeof *source->arrays);
-    source->row_bytes = calloc(source->inputs + 1, sizeof *source->row_bytes);
-    source->current = calloc(source->inputs + 1, sizeof *source->current);
-    source->gathered = calloc(source->inputs + 1, sizeof *source->gathered);
-    if (!source->arrays || !source->row_bytes || !source->current || !source->gathered) return out_of_memory();
-    for (size_t i = 0; i < source->inputs; i++) {
-        tas_tensor_info info;
-        tas_step_batch_info(step, i, &info);
-        source->row_bytes[i] = info.bytes;
+    source->inputs = calloc(count + 1, sizeof *source->inputs);
+    source->arrays = calloc(count + 1, sizeof *source->arrays);
+    source->row_bytes = calloc(count + 1, sizeof *source->row_bytes);
+    source->current = calloc(count + 1, sizeof *source->current);
+    source->gathered = calloc(count + 1, sizeof *source->gathered);
+    if (!source->inputs || !source->arrays || !source->row_bytes || !source->current || !source->gathered)
+        return out_of_memory();
+    for (size_t i = 0; i < count; i++) {
+        source->inputs[i] = inputs[i];
+        source->row_bytes[i] = inputs[i].bytes;
     }
     source->row_count = 1;
     if (path == NULL) { /* one batch of zeros (bench without data: labels 0, token 0) */
         size_t largest = 1;
-        for (size_t i = 0; i < source->inputs; i++)
+        for (size_t i = 0; i < count; i++)
             if (source->row_bytes[i] > largest) largest = source->row_bytes[i];
         source->zeros = calloc(largest, 1);
         return source->zeros ? 0 : out_of_memory();
     }
     int result = read_data_file(path, &source->file);
     char expected[2048];
-    takes(step, expected, sizeof expected);
-    if (result == 0 && source->inputs) result = choose_arrays(source, step, path, expected);
+    takes(source, expected, sizeof expected);
+    if (result == 0 && count) result = choose_arrays(source, path, expected);
     int layout = 0;
-    for (size_t i = 0; i < source->inputs && result == 0; i++) {
-        tas_tensor_info info;
-        tas_step_batch_info(step, i, &info);
-        result = check_array(source, i, &info, path, &layout);
+    for (size_t i = 0; i < count && result == 0; i++) result = check_array(source, i, &inputs[i], path, &layout);
+    if (result == 0 && layout == 2) result = prepare_examples(source, path, expected);
+    return result;
+}
+
+int batches_open(batch_source **source, const tas_tensor_info *inputs, size_t count, const char *path,
+                 long long seed) {
+    *source = calloc(1, sizeof **source);
+    if (*source == NULL) return out_of_memory();
+    int result = open_source(*source, inputs, count, path, seed);
+    if (result != 0) {
+        batches_close(*source);
+        *source = NULL;
     }
-    if (result == 0 && layout == 2) result = prepare_examples(source, step, path, expected);
     return result;
 }
 
@@ -201,7 +226,7 @@ static void shuffle_next_epoch(batch_source *source) {
 const void *const *batches_at(batch_source *source, size_t number) {
     if (!source->examples) {
         size_t row = source->zeros ? 0 : number % source->row_count;
-        for (size_t i = 0; i < source->inputs; i++)
+        for (size_t i = 0; i < source->input_count; i++)
             source->current[i] = source->zeros ? source->zeros : source->arrays[i]->data + row * source->row_bytes[i];
         return source->current;
     }
@@ -212,7 +237,7 @@ const void *const *batches_at(batch_source *source, size_t number) {
     }
     while (source->epochs_shuffled < epoch + 1) shuffle_next_epoch(source);
     const size_t *rows = source->order + (number % per_epoch) * source->batch_size;
-    for (size_t i = 0; i < source->inputs; i++) {
+    for (size_t i = 0; i < source->input_count; i++) {
         size_t example_bytes = source->row_bytes[i] / source->batch_size;
         for (size_t r = 0; r < source->batch_size; r++)
             memcpy(source->gathered[i] + r * example_bytes, source->arrays[i]->data + rows[r] * example_bytes,
@@ -222,14 +247,24 @@ const void *const *batches_at(batch_source *source, size_t number) {
     return source->current;
 }
 
+const size_t *batches_bytes(const batch_source *source) {
+    return source->row_bytes;
+}
+
+size_t batches_rows(const batch_source *source) {
+    return source->row_count;
+}
+
 void batches_close(batch_source *source) {
+    if (source == NULL) return;
     safetensors_free(&source->file);
-    for (size_t i = 0; source->gathered && i < source->inputs; i++) free(source->gathered[i]);
+    for (size_t i = 0; source->gathered && i < source->input_count; i++) free(source->gathered[i]);
     free(source->gathered);
+    free(source->inputs);
     free(source->arrays);
     free(source->row_bytes);
     free(source->current);
     free(source->order);
     free(source->zeros);
-    memset(source, 0, sizeof *source);
+    free(source);
 }

@@ -1,5 +1,4 @@
 /* train and bench. */
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +10,15 @@
 enum { OPTION_DATA = 1, OPTION_STEPS, OPTION_OUT, OPTION_DEVICE, OPTION_STATE, OPTION_LR, OPTION_CACHE,
        OPTION_NO_CACHE, OPTION_PRINT_EVERY, OPTION_WARMUP, OPTION_FILL, OPTION_SEED, OPTION_CONTINUE_ON_NONFINITE,
        OPTION_NO_RECORDING };
+
+/* What train and bench share: the step, where its programs are cached, the device. */
+typedef struct common_options {
+    const char *step_path;
+    const char *device;
+    const char *cache_dir;  /* NULL: no cache */
+    const char *data_path;  /* NULL: zero batches (bench only) */
+    long steps;
+} common_options;
 
 typedef struct run_options {
     common_options common;
@@ -63,16 +71,7 @@ static int parse(int argc, char **argv, const char *command, const int *allowed,
         case OPTION_FILL: options->fill = 1; break;
         case OPTION_NO_RECORDING: options->no_recording = 1; break;
         case OPTION_CONTINUE_ON_NONFINITE: options->continue_on_nonfinite = 1; break;
-        case OPTION_SEED: {
-            char *end = NULL;
-            errno = 0;
-            options->seed = strtoll(optarg, &end, 10);
-            if (errno || end == optarg || *end) {
-                fprintf(stderr, "error: --seed takes an integer, got '%s'\n", optarg);
-                return 0;
-            }
-            break;
-        }
+        case OPTION_SEED: if (!parse_integer(optarg, "--seed", &options->seed)) return 0; break;
         case OPTION_PRINT_EVERY: if (!parse_count(optarg, "--print-every", &options->print_every)) return 0; break;
         case OPTION_WARMUP: if (!parse_count(optarg, "--warmup", &options->warmup)) return 0; break;
         default: break;
@@ -113,6 +112,20 @@ static int open_step(const run_options *options, int profile, tas_step **step) {
     return 0;
 }
 
+/* The batches of the data file (or of zeros) for the step's batch inputs. */
+static int open_batches(tas_step *step, const run_options *options, batch_source **batches) {
+    size_t count = tas_step_batch_count(step);
+    tas_tensor_info *inputs = calloc(count + 1, sizeof *inputs);
+    if (inputs == NULL) {
+        fprintf(stderr, "error: out of memory\n");
+        return EXIT_FAILED;
+    }
+    for (size_t i = 0; i < count; i++) tas_step_batch_info(step, i, &inputs[i]);
+    int result = batches_open(batches, inputs, count, options->common.data_path, options->seed);
+    free(inputs);
+    return result;
+}
+
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -139,7 +152,7 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
     for (size_t i = 0; i < steps; i++) {
         float loss;
         double begun = now_seconds();
-        status = tas_step_run(step, batches_at(batches, i), batches->row_bytes, &loss);
+        status = tas_step_run(step, batches_at(batches, i), batches_bytes(batches), &loss);
         times[i] = now_seconds() - begun;
         tas_step_phases phases = {0, 0, 0};
         tas_step_last_phases(step, &phases);
@@ -167,7 +180,7 @@ static int train(tas_step *step, const run_options *options, batch_source *batch
     tas_step_summarize(step, &summary);
     printf("%zu steps in %.3f s: %.1f steps/s, median step %.3f ms; device memory %.1f MiB; batch inputs %zu, "
            "%zu batches in the data file\n", steps, elapsed, (double)steps / elapsed, times[steps / 2] * 1e3,
-           (double)summary.device_bytes / (1 << 20), inputs, batches->row_count);
+           (double)summary.device_bytes / (1 << 20), inputs, batches_rows(batches));
     printf("median phases: upload %.3f ms, enqueue %.3f ms, wait for the device %.3f ms\n", uploads[steps / 2],
            enqueues[steps / 2], waits[steps / 2]);
     free(times);
@@ -187,12 +200,11 @@ int command_train(int argc, char **argv) {
         return EXIT_BAD_INPUT;
     }
     tas_step *step = NULL;
-    batch_source batches;
-    memset(&batches, 0, sizeof batches);
+    batch_source *batches = NULL;
     int result = open_step(&options, 0, &step);
-    if (result == 0) result = batches_open(&batches, step, options.common.data_path, options.seed);
-    if (result == 0) result = train(step, &options, &batches);
-    batches_close(&batches);
+    if (result == 0) result = open_batches(step, &options, &batches);
+    if (result == 0) result = train(step, &options, batches);
+    batches_close(batches);
     tas_step_close(step);
     return result;
 }
@@ -214,7 +226,7 @@ static int bench(tas_step *step, const run_options *options, batch_source *batch
     tas_status status = TAS_OK;
     for (size_t i = 0; i < warmup + steps && status == TAS_OK; i++) {
         if (i == warmup) tas_step_reset_times(step); /* the warm-up steps are not timed */
-        status = tas_step_run(step, batches_at(batches, i), batches->row_bytes, &loss);
+        status = tas_step_run(step, batches_at(batches, i), batches_bytes(batches), &loss);
     }
     if (status != TAS_OK) return report(step, status);
     tas_step_summary summary;
@@ -265,7 +277,7 @@ static int bench_enqueue(const run_options *options, batch_source *batches, size
         snprintf(path, sizeof path, "%s", described);
         float loss;
         for (size_t i = 0; i < warmup + steps && result == 0; i++) {
-            if ((status = tas_step_run(step, batches_at(batches, i), batches->row_bytes, &loss)) != TAS_OK) {
+            if ((status = tas_step_run(step, batches_at(batches, i), batches_bytes(batches), &loss)) != TAS_OK) {
                 result = report(step, status);
                 break;
             }
@@ -294,15 +306,14 @@ int command_bench(int argc, char **argv) {
     run_options options;
     if (!parse(argc, argv, "bench", ALLOWED, sizeof ALLOWED / sizeof ALLOWED[0], &options)) return EXIT_BAD_INPUT;
     tas_step *step = NULL;
-    batch_source batches;
-    memset(&batches, 0, sizeof batches);
+    batch_source *batches = NULL;
     int result = open_step(&options, 1, &step);
-    if (result == 0) result = batches_open(&batches, step, options.common.data_path, options.seed);
-    if (result == 0) result = bench(step, &options, &batches);
+    if (result == 0) result = open_batches(step, &options, &batches);
+    if (result == 0) result = bench(step, &options, batches);
     if (result == 0)
-        result = bench_enqueue(&options, &batches, options.common.steps ? (size_t)options.common.steps : 20,
+        result = bench_enqueue(&options, batches, options.common.steps ? (size_t)options.common.steps : 20,
                                options.warmup ? (size_t)options.warmup : 2);
-    batches_close(&batches);
+    batches_close(batches);
     tas_step_close(step);
     return result;
 }

@@ -1,9 +1,6 @@
-/* torch-adreno-step devices | train | bench: see usage(). */
-#include <errno.h>
+/* torch-adreno-step devices | train | bench | serve: see usage(); and the devices command. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
 
@@ -39,54 +36,7 @@ static void usage(FILE *out) {
             "1: also Qualcomm's cl_qcom_recordable_queues, not run on a device yet).\n");
 }
 
-int exit_status(tas_status status) {
-    switch (status) {
-    case TAS_OK: return 0;
-    case TAS_ERROR_OPENCL:
-    case TAS_ERROR_MEMORY:
-    case TAS_ERROR_INDEX: return EXIT_FAILED;
-    default: return EXIT_BAD_INPUT;
-    }
-}
-
-int report(tas_step *step, tas_status status) {
-    fprintf(stderr, "error: %s\n", tas_step_error(step));
-    return exit_status(status);
-}
-
-double now_seconds(void) {
-    struct timespec time;
-    clock_gettime(CLOCK_MONOTONIC, &time);
-    return (double)time.tv_sec + (double)time.tv_nsec * 1e-9;
-}
-
-const char *default_cache_dir(char *buffer, size_t size) {
-    const char *chosen = getenv("TORCH_ADRENO_STEP_CACHE");
-    if (chosen && *chosen) {
-        snprintf(buffer, size, "%s", chosen);
-        return buffer;
-    }
-    const char *cache = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    if (cache && *cache) snprintf(buffer, size, "%s/torch_adreno/native-programs", cache);
-    else if (home && *home) snprintf(buffer, size, "%s/.cache/torch_adreno/native-programs", home);
-    else return NULL;
-    return buffer;
-}
-
-int parse_count(const char *text, const char *option, long *value) {
-    char *end = NULL;
-    errno = 0;
-    long parsed = strtol(text, &end, 10);
-    if (errno || end == text || *end || parsed < 1) {
-        fprintf(stderr, "error: %s takes an integer >= 1, got '%s'\n", option, text);
-        return 0;
-    }
-    *value = parsed;
-    return 1;
-}
-
-static int command_devices(int argc, char **argv) {
+int command_devices(int argc, char **argv) {
     const char *library = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--opencl-library") == 0 && i + 1 < argc) library = argv[++i];

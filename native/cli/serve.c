@@ -1,5 +1,4 @@
 /* torch-adreno-step serve: the command line of the step server (server/server.h). */
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,19 +9,6 @@
 
 enum { OPTION_PORT = 1, OPTION_HOST, OPTION_TOKEN, OPTION_DEVICE, OPTION_CACHE, OPTION_NO_CACHE, OPTION_LIBRARY,
        OPTION_MAX_MESSAGE, OPTION_MAX_STEPS, OPTION_IO_TIMEOUT, OPTION_IDLE_TIMEOUT, OPTION_MAX_CLIENTS, OPTION_FILL };
-
-/* An integer option in [low, high]; 0 with a message otherwise. */
-static int parse_range(const char *text, const char *option, long low, long high, long *value) {
-    char *end = NULL;
-    errno = 0;
-    long parsed = strtol(text, &end, 10);
-    if (errno || end == text || *end || parsed < low || parsed > high) {
-        fprintf(stderr, "error: %s takes an integer from %ld to %ld, got '%s'\n", option, low, high, text);
-        return 0;
-    }
-    *value = parsed;
-    return 1;
-}
 
 int command_serve(int argc, char **argv) {
     static const struct option LONG_OPTIONS[] = {
