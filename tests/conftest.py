@@ -20,6 +20,7 @@ import torch_adreno  # noqa: F401  (registers the backend when not installed)
 
 #: The native runtime's fixtures (its builds, exported steps), for test_native_step.py and test_remote.py.
 pytest_plugins = ["native_fixtures"]
+NATIVE_FIXTURES = {"native", "sanitized", "exported", "environment"}
 
 #: Skip reasons that say something the suite needs is missing (a module, the OpenCL device).
 MISSING = re.compile(r"could not import|no module named|not installed|\bno opencl\b|no (opencl )?(device|platform)s? "
@@ -144,11 +145,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under CI the slow tests are deselected (:func:`_deselect_slow_in_ci`); tests marked
-    unified_memory are skipped, with the reason, on a discrete device."""
+    """Under CI the slow tests are deselected (:func:`_deselect_slow_in_ci`); the tests using the
+    native runtime's builds run in one worker of a parallel run (``-n 2``: pytest-xdist's
+    ``loadgroup``), so that each build is made once; tests marked unified_memory are skipped, with
+    the reason, on a discrete device."""
     from torch_adreno.runtime import get_runtime
 
     _deselect_slow_in_ci(config, items)
+    for item in items:
+        if NATIVE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("native"))
 
     marked = [i for i in items if i.get_closest_marker("unified_memory")]
     if not marked:

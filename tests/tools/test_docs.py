@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 #: The README's setup commands, which .ci/run runs (the README says so: they must stay the same).
 SETUP_COMMANDS = ('pip install "torch==2.13.0" -e ".[test]" --extra-index-url https://download.pytorch.org/whl/cpu '
-                  '--retries 1', "python -m pytest")
+                  '--retries 1', "python -m pytest -n 2 --dist loadgroup")
 #: Wording that names development rounds (a numbered or "this"/"last" session) rather than the product.
 ROUNDS = re.compile(r"session[ _-]?\d+|\b(?:this|last|next|previous) session\b", re.IGNORECASE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
