@@ -63,7 +63,7 @@ def source_files() -> list[Path]:
     return sorted(p for p in PACKAGE_ROOT.rglob("*") if p.suffix in (".py", ".cl"))
 
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
