@@ -76,12 +76,12 @@ _MARK = "COMPILE_BLOCKS_RESULT "
 #: (label, module, attribute): the functions whose inclusive time is a stage. ``Class.method``
 #: attributes wrap a method.
 STAGES = (
-    ("backend", "torch_adreno.frontend", "trace_and_compile"),
-    ("compile_graph", "torch_adreno.frontend", "compile_graph"),
-    ("lowering", "torch_adreno.frontend", "lower_graph"),
-    ("fusion", "torch_adreno.frontend", "fuse"),
-    ("memory_plan", "torch_adreno.frontend", "plan_memory"),
-    ("rendering", "torch_adreno.frontend", "render_program"),
+    ("backend", "torch_adreno.frontend.tracing", "trace_and_compile"),
+    ("compile_graph", "torch_adreno.frontend.pipeline", "compile_graph"),
+    ("lowering", "torch_adreno.frontend.pipeline", "lower_graph"),
+    ("fusion", "torch_adreno.frontend.pipeline", "fuse"),
+    ("memory_plan", "torch_adreno.frontend.pipeline", "plan_memory"),
+    ("rendering", "torch_adreno.frontend.pipeline", "render_program"),
     ("bind", "torch_adreno.runtime.executable", "Executable.__init__"),
     ("tuning", "torch_adreno.runtime.executable", "tune_kernels"),
     ("graph_calls", "torch_adreno.runtime.executable", "Executable.__call__"),

@@ -45,7 +45,6 @@ from gpt2_lora import FULL, GPT2Config, gpt2_lora, lm_loss, token_batch, trainab
 from workloads import breakdown
 
 import torch_adreno
-import torch_adreno.frontend as backend
 from torch_adreno.replay.capture import PERSISTENT
 from torch_adreno.runtime.frozen import FROZEN_COPIES
 
@@ -137,7 +136,7 @@ def main() -> None:
     context = {**run_context(options["device"]), "benchmark": "frozen_weights", "shape": dataclasses.asdict(cfg),
                "small": args.small, "zero_copy": args.zero_copy, "plan_as": args.plan_as}
     if args.unfilled:
-        backend.large_tiles_apply = lambda profile: False
+        gemm_shapes.unfilled()
     context["unfilled"] = args.unfilled
     context["heuristics"], context["tune"] = args.heuristics, args.tune
     rows = []

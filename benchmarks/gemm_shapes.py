@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import DEVICE, RESULTS, append_jsonl, device_arg, run_context
 
 import torch_adreno
-import torch_adreno.frontend as backend
 from torch_adreno.fusion import split_k
 from torch_adreno.kernels import gemm
 
@@ -233,11 +232,11 @@ def _wide_tiling(wide_n: bool) -> Any:
     units; the heuristic's choice elsewhere."""
     heuristic = gemm.choose_tiling
 
-    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
+    def choose(m: int, n: int, batch: int, profile: Any, choices: Any = None) -> gemm.GemmTiling:
         tile_m, tile_n = (128, 256) if wide_n else (256, 128)
         if m >= tile_m and n >= tile_n and math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch >= profile.compute_units:
             return gemm.GemmTiling(tile_m, tile_n, 8, tile_m // 16, tile_n // 16)
-        return heuristic(m, n, batch, profile)
+        return heuristic(m, n, batch, profile, choices)
 
     return choose
 
@@ -250,8 +249,8 @@ def _rewritten_tiling(rewrite: Rewrite) -> Any:
     """``choose_tiling`` as the heuristic chooses, then passed through ``rewrite``."""
     heuristic = gemm.choose_tiling
 
-    def choose(m: int, n: int, batch: int, profile: Any) -> gemm.GemmTiling:
-        return rewrite(heuristic(m, n, batch, profile), m, n, batch, profile)
+    def choose(m: int, n: int, batch: int, profile: Any, choices: Any = None) -> gemm.GemmTiling:
+        return rewrite(heuristic(m, n, batch, profile, choices), m, n, batch, profile)
 
     return choose
 
@@ -319,11 +318,16 @@ def _at_most_slices(most: int) -> Any:
     return choose
 
 
+def unfilled() -> None:
+    """No GEMM split to fill the compute units (the split policy's fill rules return one slice)."""
+    split_k.choose_large_tile_split = split_k.choose_small_output_split = lambda g, compute_units: 1
+
+
 @contextlib.contextmanager
 def heuristics(variant: str) -> Iterator[None]:
     """The compiler with one of its choices replaced (the functions that make them; the templates'
-    code paths are fixed). ``unfilled``: GEMMs of few 128 x 128 tiles not split to fill the device
-    (``fusion.split_k.choose_large_tile_split``). ``wide_n`` / ``wide_m``: 128 x 256 / 256 x 128
+    code paths are fixed). ``unfilled``: GEMMs of few 128 x 128 tiles (or too narrow for them) not
+    split to fill the device (``fusion.split_k.choose_large_tile_split``, ``choose_small_output_split``). ``wide_n`` / ``wide_m``: 128 x 256 / 256 x 128
     tiles, 8 x 16 / 16 x 8 outputs per work-item, where they fit (``_wide_tiling``). ``items_8x8``:
     8 x 8 outputs per work-item in 128 x 64 tiles (``_items_8x8``); ``narrow_k_step``: a K step of 8
     in 64 x 128 tiles. ``slices_2`` / ``slices_3``: GEMMs of few 128 x 128 tiles cut into at most 2 /
@@ -331,8 +335,8 @@ def heuristics(variant: str) -> Iterator[None]:
     of 16; ``full_tiles``: 128 x 128 tiles in their place; ``wide_k_step_8``: a K step of 8 in every
     128 x 64 tile (``TILING_REWRITES``). ``unsplit_64``: no k split where 64 x 64 tiles number the
     compute units, those tiles instead (``_unsplit_where_64_tiles_fill``)."""
-    original = backend.large_tiles_apply, gemm.choose_tiling
-    large_tile_split = split_k.choose_large_tile_split
+    original = gemm.choose_tiling
+    large_tile_split, small_output_split = split_k.choose_large_tile_split, split_k.choose_small_output_split
     if variant.startswith("slices_"):
         split_k.choose_large_tile_split = _at_most_slices(int(variant.split("_")[1]))
     if variant == "unsplit_64":
@@ -341,14 +345,14 @@ def heuristics(variant: str) -> Iterator[None]:
     if rewrite is not None:
         gemm.choose_tiling = _rewritten_tiling(rewrite)
     if variant == "unfilled":
-        backend.large_tiles_apply = lambda profile: False
+        unfilled()
     if variant in ("wide_n", "wide_m"):
         gemm.choose_tiling = _wide_tiling(variant == "wide_n")
     try:
         yield
     finally:
-        backend.large_tiles_apply, gemm.choose_tiling = original
-        split_k.choose_large_tile_split = large_tile_split
+        gemm.choose_tiling = original
+        split_k.choose_large_tile_split, split_k.choose_small_output_split = large_tile_split, small_output_split
 
 
 def main() -> None:

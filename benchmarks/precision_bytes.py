@@ -28,7 +28,7 @@ from common import device_arg, run_context
 from precision import PRECISIONS, training_step
 
 import torch_adreno
-import torch_adreno.frontend as backend
+import torch_adreno.frontend.pipeline as pipeline
 from torch_adreno import ir
 from torch_adreno.fusion import FusedGraph
 
@@ -44,14 +44,14 @@ def _element_class(dtype: ir.DType) -> str:
 def step_bytes(model_name: str, precision: str, options: dict[str, Any]) -> dict[tuple[str, str, str], int]:
     """(graph kind, role, element class) -> bytes one step's kernels move."""
     fused: dict[str, FusedGraph] = {}
-    original = backend.fuse
+    original = pipeline.fuse
 
     def keeping(graph: ir.Graph, *args: Any, **kwargs: Any) -> FusedGraph:
         result = original(graph, *args, **kwargs)
         fused[graph.name] = result
         return result
 
-    backend.fuse = keeping
+    pipeline.fuse = keeping
     try:
         # The compile cache would hand back programs without running fusion again.
         step, _ = training_step(model_name, precision, {**options, "compile_cache": False})
@@ -60,7 +60,7 @@ def step_bytes(model_name: str, precision: str, options: dict[str, Any]) -> dict
         with torch_adreno.profile() as prof:
             step()
     finally:
-        backend.fuse = original
+        pipeline.fuse = original
     totals: collections.Counter[tuple[str, str, str]] = collections.Counter()
     seen: set[tuple[str, int]] = set()
     for k in prof.kernels:

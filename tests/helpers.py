@@ -58,10 +58,25 @@ def capture_graphs(fn: Callable[..., Any], *inputs: torch.Tensor) -> list[GraphM
     return graphs
 
 
+def adreno_with(kernel_choices: Callable[[Any], Any] | None) -> Any:
+    """The backend for ``torch.compile``: ``"adreno"``, or where ``kernel_choices`` is given (a
+    function of the KernelChoices made for the device) the backend compiling with its result."""
+    if kernel_choices is None:
+        return "adreno"
+    import functools
+
+    from torch_adreno.frontend import adreno_backend
+
+    return functools.partial(adreno_backend, kernel_choices=kernel_choices)
+
+
 def run_compiled(fn: Callable[..., Any], inputs: Sequence[Any], options: dict[str, Any] | None = None,
-                 grad: bool = True) -> tuple[Any, list[torch.Tensor | None], LaunchProfile]:
-    """Forward (and backward of sum(out * weights)) through the adreno backend, with a profile."""
-    compiled = torch.compile(fn, backend="adreno", options=options or {}, fullgraph=True, dynamic=False)
+                 grad: bool = True, kernel_choices: Callable[[Any], Any] | None = None,
+                 ) -> tuple[Any, list[torch.Tensor | None], LaunchProfile]:
+    """Forward (and backward of sum(out * weights)) through the adreno backend, with a profile
+    (``kernel_choices``: :func:`adreno_with`'s)."""
+    compiled = torch.compile(fn, backend=adreno_with(kernel_choices), options=options or {}, fullgraph=True,
+                             dynamic=False)
     leaves = [x.detach().clone().requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
               for x in inputs]
     with LaunchProfile() as prof:
@@ -94,11 +109,13 @@ def _backward(out: Any, leaves: Sequence[Any]) -> list[torch.Tensor | None]:
 
 
 def assert_follows_float64(fn: Callable[..., Any], *inputs: Any, slack: float = 1e-3,
-                           options: dict[str, Any] | None = None) -> LaunchProfile:
+                           options: dict[str, Any] | None = None,
+                           kernel_choices: Callable[[Any], Any] | None = None) -> LaunchProfile:
     """The float64 rule for 16-bit (or any chaotic) results: compiled forward and gradients at most
     twice as far from a float64 run as eager's in the inputs' own types, plus ``slack`` (each
-    compared by its largest absolute difference); the backend really ran (kernels launched)."""
-    out, grads, prof = run_compiled(fn, inputs, options)
+    compared by its largest absolute difference); the backend really ran (kernels launched).
+    ``kernel_choices``: as :func:`run_compiled` takes it."""
+    out, grads, prof = run_compiled(fn, inputs, options, kernel_choices=kernel_choices)
     eager_out, eager_grads = run_eager(fn, inputs)
     exact_out, exact_grads = run_eager(fn, [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point()
                                             else x for x in inputs])
@@ -118,9 +135,11 @@ def assert_follows_float64(fn: Callable[..., Any], *inputs: Any, slack: float = 
 
 
 def assert_matches_eager(fn: Callable[..., Any], *inputs: Any, grad: bool = True, rtol: float = 1e-4,
-                         atol: float = 1e-5, options: dict[str, Any] | None = None) -> LaunchProfile:
-    """Compiled forward and gradients equal eager's; the backend really ran (kernels launched)."""
-    out, grads, prof = run_compiled(fn, inputs, options, grad)
+                         atol: float = 1e-5, options: dict[str, Any] | None = None,
+                         kernel_choices: Callable[[Any], Any] | None = None) -> LaunchProfile:
+    """Compiled forward and gradients equal eager's; the backend really ran (kernels launched).
+    ``kernel_choices``: compile with other kernel choices than the device's (:func:`adreno_with`)."""
+    out, grads, prof = run_compiled(fn, inputs, options, grad, kernel_choices)
     ref_out, ref_grads = run_eager(fn, inputs, grad)
     torch.testing.assert_close(out, ref_out, rtol=rtol, atol=atol)
     for g, r in zip(grads, ref_grads, strict=True):
@@ -173,15 +192,15 @@ def eager_training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: t
 
 def record_programs(monkeypatch: Any) -> list[Any]:
     """A list that receives every KernelProgram the backend compiles from now on in the test (with
-    its graph and memory plan): ``backend.compile_program`` wrapped for the test's duration."""
-    import torch_adreno.frontend as backend
+    its graph and memory plan): ``frontend.pipeline.compile_program`` wrapped for the test's duration."""
+    from torch_adreno.frontend import pipeline
 
     programs: list[Any] = []
-    original = backend.compile_program
+    original = pipeline.compile_program
 
     def keep(*args: Any, **kwargs: Any) -> Any:
         programs.append(original(*args, **kwargs))
         return programs[-1]
 
-    monkeypatch.setattr(backend, "compile_program", keep)
+    monkeypatch.setattr(pipeline, "compile_program", keep)
     return programs

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import torch_adreno
-from torch_adreno import frontend as backend
 from torch_adreno.config import OPTIONS, Config
 from torch_adreno.errors import SymbolicShapeError
+from torch_adreno.frontend import tracing
 from torch_adreno.runtime.device import ENV_DEVICE, list_devices, select_device
 
 
@@ -203,16 +203,16 @@ def test_symbolic_sizes_seen_only_while_tracing_are_compiled_per_concrete_shape(
     """AOTAutograd may trace symbolic sizes that neither Dynamo's inputs nor its metadata show
     (torch 2.11, an optimizer step recompiled after another model's): the graph is then compiled
     per concrete shape at its first calls, as a graph Dynamo traced with symbolic shapes is."""
-    real = backend.trace_and_compile
+    real = tracing.trace_and_compile
     traced: list[list[tuple[int, ...]]] = []
 
-    def symbolic_the_first_time(config, gm, example_inputs):
+    def symbolic_the_first_time(config, gm, example_inputs, kernel_choices=None):
         traced.append([tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)])
         if len(traced) == 1:
             raise SymbolicShapeError("graph input arg0_1 has a symbolic shape (s18,)")
-        return real(config, gm, example_inputs)
+        return real(config, gm, example_inputs, kernel_choices=kernel_choices)
 
-    monkeypatch.setattr(backend, "trace_and_compile", symbolic_the_first_time)
+    monkeypatch.setattr(tracing, "trace_and_compile", symbolic_the_first_time)
     f = torch.compile(lambda x: torch.tanh(x) * 2.0, backend="adreno", dynamic=False)
     for _ in range(2):
         x = torch.randn(7)

@@ -8,6 +8,7 @@ cached must still compile.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,11 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import adreno_with
 from torch._dynamo.utils import counters
 
 import torch_adreno
 from torch_adreno.frontend import compile_cache
 from torch_adreno.frontend.compile_cache import CompiledGraph
+from torch_adreno.kernels import KernelChoices
 
 pytestmark = [pytest.mark.device,
               pytest.mark.skipif(not compile_cache.AVAILABLE, reason="this torch has no bundled AOTAutograd cache")]
@@ -46,14 +49,15 @@ def _delta(before: dict[str, int]) -> dict[str, int]:
                                                              "autograd_cache_bypass")}
 
 
-def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, options: dict | None = None):
+def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, options: dict | None = None,
+          kernel_choices=None):
     torch._dynamo.reset()
     model.zero_grad(set_to_none=True)
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(model(x), y)
 
-    compiled = torch.compile(loss_fn, backend="adreno", options=options or {}, dynamic=False)
+    compiled = torch.compile(loss_fn, backend=adreno_with(kernel_choices), options=options or {}, dynamic=False)
     loss = compiled(x, y)
     loss.backward()
     return loss.detach().clone(), [p.grad.clone() for p in model.parameters()]
@@ -91,7 +95,7 @@ def test_hit_gives_the_compiled_results_under_the_new_regions_names(cache_dir: P
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(CompiledGraph, "bind", recording)
         # Lowering must not run on a hit: make it fail loudly if it does.
-        patch.setattr("torch_adreno.frontend.lower_graph", lambda *a, **k: pytest.fail("lowered on a hit"))
+        patch.setattr("torch_adreno.frontend.pipeline.lower_graph", lambda *a, **k: pytest.fail("lowered on a hit"))
         hit_loss, hit_grads = _step(model, x, y)
     assert _delta(before) == {"autograd_cache_hit": 1, "autograd_cache_miss": 0, "autograd_cache_bypass": 0}
     assert torch.equal(hit_loss, loss)
@@ -259,25 +263,28 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path: Path) -> None:
     assert runs[1]["loss"] == runs[0]["loss"] and runs[1]["grad"] == runs[0]["grad"]
 
 
-@pytest.mark.parametrize("choice", ["use_local_memory_tiles", "DESKTOP_COMPUTE_UNITS"])
-def test_a_changed_code_choice_misses(cache_dir: Path, monkeypatch: pytest.MonkeyPatch, choice: str) -> None:
-    """Which GEMM template (and tile width) a device gets is decided by functions of the kernel
-    stage; where they decide differently (a test picking a template), the entry of the other
-    choice is not served. Positive control: the unchanged choice hits."""
-    from torch_adreno.kernels import gemm
+def _other_template(choices: KernelChoices) -> KernelChoices:
+    return choices.with_gemm_template("direct" if choices.tiled else "tiled")
 
+
+def _other_split(choices: KernelChoices) -> KernelChoices:
+    fill = None if choices.split.fill_units else choices.tile_fill_units
+    return dataclasses.replace(choices, split=dataclasses.replace(choices.split, fill_units=fill))
+
+
+@pytest.mark.parametrize("change", [_other_template, _other_split])
+def test_a_changed_kernel_choice_misses(cache_dir: Path, change) -> None:
+    """The kernel choices made for the device (the GEMM template, the split-K policy, ...) are in
+    the key: where a compile makes other ones (a test picking a template), the entry of the
+    device's choices is not served. Positive controls: the device's choices, made again, hit; so
+    does an unchanged choice handed to the backend as an override."""
     model, x, y = _model_and_batch()
     _step(model, x, y)
     before = _aot_counts()
-    _step(model, x, y)
-    assert _delta(before)["autograd_cache_hit"] == 1, "the same choice hits"
-    profile = compile_cache.get_runtime(None).profile
-    if choice == "use_local_memory_tiles":
-        monkeypatch.setattr(gemm, choice, lambda p: not profile.is_gpu)
-    else:
-        monkeypatch.setattr(gemm, choice, 1 if profile.compute_units < gemm.DESKTOP_COMPUTE_UNITS else 10**6)
+    _step(model, x, y, kernel_choices=lambda choices: choices)
+    assert _delta(before)["autograd_cache_hit"] == 1, "the same choices hit"
     before = _aot_counts()
-    loss, _ = _step(model, x, y)
+    loss, _ = _step(model, x, y, kernel_choices=change)
     assert _delta(before) == {"autograd_cache_hit": 0, "autograd_cache_miss": 1, "autograd_cache_bypass": 0}
     torch.testing.assert_close(loss, F.cross_entropy(model(x), y))
 

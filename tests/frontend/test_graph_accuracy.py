@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_adreno import frontend as backend
+from torch_adreno.frontend import pipeline
 from torch_adreno.models import MODELS, ModelSpec
 from torch_adreno.runtime.device_tensor import DeviceTensor
 
@@ -38,7 +38,7 @@ def _host(value: Any) -> Any:
 def _as_traced(host: Any, placeholder: torch.fx.Node) -> Any:
     """``host`` laid out with the strides ``placeholder`` was traced with: a saved tensor comes back
     from the device row-major, and the graph, run eagerly, may view it as traced (a permuted base
-    viewed again, ``backend.saved_views``)."""
+    viewed again, ``frontend.saved_views``)."""
     traced = placeholder.meta.get("val")
     if not isinstance(host, torch.Tensor) or not isinstance(traced, torch.Tensor) or host.stride() == traced.stride():
         return host
@@ -253,7 +253,7 @@ MODELS_HERE = {**MODELS, "clamped_mlp": ModelSpec("clamped_mlp", ClampedMLP, (64
 @pytest.mark.parametrize("model_name", ["resnet_mini", "transformer", "lenet", "clamped_mlp"])
 def test_every_graph_output_of_a_training_step_within_twice_eager_float32_error(model_name, monkeypatch):
     accuracy = GraphAccuracy()
-    monkeypatch.setattr(backend, "compile_graph", accuracy.compile_graph(backend.compile_graph))
+    monkeypatch.setattr(pipeline, "compile_graph", accuracy.compile_graph(pipeline.compile_graph))
     spec = MODELS_HERE[model_name]
     model = spec.make()
     # The compile cache would hand back a graph compiled without the wrapper.

@@ -1,4 +1,4 @@
-"""Saved views (``backend.saved_views``): the forward returns a permuted view's base, not a copy of
+"""Saved views (``frontend.saved_views``): the forward returns a permuted view's base, not a copy of
 the view, and the backward takes the view again; gradients stay eager's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from helpers import assert_matches_eager
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-import torch_adreno.frontend as backend
+import torch_adreno.frontend.partition as partition
 import torch_adreno.frontend.saved_views as saved_views
 from torch_adreno.frontend.saved_views import recompute_saved_views
 
@@ -38,7 +38,7 @@ def _inputs() -> tuple[torch.Tensor, ...]:
 def _with_ratio(monkeypatch, ratio: int) -> None:
     """The backend's pass with another base ratio (the compile cache does not see it: callers
     compile without it)."""
-    monkeypatch.setattr(backend, "recompute_saved_views",
+    monkeypatch.setattr(partition, "recompute_saved_views",
                         lambda joint: recompute_saved_views(joint, max_base_ratio=ratio))
 
 
@@ -69,7 +69,7 @@ def test_saved_transposes_of_inputs_are_not_copied(monkeypatch):
     (ratio 0 remakes nothing else), it copies none of them."""
     inputs_remade = _forward_bytes_written(monkeypatch, 0)
     _with_ratio(monkeypatch, 0)
-    monkeypatch.setattr(backend, "recompute_saved_views", lambda joint: 0)
+    monkeypatch.setattr(partition, "recompute_saved_views", lambda joint: 0)
     torch._dynamo.reset()
     prof = assert_matches_eager(_attention, *_inputs(), options={"compile_cache": False})
     nothing_remade = sum(k.bytes_written for k in prof.kernels if k.graph.startswith("forward"))

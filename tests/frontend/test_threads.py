@@ -18,6 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import torch_adreno
 import torch_adreno.frontend as backend
 from torch_adreno.errors import OptionError, ShapeLimitError
+from torch_adreno.frontend import specialization, tracing
 
 pytestmark = pytest.mark.device
 
@@ -32,13 +33,13 @@ def test_every_compile_holds_dynamos_compile_lock(monkeypatch, no_compile_cache)
     """Compiles Dynamo starts and those a graph starts at its first call with a new shape (outside
     Dynamo) both hold Dynamo's compile lock, so no two traces run at once."""
     held: list[bool] = []
-    upstream = backend.trace_and_compile
+    upstream = tracing.trace_and_compile
 
     def spy(*args, **kwargs):
-        held.append(backend.compile_lock._is_owned())
+        held.append(tracing.compile_lock._is_owned())
         return upstream(*args, **kwargs)
 
-    monkeypatch.setattr(backend, "trace_and_compile", spy)
+    monkeypatch.setattr(tracing, "trace_and_compile", spy)
     model = torch.nn.Linear(8, 4)
     compiled = torch.compile(model, backend="adreno")
     with torch_adreno.profile() as prof:
@@ -92,7 +93,7 @@ def test_compiled_model_runs_while_another_thread_traces(no_compile_cache):
 
 
 def test_shape_limit_is_its_own_error_naming_the_graph_and_the_shapes(monkeypatch, no_compile_cache):
-    monkeypatch.setattr(backend, "MAX_SPECIALIZATIONS", 2)
+    monkeypatch.setattr(specialization, "MAX_SPECIALIZATIONS", 2)
     compiled = torch.compile(torch.nn.Linear(8, 4), backend="adreno")
     with torch_adreno.profile() as prof:
         compiled(torch.randn(2, 8))
@@ -125,7 +126,7 @@ def test_mkldnn_switch_is_left_alone_by_graphs_without_lstm(monkeypatch, no_comp
     # What Dynamo records for an nn.LSTM (RNN tracing on) is recognised.
     graph = torch.fx.Graph()
     graph.output(graph.call_function(torch.lstm, (graph.placeholder("x"),)))
-    assert backend._calls_lstm(torch.fx.GraphModule(torch.nn.Module(), graph))
+    assert tracing._calls_lstm(torch.fx.GraphModule(torch.nn.Module(), graph))
 
 
 _THREADS_SCRIPT = textwrap.dedent("""

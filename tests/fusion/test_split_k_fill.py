@@ -6,16 +6,21 @@ kernels stage makes no 128 x 128 tiles)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_adreno
-import torch_adreno.frontend as backend
 from torch_adreno import ir
+from torch_adreno.frontend import adreno_backend
 from torch_adreno.fusion import split_k
 from torch_adreno.fusion.schedule import FusionGroup
 from torch_adreno.fusion.specs import GemmKernel
+from torch_adreno.fusion.split_k import SplitPolicy
+from torch_adreno.kernels import KernelChoices
 
 F32 = ir.DType.F32
 
@@ -57,25 +62,32 @@ def test_the_small_output_split_is_applied_beside_the_traffic_bound_one() -> Non
     graph.buffers["out"] = ir.Buffer("out", (384, 64), F32)
     group = FusionGroup("k0", GemmKernel(gemm, []), [gemm], ["a", "c"], ["out"])
     decisions: list = []
-    split_k.split_long_gemms(graph, [group], decisions, 132, large_tile_kernels=False)
+    split_k.split_long_gemms(graph, [group], decisions, SplitPolicy(132, fill_units=None))
     assert group.spec.split_k == 4, "without the large tiles (a phone) the traffic bound holds"
     group = FusionGroup("k0", GemmKernel(gemm, []), [gemm], ["a", "c"], ["out"])
-    split_k.split_long_gemms(graph, [group], decisions, 132, large_tile_kernels=True)
+    split_k.split_long_gemms(graph, [group], decisions, SplitPolicy(132, fill_units=132))
     assert group.spec.split_k == 44 and "two work-groups" in decisions[-1].reason
 
 
+def _filling(compute_units: int):
+    """The backend with the split-K fill rules on, filling (as if) ``compute_units`` compute units,
+    whatever the device's template (the CPU's direct template makes no 128 x 128 tiles itself)."""
+
+    def choose(choices: KernelChoices) -> KernelChoices:
+        return dataclasses.replace(choices, split=dataclasses.replace(choices.split, fill_units=compute_units))
+
+    return functools.partial(adreno_backend, kernel_choices=choose)
+
+
 @pytest.mark.device
-def test_a_narrow_linear_layer_split_to_fill_follows_eager(monkeypatch) -> None:
+def test_a_narrow_linear_layer_split_to_fill_follows_eager() -> None:
     # The weight gradient's 40 x 300 outputs: 5 tiles of 64 x 64 on (as if) 8 compute units: k = 512
     # cut into 3 slices.
-    choose = split_k.choose_small_output_split
-    monkeypatch.setattr(backend, "large_tiles_apply", lambda profile: True)
-    monkeypatch.setattr(split_k, "choose_small_output_split", lambda g, compute_units: choose(g, 8))
     torch._dynamo.reset()
     torch.manual_seed(0)
     layer = torch.nn.Linear(300, 40)
     x = torch.randn(512, 300, requires_grad=True)
-    compiled = torch.compile(lambda x: torch.tanh(layer(x)), backend="adreno", options={"compile_cache": False})
+    compiled = torch.compile(lambda x: torch.tanh(layer(x)), backend=_filling(8), options={"compile_cache": False})
     with torch_adreno.profile() as prof:
         y = compiled(x)
         y.square().sum().backward()
@@ -95,16 +107,13 @@ def test_a_narrow_linear_layer_split_to_fill_follows_eager(monkeypatch) -> None:
 
 
 @pytest.mark.device
-def test_a_filled_linear_layer_forward_and_gradients_follow_eager(monkeypatch) -> None:
+def test_a_filled_linear_layer_forward_and_gradients_follow_eager() -> None:
     # 200 x 200 outputs: 4 tiles of 128 x 128 on (as if) 8 compute units: k = 300 cut into 4 slices.
-    choose = split_k.choose_large_tile_split
-    monkeypatch.setattr(backend, "large_tiles_apply", lambda profile: True)
-    monkeypatch.setattr(split_k, "choose_large_tile_split", lambda g, compute_units: choose(g, 8))
     torch._dynamo.reset()
     torch.manual_seed(0)
     layer = torch.nn.Linear(300, 200)
     x = torch.randn(200, 300, requires_grad=True)
-    compiled = torch.compile(lambda x: F.gelu(layer(x)), backend="adreno", options={"compile_cache": False})
+    compiled = torch.compile(lambda x: F.gelu(layer(x)), backend=_filling(8), options={"compile_cache": False})
     with torch_adreno.profile() as prof:
         y = compiled(x)
         y.square().sum().backward()

@@ -138,17 +138,14 @@ LAYERS = {
 @pytest.mark.device
 @pytest.mark.parametrize("template", ["tiled", "direct"])
 @pytest.mark.parametrize("layer", sorted(LAYERS))
-def test_layers_forward_and_gradients_through_images_match_eager(layer: str, template: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_layers_forward_and_gradients_through_images_match_eager(layer: str, template: str) -> None:
     """Both GEMM templates on any device: the local-memory one (GPUs) and the direct one (CPUs)."""
-    from torch_adreno.kernels import gemm
-
-    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: template == "tiled")
     fn, shapes = LAYERS[layer]
     generator = torch.Generator().manual_seed(3)
     inputs = [torch.randn(s, generator=generator) for s in shapes]
     before = dict(image_views(get_runtime()).bound_kernels)
-    prof = assert_matches_eager(fn, *inputs, options=IMAGES)
+    prof = assert_matches_eager(fn, *inputs, options=IMAGES,
+                                kernel_choices=lambda choices: choices.with_gemm_template(template))
     _assert_read_through_images(prof, before)
     if layer == "linear_split_k":
         assert any("splitsum" in k.name for k in prof.kernels)

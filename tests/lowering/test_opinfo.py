@@ -134,14 +134,14 @@ def _mm_case(monkeypatch, raise_in_compile=None):
 
     import torch
 
-    from torch_adreno import frontend as backend
+    from torch_adreno.frontend import pipeline
     from torch_adreno.tools.testing.opinfo_errors import _Sample, run_case
 
     if raise_in_compile is not None:
         def failing(*args, **kwargs):
             raise raise_in_compile()
 
-        monkeypatch.setattr(backend, "compile_graph", failing)
+        monkeypatch.setattr(pipeline, "compile_graph", failing)
     monkeypatch.setenv("TORCH_ADRENO_COMPILE_CACHE", "0")
     op = types.SimpleNamespace(name="mm", variant_test_name="", op=torch.mm)
     return run_case(op, "test", _Sample(torch.arange(4).reshape(2, 2), (torch.randn(2, 2),), {}))
@@ -163,7 +163,7 @@ def test_eagers_error_from_a_graph_not_compiled_for_the_device_is_no_agreement(m
     still is not ours."""
     from torch_adreno.tools.testing.opinfo_errors import NOT_ON_DEVICE
 
-    monkeypatch.setattr("torch_adreno.frontend.compile_graph", lambda gm, *args, **kwargs: gm)
+    monkeypatch.setattr("torch_adreno.frontend.pipeline.compile_graph", lambda gm, *args, **kwargs: gm)
     outcome = _mm_case(monkeypatch)
     assert outcome.kind == NOT_ON_DEVICE and not outcome.agrees, outcome
 
@@ -205,12 +205,12 @@ def test_a_result_not_computed_on_the_device_is_no_agreement(monkeypatch):
 
     import torch
 
-    from torch_adreno import frontend as backend
+    from torch_adreno.frontend import pipeline
     from torch_adreno.tools.testing.opinfo_errors import NOT_ON_DEVICE, SAME_RESULT, _Sample, run_case
 
     op = types.SimpleNamespace(name="mm", variant_test_name="", op=torch.mm)
     sample = _Sample(torch.randn(2, 3), (torch.randn(3, 2),), {})
     assert run_case(op, "test", sample).kind == SAME_RESULT
     monkeypatch.setenv("TORCH_ADRENO_COMPILE_CACHE", "0")
-    monkeypatch.setattr(backend, "compile_graph", lambda gm, *args, **kwargs: gm)  # the FX graph, run eagerly
+    monkeypatch.setattr(pipeline, "compile_graph", lambda gm, *args, **kwargs: gm)  # the FX graph, run eagerly
     assert run_case(op, "test", sample).kind == NOT_ON_DEVICE

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 from helpers import assert_follows_float64, assert_matches_eager
 
 import torch_adreno
+from torch_adreno.kernels import KernelChoices
 
 pytestmark = pytest.mark.device
 
@@ -182,6 +185,7 @@ class _GemmTemplatesLaunched(torch_adreno.profile):
         super().__init__()
         self.gemms: list[tuple[str, tuple[str, ...]]] = []
         self.template = ""
+        self.choose: Callable[[KernelChoices], KernelChoices] = lambda choices: choices
 
     def on_launch(self, record) -> None:
         super().on_launch(record)
@@ -195,18 +199,17 @@ class _GemmTemplatesLaunched(torch_adreno.profile):
 
 
 @pytest.fixture
-def gemm_template(monkeypatch, request):
-    """Selects the GEMM template of ``request.param`` on any device (and the 128-wide tiles), and
-    yields a recorder of the GEMM kernels launched, to check that this template is the one that
-    ran (the compile cache keys on the choice, see ``compile_cache.code_choices``)."""
-    from torch_adreno.kernels import gemm
-
-    monkeypatch.setattr(gemm, "use_local_memory_tiles", lambda profile: request.param == "tiled")
-    monkeypatch.setattr(gemm, "DESKTOP_COMPUTE_UNITS", 1)  # the 128-wide tiles too, on any device
+def gemm_template(request):
+    """A recorder of the GEMM kernels launched whose ``choose`` (``kernel_choices=`` of
+    ``assert_matches_eager``) selects the GEMM template of ``request.param`` on any device (and the
+    128-wide tiles with the tiled one); afterwards it checks that this template is the one that ran
+    (the compile cache keys on the choices, ``compile_cache.cache_salt``)."""
+    template = request.param
     with _GemmTemplatesLaunched() as launched:
-        launched.template = request.param
+        launched.template = template
+        launched.choose = lambda choices: choices.with_gemm_template(template, large_tiles=template == "tiled")
         yield launched
-    launched.assert_only(request.param)
+    launched.assert_only(template)
 
 
 @pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
@@ -214,27 +217,22 @@ def gemm_template(monkeypatch, request):
 def test_both_gemm_templates_on_this_device(gemm_template, shape):
     """The local-memory template serves GPUs, the direct one CPUs: check both here, whatever the device."""
     m, k, n = shape
-    assert_matches_eager(lambda a, b: a @ b, r(m, k), r(k, n))
-    assert_matches_eager(lambda a, b: a.t() @ b.t(), r(k, m), r(n, k))
+    assert_matches_eager(lambda a, b: a @ b, r(m, k), r(k, n), kernel_choices=gemm_template.choose)
+    assert_matches_eager(lambda a, b: a.t() @ b.t(), r(k, m), r(n, k), kernel_choices=gemm_template.choose)
 
 
 @pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
-def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(gemm_template, monkeypatch):
+def test_both_gemm_templates_sum_the_bias_gradient_beside_the_weight_gradient(gemm_template):
     """130 x 140 outputs take 128 x 128 tiles (8 x 8 per work-item, float4 local reads) on the
     tiled template; the bias gradient is the ROW_SUM of the weight-gradient GEMM. (A device of
     many compute units would take smaller tiles for so few outputs: the 128 x 128 ones are asked
-    for wherever they fit, so that every device runs this.)"""
-    from torch_adreno.kernels import gemm
+    for wherever they fit, tiles filling a single compute unit, so that every device runs this.)"""
 
-    heuristic = gemm.choose_tiling
+    def large_where_they_fit(choices: KernelChoices) -> KernelChoices:
+        return dataclasses.replace(gemm_template.choose(choices), tile_fill_units=1)
 
-    def large_where_they_fit(m, n, batch, profile):
-        if m >= 128 and n >= 128:
-            return gemm.GemmTiling(128, 128, 8, 8, 8)
-        return heuristic(m, n, batch, profile)
-
-    monkeypatch.setattr(gemm, "choose_tiling", large_where_they_fit)
-    assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(33, 140), r(130, 140), r(130), atol=1e-4)
+    assert_matches_eager(lambda x, w, b: torch.tanh(F.linear(x, w, b)), r(33, 140), r(130, 140), r(130), atol=1e-4,
+                         kernel_choices=large_where_they_fit)
     assert any("-DROW_SUM=1" in options for _, options in gemm_template.gemms)
     if gemm_template.template == "tiled":
         assert any({"-DTILE_M=128", "-DTILE_N=128"} <= set(options) for _, options in gemm_template.gemms)
@@ -246,9 +244,9 @@ def test_split_k_gemms_match_eager(gemm_template):
     split into k slices (two launches each); the bias gradient's row sums are split alike."""
     with torch_adreno.profile() as prof:
         assert_matches_eager(lambda x, w, b: torch.relu(F.conv2d(x, w, b, padding=1)), r(8, 3, 32, 32), r(5, 3, 3, 3),
-                             r(5), atol=1e-3)
+                             r(5), atol=1e-3, kernel_choices=gemm_template.choose)
     assert any("_splitsum_" in k.name for k in prof.kernels)
-    assert_matches_eager(lambda a, b: a.t() @ b, r(4099, 20), r(4099, 30), atol=1e-3)
+    assert_matches_eager(lambda a, b: a.t() @ b, r(4099, 20), r(4099, 30), atol=1e-3, kernel_choices=gemm_template.choose)
 
 
 @pytest.mark.parametrize("gemm_template", ["tiled"], indirect=True)
@@ -258,30 +256,34 @@ def test_tiled_gemm_prefetches_16_bit_operands_as_loaded(gemm_template, dtype):
     ushort) and are widened only as they are stored into the tiles; float32 ones as floats.
     Forward and both gradients (each a GEMM of 16-bit operands) equal eager's, k ragged."""
     tol = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3}[dtype]
-    assert_matches_eager(lambda a, b: a @ b, r(70, 37).to(dtype), r(37, 45).to(dtype), rtol=tol, atol=tol)
+    assert_matches_eager(lambda a, b: a @ b, r(70, 37).to(dtype), r(37, 45).to(dtype), rtol=tol, atol=tol,
+                         kernel_choices=gemm_template.choose)
     raw = [src for src, _ in gemm_template.gemms if "#define A_RAW_T ushort" in src and "#define B_RAW_T ushort" in src]
     assert len(raw) == len(gemm_template.gemms) >= 3, [s[:200] for s, _ in gemm_template.gemms]
     gemm_template.gemms.clear()
-    assert_matches_eager(lambda a, b: a @ b, r(70, 37), r(37, 45))
+    assert_matches_eager(lambda a, b: a @ b, r(70, 37), r(37, 45), kernel_choices=gemm_template.choose)
     assert all("#define A_RAW_T float" in src and "#define B_RAW_T float" in src for src, _ in gemm_template.gemms)
 
 
 @pytest.mark.parametrize("gemm_template", ["tiled"], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16_bit_gemms_take_the_half_filled_tiles(gemm_template, dtype, monkeypatch):
+def test_16_bit_gemms_take_the_half_filled_tiles(gemm_template, dtype):
     """16-bit operands are tiled as float32 ones: where 128 x 128 tiles would leave most compute
     units a lone work-group, a ragged product of at least one such tile per compute unit (260 x 260
     on a CPU's few units) takes 128 x 64 ones (8 x 4 outputs per work-item), its operands fetched as
     raw 16-bit values; it and its gradients equal eager's."""
     import math
 
-    from torch_adreno.kernels import gemm
     from torch_adreno.runtime import get_runtime
 
-    monkeypatch.setattr(gemm, "HALF_FILLED_UNITS", 1e6)  # (every grid of 128 x 128 tiles counts as "few")
+    def half_filled_everywhere(choices: KernelChoices) -> KernelChoices:
+        # (every grid of 128 x 128 tiles counts as "few")
+        return dataclasses.replace(gemm_template.choose(choices), half_filled_units=1e6)
+
     side = 128 * max(2, math.isqrt(get_runtime().profile.compute_units - 1) + 1) + 4
     tol = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3}[dtype]
-    assert_matches_eager(lambda a, b: a @ b, r(side, 70).to(dtype), r(70, side).to(dtype), rtol=tol, atol=tol)
+    assert_matches_eager(lambda a, b: a @ b, r(side, 70).to(dtype), r(70, side).to(dtype), rtol=tol, atol=tol,
+                         kernel_choices=half_filled_everywhere)
     forward = [(src, set(options)) for src, options in gemm_template.gemms
                if {f"-DSIZE_M={side}", f"-DSIZE_N={side}", "-DSIZE_K=70"} <= set(options)]
     assert len(forward) == 1, [options for _, options in gemm_template.gemms]
@@ -303,9 +305,10 @@ def test_tiled_convolutions_read_their_operands_by_k_step(gemm_template, dtype):
     inputs = r(8, 32, 32, 32).to(dtype), r(16, 32, 3, 3).to(dtype)
     with torch_adreno.profile() as prof:
         if dtype is torch.float32:
-            assert_matches_eager(lambda x, w: F.conv2d(x, w, padding=1), *inputs, rtol=1e-3, atol=1e-3)
+            assert_matches_eager(lambda x, w: F.conv2d(x, w, padding=1), *inputs, rtol=1e-3, atol=1e-3,
+                                 kernel_choices=gemm_template.choose)
         else:
-            assert_follows_float64(lambda x, w: F.conv2d(x, w, padding=1), *inputs)
+            assert_follows_float64(lambda x, w: F.conv2d(x, w, padding=1), *inputs, kernel_choices=gemm_template.choose)
     assert any("_splitsum_" in k.name for k in prof.kernels)
     assert len(gemm_template.gemms) >= 3
     for source, options in gemm_template.gemms:
@@ -336,7 +339,8 @@ def test_a_linear_layer_over_a_reshaped_activation_loads_it_without_division(mon
 
 @pytest.mark.parametrize("gemm_template", ["tiled", "direct"], indirect=True)
 def test_both_gemm_templates_for_convolution(gemm_template):
-    assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4)
+    assert_matches_eager(lambda x, w: F.conv2d(x, w, stride=2, padding=1), r(2, 3, 9, 9), r(5, 3, 3, 3), atol=1e-4,
+                         kernel_choices=gemm_template.choose)
 
 
 def test_embedding_and_its_backward():

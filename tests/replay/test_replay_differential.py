@@ -165,10 +165,10 @@ def test_a_recording_that_misses_host_work_is_told_apart_from_a_kernel_fault(mon
     LayerNorm copied on the host (as before gradients took their parameter's layout), with the
     recorder's guard against host-made gradients off. Every kernel agrees with its reference;
     the error says the recording lacks work."""
-    import torch_adreno.frontend as frontend
+    import torch_adreno.frontend.partition as partition
     from torch_adreno.replay.capture import StepRecorder
 
-    monkeypatch.setattr(frontend, "gradient_strides", lambda joint, backward: ())
+    monkeypatch.setattr(partition, "gradient_strides", lambda joint, backward: ())
     monkeypatch.setattr(StepRecorder, "_is_gradient", lambda self, value: False)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=3), Block("channels_norm", nn.LayerNorm(8)),

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from helpers import record_programs
 
-from torch_adreno import frontend as backend
 from torch_adreno.config import Config
 from torch_adreno.errors import DeviceMemoryError
+from torch_adreno.frontend import pipeline
 from torch_adreno.kernels.gemm import choose_tiling, tiling_candidates
 from torch_adreno.kernels.workgroup import linear_local_size, reduction_local_size
 from torch_adreno.memory import StorageKind, check_allocation
@@ -254,7 +254,7 @@ def test_reference_models_train_like_eager_compiled_for_adreno740(monkeypatch, t
     monkeypatch.setenv("TORCH_ADRENO_COMPILE_CACHE", "0")  # every graph compiled here, for the target
     targets = []
     image_operands = []
-    compile_program = backend.compile_program
+    compile_program = pipeline.compile_program
 
     def record(gm, config, *args, **kwargs):
         program = compile_program(gm, config, *args, **kwargs)
@@ -262,7 +262,7 @@ def test_reference_models_train_like_eager_compiled_for_adreno740(monkeypatch, t
         image_operands.extend(o for k in program.kernels for o in k.images)
         return program
 
-    monkeypatch.setattr(backend, "compile_program", record)
+    monkeypatch.setattr(pipeline, "compile_program", record)
     function, _, params = test_name.partition("[")
     values = params.rstrip("]").split("-")
     test = getattr(test_training, function)

@@ -132,8 +132,8 @@ def test_wrong_candidate_is_rejected_even_if_fastest(runtime, cache, monkeypatch
     wrong = dataclasses.replace(kernel, global_size=(kernel.global_size[0] // 2,))
     offered = tuning.launch_candidates
 
-    def with_wrong(k, profile):
-        return [*offered(k, profile), wrong]
+    def with_wrong(k, profile, choices=None):
+        return [*offered(k, profile, choices), wrong]
 
     real_time = tuning.time_candidates
 

@@ -30,7 +30,7 @@ from helpers import assert_ran_on_device
 from test_graph_accuracy import FLOOR, GraphAccuracy
 
 import torch_adreno
-from torch_adreno import frontend as backend
+from torch_adreno.frontend import pipeline
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -175,7 +175,7 @@ def test_lora_trains_through_the_training_step_like_eager(model_name, loss_name,
     exact = _eager_training(model, loss_fn, batches, torch.float64)
 
     accuracy = GraphAccuracy()
-    monkeypatch.setattr(backend, "compile_graph", accuracy.compile_graph(backend.compile_graph))
+    monkeypatch.setattr(pipeline, "compile_graph", accuracy.compile_graph(pipeline.compile_graph))
     step = torch_adreno.TrainingStep(model, loss_fn, torch.optim.SGD(_trainable(model).values(), lr=LR), OPTIONS,
                                      replay=steps > 2)
     with torch_adreno.profile() as prof:

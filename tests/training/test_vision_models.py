@@ -17,7 +17,7 @@ from helpers import assert_ran_on_device
 from test_graph_accuracy import FLOOR, GraphAccuracy
 
 import torch_adreno
-from torch_adreno import frontend as backend
+from torch_adreno.frontend import pipeline
 from torch_adreno.models import MobileNetV2, ResNet, mobilenet_v2, resnet18
 
 BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
@@ -169,7 +169,7 @@ BATCH = 8
 @pytest.mark.parametrize("make", VISION_CASES)
 def test_forward_and_backward_of_every_graph_within_twice_eager_float32_error(make, monkeypatch):
     accuracy = GraphAccuracy()
-    monkeypatch.setattr(backend, "compile_graph", accuracy.compile_graph(backend.compile_graph))
+    monkeypatch.setattr(pipeline, "compile_graph", accuracy.compile_graph(pipeline.compile_graph))
     torch.manual_seed(0)
     model = make()
     step = torch.compile(lambda m, x, y: F.cross_entropy(m(x), y), backend="adreno",

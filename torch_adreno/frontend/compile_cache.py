@@ -11,8 +11,8 @@ it to the device (builds the kernels, from the program-binary cache when warm) a
 
 Invariant: an entry is reused only when everything that decides its content matches: AOTAutograd's
 key (Dynamo's graph code, input shapes/dtypes/strides, autograd and functorch settings, torch
-version) plus :func:`cache_salt` (our options, the OpenCL device and driver, the code choices made
-for it, and a hash of this package's source, so any edit of the compiler invalidates every entry).
+version) plus :func:`cache_salt` (our options, the OpenCL device and driver, the kernel choices
+made for it, and a hash of this package's source, so any edit of the compiler invalidates every entry).
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_adreno.config import Config
 from torch_adreno.ir import OutputRole
-from torch_adreno.kernels import HostStep, KernelProgram, gemm
+from torch_adreno.kernels import HostStep, KernelChoices, KernelProgram
 from torch_adreno.runtime import Executable, get_residency, get_runtime
 from torch_adreno.runtime.binary_cache import device_identity
 from torch_adreno.runtime.frozen import NO_FROZEN_COPIES, FrozenCopyInputs
-from torch_adreno.targets import DeviceProfile
 from torch_adreno.targets.profiles import profile_for
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ def source_files() -> list[Path]:
     return sorted(p for p in PACKAGE_ROOT.rglob("*") if p.suffix in (".py", ".cl"))
 
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
@@ -78,27 +77,19 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-def code_choices(profile: DeviceProfile) -> dict[str, Any]:
-    """The kernel stage's choices of code for a device, as its functions make them now: which GEMM
-    template (local-memory tiles or direct) and whether the 128-wide tiles are allowed.
-
-    They follow from the profile and our source, both in the key already, unless the functions
-    themselves are replaced (tests pick a template so): keyed on their results, a graph compiled
-    with one choice is never served where the other is made."""
-    return {"gemm_template": "tiled" if gemm.use_local_memory_tiles(profile) else "direct",
-            "gemm_wide_tiles": profile.compute_units >= gemm.DESKTOP_COMPUTE_UNITS}
-
-
-def cache_salt(config: Config) -> str:
+def cache_salt(config: Config, choices: KernelChoices | None = None) -> str:
     """What besides Dynamo's graph decides a compiled graph: options, device+driver, our source and
-    the code choices made for the device."""
+    the code ``choices`` made for the device (default: the device's own). Keyed on the choices
+    themselves, a graph compiled with one choice is never served where another is made (a test or
+    benchmark that picks a GEMM template, ``adreno_backend(..., kernel_choices=...)``)."""
     runtime = get_runtime(config.device)
     residency = get_residency(runtime, config.zero_copy)
     options = {k: v for k, v in config.as_dict().items() if k not in _OPTIONS_OUTSIDE_KEY}
     profile = profile_for(runtime.profile, config.target)  # the target's limits decide the code
+    choices = choices if choices is not None else KernelChoices.for_device(profile, config)
     return json.dumps({
         "options": options, "zero_copy": residency.zero_copy, "device": device_identity(runtime.device),
-        "profile": repr(profile), "code_choices": code_choices(profile), "source": source_hash(),
+        "profile": repr(profile), "kernel_choices": choices.cache_key(), "source": source_hash(),
     }, sort_keys=True, default=str)
 
 
@@ -128,8 +119,9 @@ def _install_key() -> None:
 
 
 @contextmanager
-def caching(gm: torch.fx.GraphModule, config: Config, region: int) -> Iterator[None]:
-    """Around AOTAutograd's compile of ``gm``: look it up in (and save it to) the bundled cache.
+def caching(gm: torch.fx.GraphModule, config: Config, region: int, choices: KernelChoices) -> Iterator[None]:
+    """Around AOTAutograd's compile of ``gm`` with ``choices``: look it up in (and save it to) the
+    bundled cache.
 
     The backward is compiled together with the forward (not lazily at its first call) because the
     entry is written once both exist, while the bundled mode is switched on.
@@ -138,7 +130,7 @@ def caching(gm: torch.fx.GraphModule, config: Config, region: int) -> Iterator[N
         yield
         return
     _install_key()
-    token = _compiling.set((cache_salt(config), region))
+    token = _compiling.set((cache_salt(config, choices), region))
     try:
         with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True):
             yield

@@ -41,7 +41,7 @@ from torch_adreno.fusion.specs import (
     TemplateKernel,
     format_spec,
 )
-from torch_adreno.fusion.split_k import split_long_gemms
+from torch_adreno.fusion.split_k import UNKNOWN_DEVICE_SPLIT, SplitPolicy, split_long_gemms
 from torch_adreno.fusion.split_reductions import split_long_reductions
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "PointwiseKernel",
     "ReductionKernel",
     "SegmentedKernel",
+    "SplitPolicy",
     "Store",
     "TemplateKernel",
     "fuse",
@@ -86,29 +87,28 @@ class FusedGraph:
 
 
 def fuse(graph: ir.Graph, config: Config, max_buffers: int | None = None,
-         compute_units: int | None = None, large_tiles: bool = False) -> FusedGraph:
+         split: SplitPolicy = UNKNOWN_DEVICE_SPLIT) -> FusedGraph:
     """``max_buffers``: the most buffer arguments a kernel may take on the target device
     (:func:`max_kernel_buffers`; default: what every full-profile OpenCL device accepts);
-    ``compute_units``: the target's, for how far long GEMMs are split (default: a phone GPU's few);
-    ``large_tiles``: the kernels stage multiplies in 128 x 128 tiles (a desktop GPU running the
-    tiled template), which GEMMs of fewer such tiles than compute units are split to fill
-    (see ``split_k.py``)."""
+    ``split``: how far long GEMMs and reductions are cut to fill the target (the kernel choices
+    made for it, ``KernelChoices.split``; default: a phone GPU's few compute units, no 128 x 128
+    tiles; see ``split_k.py``)."""
     decisions: list[Decision] = []
     if not config.fusion:
         scheduler = Scheduler(graph, decisions)
-        for node in split_long_reductions(graph, list(graph.nodes), decisions, compute_units):
+        for node in split_long_reductions(graph, list(graph.nodes), decisions, split.compute_units):
             scheduler._start(node, set(ir.node_inputs(node)))
         decisions.append(Decision("*", "*", False, "fusion disabled (options={'fusion': False}): one kernel per node"))
         groups = scheduler.finish("k")
     else:
         nodes = unroll_small_reductions(list(graph.nodes), decisions)
         nodes = inline_pointwise(graph, nodes, decisions)
-        nodes = split_long_reductions(graph, nodes, decisions, compute_units)
+        nodes = split_long_reductions(graph, nodes, decisions, split.compute_units)
         scheduler = Scheduler(graph, decisions)
         for node in nodes:
             scheduler.place(node)
         groups = scheduler.finish("k")
-    split_long_gemms(graph, groups, decisions, compute_units, large_tiles)
+    split_long_gemms(graph, groups, decisions, split)
     if config.fusion:
         groups = group_independent_pointwise(groups, decisions, max_buffers or max_kernel_buffers())
     return FusedGraph(graph, groups, decisions)

@@ -30,6 +30,7 @@ brought a 1x1 convolution's weight gradient over k = 2,048 (MobileNetV2's, 8 x 8
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from torch_adreno import ir
 from torch_adreno.fusion.decisions import Decision
@@ -50,6 +51,26 @@ LARGE_TILE_MIN_SLICE = 64
 LARGE_TILE_GROUPS_PER_UNIT = 2
 #: Slice sums written and read again, at most this fraction of the operand bytes.
 MAX_PARTIAL_TRAFFIC = 0.25
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """How far the fusion stage cuts long GEMMs (and long reductions) into slices so that a device
+    gets enough work-groups; the kernels stage's choices for a device hold it
+    (``torch_adreno.kernels.choices.KernelChoices.split``).
+
+    ``compute_units``: the device's, which :func:`choose_split` and the reduction split aim to
+    keep busy (None: a phone GPU's few, :data:`TARGET_TILES`). ``fill_units``: where the kernels
+    stage multiplies in 128 x 128 tiles, the compute units :func:`choose_large_tile_split` and
+    :func:`choose_small_output_split` fill twice over, whatever the slice sums weigh (None: those
+    rules are off)."""
+
+    compute_units: int | None = None
+    fill_units: int | None = None
+
+
+#: The policy for a device whose compute units are unknown: a phone GPU's few, no 128 x 128 tiles.
+UNKNOWN_DEVICE_SPLIT = SplitPolicy()
 
 
 def output_tiles(gemm: ir.Gemm) -> int:
@@ -114,10 +135,12 @@ def choose_small_output_split(gemm: ir.Gemm, compute_units: int) -> int:
 
 
 def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list[Decision],
-                     compute_units: int | None = None, large_tile_kernels: bool = False) -> None:
-    """Give every GEMM kernel that :func:`choose_split` splits (or, with ``large_tile_kernels``,
-    :func:`choose_large_tile_split`, whichever splits more) its slice count and a buffer for the
-    slice sums (written and read by the kernel's own two launches only); record each choice."""
+                     policy: SplitPolicy = UNKNOWN_DEVICE_SPLIT) -> None:
+    """Give every GEMM kernel that :func:`choose_split` splits (or, with the policy's
+    ``fill_units``, :func:`choose_large_tile_split` or :func:`choose_small_output_split`, whichever
+    splits more) its slice count and a buffer for the slice sums (written and read by the kernel's
+    own two launches only); record each choice."""
+    compute_units, fill_units = policy.compute_units, policy.fill_units
     for group in groups:
         spec = group.spec
         if not isinstance(spec, GemmKernel):
@@ -125,18 +148,18 @@ def split_long_gemms(graph: ir.Graph, groups: list[FusionGroup], decisions: list
         g = spec.gemm
         split = choose_split(g, target_tiles(compute_units))
         filling = large = 1
-        if large_tile_kernels and compute_units:
-            large = choose_large_tile_split(g, compute_units)
+        if fill_units:
+            large = choose_large_tile_split(g, fill_units)
             # (outputs too small for the large tiles are split to fill the compute units, whatever
             # the slice sums weigh)
-            filling = max(large, choose_small_output_split(g, compute_units))
+            filling = max(large, choose_small_output_split(g, fill_units))
         if split == 1 and filling == 1:
             continue
         reason = (f"{output_tiles(g)} output tile(s) of 64x64 would leave most of {compute_units or 'the'} compute units "
                   f"idle" if filling <= split else
-                  f"{large_tiles(g)} tile(s) of 128x128 would leave {compute_units} compute units without their "
+                  f"{large_tiles(g)} tile(s) of 128x128 would leave {fill_units} compute units without their "
                   f"two work-groups" if filling == large else
-                  f"{output_tiles(g)} output tile(s) of 64x64 would leave {compute_units} compute units without their "
+                  f"{output_tiles(g)} output tile(s) of 64x64 would leave {fill_units} compute units without their "
                   f"two work-groups")
         split = max(split, filling)
         rows = g.batch * g.m if spec.row_sum is not None else 0

@@ -25,6 +25,7 @@ from torch_adreno.fusion import (
 )
 from torch_adreno.ir.ops import OPS
 from torch_adreno.kernels.attention import attention_flops, render_attention
+from torch_adreno.kernels.choices import KernelChoices
 from torch_adreno.kernels.expressions import INDEX_CHECK_CALL
 from torch_adreno.kernels.gemm import gemm_candidates, render_gemm
 from torch_adreno.kernels.params import KernelParam
@@ -52,7 +53,8 @@ from torch_adreno.kernels.writer import Param, records, with_index_check_params
 from torch_adreno.memory import MemoryPlan
 from torch_adreno.targets import DeviceProfile
 
-__all__ = ["HostStep", "ImageOperand", "KernelProgram", "KernelSource", "launch_candidates", "render_program"]
+__all__ = ["HostStep", "ImageOperand", "KernelChoices", "KernelProgram", "KernelSource", "launch_candidates",
+           "render_program"]
 
 
 def kernel_name(graph_name: str, index: int, group: FusionGroup, kind: str | None = None) -> str:
@@ -127,12 +129,15 @@ def estimate_flops(group: FusionGroup) -> int:
     return 0
 
 
-def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, images: bool = False,
-                   native_half: bool = False) -> KernelProgram:
-    """The graph's kernels. ``images``: GEMM and convolution operands are read through 2D images
-    where their buffers allow (:func:`torch_adreno.kernels.gemm.image_operands`); ``native_half``:
-    float16 pointwise kernels compute in ``half`` registers (the device must have cl_khr_fp16,
-    which the caller checks)."""
+def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile,
+                   choices: KernelChoices | None = None) -> KernelProgram:
+    """The graph's kernels, with the code ``choices`` made for the device (default: the device's
+    own under default options, :meth:`KernelChoices.for_device`): the GEMM template and tiles,
+    tree reductions, ``images`` (GEMM and convolution operands read through 2D images where their
+    buffers allow, :func:`torch_adreno.kernels.gemm.image_operands`) and ``native_half`` (float16
+    pointwise kernels compute in ``half`` registers; the device must have cl_khr_fp16, which the
+    caller checks)."""
+    choices = choices if choices is not None else KernelChoices.for_device(profile)
     steps: list[Step] = []
     graph = fused.graph
     for index, group in enumerate(fused.groups):
@@ -143,25 +148,24 @@ def render_program(fused: FusedGraph, plan: MemoryPlan, profile: DeviceProfile, 
         storage = {name: plan.storage_root(name) for name in [*group.writes, *group.reads]
                    if name in plan.allocations}
         params = make_params(graph, group.writes, group.reads, storage)
-        kernels = _render_group(graph, group, index, params, profile, images, native_half)
+        kernels = _render_group(graph, group, index, params, profile, choices)
         if any(INDEX_CHECK_CALL in k.text for k in kernels):
             # Rendered again with the two arguments the index checks read (the text is the same
             # otherwise): only kernels that index by tensor values take them.
-            kernels = _render_group(graph, group, index, with_index_check_params(params), profile, images,
-                                    native_half)
+            kernels = _render_group(graph, group, index, with_index_check_params(params), profile, choices)
         steps.extend(kernels)
-    return KernelProgram(graph, plan, steps, profile)
+    return KernelProgram(graph, plan, steps, profile, choices)
 
 
 def _render_group(graph: ir.Graph, group: FusionGroup, index: int, params: dict[str, Param],
-                  profile: DeviceProfile, images: bool, native_half: bool) -> list[KernelSource]:
+                  profile: DeviceProfile, choices: KernelChoices) -> list[KernelSource]:
     """The launches of one fusion group, each with the records of ``params`` as its arguments."""
     spec = group.spec
     kernel = functools.partial(_kernel, graph, group, index)
     options: tuple[str, ...] = ()
     extensions: tuple[str, ...] = ()
     if isinstance(spec, GemmKernel):
-        return _gemm_steps(graph, group, spec, index, params, profile, images)
+        return _gemm_steps(graph, group, spec, index, params, profile, choices)
     if isinstance(spec, TemplateKernel):
         rendered = render_attention(spec, params, profile)
         return [kernel("attention", rendered.text, rendered.build_options, rendered.arguments, rendered.global_size,
@@ -170,12 +174,12 @@ def _render_group(graph: ir.Graph, group: FusionGroup, index: int, params: dict[
                        reads=tuple(group.reads),
                        name_kind=spec.node.target, macros=rendered.macros)]
     if isinstance(spec, PointwiseKernel):
-        text, global_size, local_size, extensions = render_pointwise(spec, params, profile, native_half)
+        text, global_size, local_size, extensions = render_pointwise(spec, params, profile, choices.native_half)
     elif isinstance(spec, SegmentedKernel):
-        text, global_size, local_size, extensions = render_segmented(spec, params, profile, native_half)
+        text, global_size, local_size, extensions = render_segmented(spec, params, profile, choices.native_half)
     else:
         assert isinstance(spec, ReductionKernel)
-        text, options, global_size, local_size = render_reduction(spec, params, profile)
+        text, options, global_size, local_size = render_reduction(spec, params, profile, choices)
     return [kernel(group.kind, text, options, records(params), global_size, local_size,
                    read_bytes(graph, spec, group.reads), buffer_bytes(graph, group.writes), estimate_flops(group),
                    writes=tuple(group.writes), reads=tuple(group.reads), extensions=extensions)]
@@ -197,11 +201,11 @@ def _kernel(graph: ir.Graph, group: FusionGroup, index: int, kind: str, text: st
 
 
 def _gemm_steps(graph: ir.Graph, group: FusionGroup, spec: GemmKernel, index: int, params: dict[str, Param],
-                profile: DeviceProfile, images: bool) -> list[KernelSource]:
+                profile: DeviceProfile, choices: KernelChoices) -> list[KernelSource]:
     """One launch, or for a split-K GEMM two: the slices into ``spec.partials``, then their sum
     through the epilogue (each launch counted with the bytes it moves)."""
     kernel = functools.partial(_kernel, graph, group, index)
-    launches = render_gemm(spec, params, profile, images)
+    launches = render_gemm(spec, params, profile, choices)
     if len(launches) == 1:
         (only,) = launches
         return [kernel(only.kind, only.text, only.build_options, only.arguments, only.global_size, only.local_size,
@@ -246,8 +250,10 @@ def _with_defines(kernel: KernelSource, defines: tuple[str, ...]) -> tuple[str, 
     return tuple(options)
 
 
-def launch_candidates(kernel: KernelSource, profile: DeviceProfile) -> list[KernelSource]:
-    """The variants of ``kernel`` a tuner may time on ``profile``'s device, ``kernel`` itself first.
+def launch_candidates(kernel: KernelSource, profile: DeviceProfile,
+                      choices: KernelChoices | None = None) -> list[KernelSource]:
+    """The variants of ``kernel`` a tuner may time on ``profile``'s device, ``kernel`` itself first
+    (``choices``: those it was rendered with, whose heuristic tiling comes first; default: the device's).
 
     Every variant computes the same values as ``kernel`` in exact arithmetic; they differ in launch
     geometry and, for the templates, in the ``-D`` options that go with it: the local size of a
@@ -262,7 +268,8 @@ def launch_candidates(kernel: KernelSource, profile: DeviceProfile) -> list[Kern
     if kernel.kind == "gemm":
         granule = int(defines.get("K_GRANULE", "1"))
         launches = gemm_candidates(int(defines["SIZE_M"]), int(defines["SIZE_N"]), kernel.global_size[2],
-                                   "TILE_M" in defines, profile, int(defines["TILE_K"]) if granule > 1 else None)
+                                   "TILE_M" in defines, profile, int(defines["TILE_K"]) if granule > 1 else None,
+                                   choices)
     elif kernel.kind == "attention":
         launches = []  # (one geometry: its blocks follow from the head dimension and local memory)
     elif GROUP_SIZE in defines:

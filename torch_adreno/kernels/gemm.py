@@ -9,6 +9,7 @@ from importlib import resources
 
 from torch_adreno import ir
 from torch_adreno.fusion import GemmKernel
+from torch_adreno.kernels.choices import KernelChoices
 from torch_adreno.kernels.gemm_operands import (
     KSteps,
     image_operands,
@@ -91,23 +92,21 @@ def _fit_local_memory(tiling: GemmTiling, profile: DeviceProfile) -> GemmTiling:
     return tiling
 
 
-#: Devices with at least this many compute units get the 128-wide GEMM tiles by default.
-DESKTOP_COMPUTE_UNITS = 16
-#: 128 x 128 tiles numbering fewer than this many per compute unit become 128 x 64 (:func:`choose_tiling`).
-HALF_FILLED_UNITS = 1.5
-
-
 def _groups(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
     return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
 
 
-def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTiling:
-    """Output tile per work-group of a ``batch`` x ``m`` x ``n`` GEMM: on desktop-class GPUs
-    128 x 128 (8 x 8 outputs per work-item, K step 8) where the extents allow and the tiles still
-    number at least the device's compute units (128 x 64, K step 8, where they number fewer than
-    :data:`HALF_FILLED_UNITS` per unit), then 128 x 64; else 64 where the extent allows,
-    down to 16 for thin operands (a 6-channel convolution, a 10-class classifier); 16 work-items
-    per direction (8 where the device allows fewer than 256 per group)."""
+def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile,
+                  choices: KernelChoices | None = None) -> GemmTiling:
+    """Output tile per work-group of a ``batch`` x ``m`` x ``n`` GEMM: with the large tiles
+    (``choices.large_tiles``: desktop-class GPUs) 128 x 128 (8 x 8 outputs per work-item, K step 8)
+    where the extents allow and the tiles still number at least ``choices.tile_fill_units`` (128 x 64,
+    K step 8, where they number fewer than ``choices.half_filled_units`` per unit), then 128 x 64;
+    else 64 where the extent allows, down to 16 for thin operands (a 6-channel convolution, a
+    10-class classifier); 16 work-items per direction (8 where the device allows fewer than 256 per
+    group). ``choices``: default, the device's own (:meth:`KernelChoices.for_device`)."""
+    choices = choices if choices is not None else KernelChoices.for_device(profile)
+    units = choices.tile_fill_units
     threads = _threads_per_direction(profile)
     tile_m, tile_n = max(_tile_for(m), threads), max(_tile_for(n), threads)
     # Larger tiles re-read each operand fewer times (a 128 x 128 tile loads 1/64 of an element per
@@ -116,9 +115,9 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
     # desktop GPU (H200: 1.2x CLBlast); a phone GPU's smaller register file may lose more occupancy
     # than the tile saves, so mobile-class devices (few compute units) keep 64 x 64 until measured
     # there (``tune=True`` tries the larger tiles on any device).
-    for big_m, big_n in ((128, 128), (128, 64), (64, 128)) if profile.compute_units >= DESKTOP_COMPUTE_UNITS else ():
+    for big_m, big_n in ((128, 128), (128, 64), (64, 128)) if choices.large_tiles else ():
         if (m >= big_m and n >= big_n and big_m * big_n >= tile_m * tile_n
-                and _groups(m, n, batch, big_m, big_n) >= profile.compute_units):
+                and _groups(m, n, batch, big_m, big_n) >= units):
             tile_m, tile_n = big_m, big_n
             break
     # A K step of 8 halves the 128 x 128 tile's local memory and prefetch registers: more
@@ -131,7 +130,7 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
         # weight gradients 202 -> 148, 223 -> 150 and 278 -> 242 us, its stem's forward 273 -> 189.
         tile_k = 8
     if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 \
-            and _groups(m, n, batch, 128, 128) < HALF_FILLED_UNITS * profile.compute_units:
+            and _groups(m, n, batch, 128, 128) < choices.half_filled_units * units:
         # Between one and 1.5 work-groups of 128 x 128 per compute unit, most units run a lone
         # work-group, at half the rate of two; 128 x 64 tiles, twice as many, did better at every
         # such shape the tuner was given (H200, benchmarks/gemm_shapes.py --variants tuned:
@@ -154,12 +153,14 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile) -> GemmTil
     return _fit_local_memory(GemmTiling(tile_m, tile_n, tile_k, wpt_m, wpt_n), profile)
 
 
-def tiling_candidates(m: int, n: int, batch: int, profile: DeviceProfile) -> list[GemmTiling]:
+def tiling_candidates(m: int, n: int, batch: int, profile: DeviceProfile,
+                      choices: KernelChoices | None = None) -> list[GemmTiling]:
     """Tilings a tuner may try, the heuristic's first: every output tile of 16 to 128 in either
     direction that the extent there fills (16 always; 128 from 128 rows or columns), with the
     heuristic's work-items per direction; then the heuristic's tile with the other count of
-    work-items and with each other K step of 8, 16 and 32. Each fits the device's group size and local memory."""
-    default = choose_tiling(m, n, batch, profile)
+    work-items and with each other K step of 8, 16 and 32. Each fits the device's group size and
+    local memory. ``choices``: the heuristic's (default: the device's own)."""
+    default = choose_tiling(m, n, batch, profile, choices)
     threads = _threads_per_direction(profile)
 
     def fills(tile: int, extent: int) -> bool:
@@ -212,19 +213,6 @@ def direct_tiling_candidates(m: int, n: int, profile: DeviceProfile) -> list[Dir
     tilings += [DirectTiling(default.wpt_m, size) for size in candidate_span(default.local_n)[1:]
                 if 1 <= size <= widest]
     return list(dict.fromkeys(tilings))
-
-
-def use_local_memory_tiles(profile: DeviceProfile) -> bool:
-    """GPUs get the local-memory tiled template; CPU devices, whose "local memory" is plain cache
-    and whose barriers are emulated, get the direct one."""
-    return profile.is_gpu
-
-
-def large_tiles_apply(profile: DeviceProfile) -> bool:
-    """Whether GEMMs on ``profile``'s device are multiplied in 128 x 128 tiles where their extents
-    allow (:func:`choose_tiling`): a desktop-class GPU running the tiled template. The fusion
-    stage splits GEMMs of too few such tiles to fill it (``fusion.split_k``)."""
-    return use_local_memory_tiles(profile) and profile.compute_units >= DESKTOP_COMPUTE_UNITS
 
 
 def _store_function(suffix: str, spec: GemmKernel, params: dict[str, Param]) -> str:
@@ -280,11 +268,12 @@ def _template(file: str) -> str:
 
 
 def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfile,
-                images: bool = False) -> list[RenderedGemm]:
+                choices: KernelChoices) -> list[RenderedGemm]:
     """The launches of one GEMM kernel: one, or two for a split-K GEMM (``spec.split_k`` slices
     multiplied into ``spec.partials`` by ``gemm.cl``/``gemm_direct.cl``, then added up and stored
     through the epilogue by ``gemm_split_sum.cl``).
 
+    ``choices``: the template and its tiling rule (``gemm_template``, :func:`choose_tiling`), and
     ``images``: the operands' buffers are read through images where :func:`image_operands` allows
     (the multiplying launch takes them as extra arguments; the sum of a split GEMM reads none).
     Helpers are named after each launch's symbol through ``KERNEL_HELPER`` (so the two launches'
@@ -292,7 +281,7 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
     node = spec.gemm
     v = node.vars()
     split = spec.split_k
-    operand_images = image_operands(node, params, profile) if images else {}
+    operand_images = image_operands(node, params, profile) if choices.images else {}
     probe = CodeWriter(params)
     a_k_fastest = unit_stride(node.lhs, v["k"], params, probe) or not unit_stride(node.lhs, v["m"], params, probe)
     b_n_fastest = unit_stride(node.rhs, v["n"], params, probe) or not unit_stride(node.rhs, v["k"], params, probe)
@@ -301,8 +290,8 @@ def render_gemm(spec: GemmKernel, params: dict[str, Param], profile: DeviceProfi
                               split * node.batch * (node.m * node.n + node.m))
     common = [f"#define INDEX_T {index_t}", *HELPER_NAMING]
     batch = node.batch * split
-    tiled = use_local_memory_tiles(profile)
-    tiling = choose_tiling(node.m, node.n, batch, profile) if tiled else None
+    tiled = choices.tiled
+    tiling = choose_tiling(node.m, node.n, batch, profile, choices) if tiled else None
     steps = KSteps(tiling.tile_k if tiling is not None else 1, v["k"], node.k)
     if not (steps.splits(node.lhs) or steps.splits(node.rhs)):
         steps = KSteps(1, v["k"], node.k)  # (and the tuner may vary the K step)
@@ -397,11 +386,11 @@ def tiled_launch(m: int, n: int, batch: int, tiling: GemmTiling) -> Launch:
 
 
 def gemm_candidates(m: int, n: int, batch: int, tiled: bool, profile: DeviceProfile,
-                    tile_k: int | None = None) -> list[Launch]:
+                    tile_k: int | None = None, choices: KernelChoices | None = None) -> list[Launch]:
     """Launches a tuner may try for a GEMM of the given template (``tiled``: ``gemm.cl``, else
     ``gemm_direct.cl``), the heuristic's first; ``tile_k``: only tilings of that K step (operand
-    helpers written for it, ``-DK_GRANULE``)."""
+    helpers written for it, ``-DK_GRANULE``); ``choices``: the heuristic's (default: the device's)."""
     if tiled:
-        return [tiled_launch(m, n, batch, t) for t in tiling_candidates(m, n, batch, profile)
+        return [tiled_launch(m, n, batch, t) for t in tiling_candidates(m, n, batch, profile, choices)
                 if tile_k is None or t.tile_k == tile_k]
     return [direct_launch(m, n, batch, t) for t in direct_tiling_candidates(m, n, profile)]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from torch_adreno import ir
 from torch_adreno.fusion import Accumulator, PointwiseKernel, ReductionKernel, SegmentedKernel, Store
+from torch_adreno.kernels.choices import KernelChoices
 from torch_adreno.kernels.expressions import (
     STORAGE_CTYPE,
     arg_better,
@@ -355,20 +356,22 @@ def render_segmented(spec: SegmentedKernel, params: dict[str, Param], profile: D
     return text, (round_up(max(total, 1), local),), (local,), _extensions(native)
 
 
-def use_workgroup_reduction(outputs: int, reduction_numel: int, profile: DeviceProfile) -> bool:
+def use_workgroup_reduction(outputs: int, reduction_numel: int, choices: KernelChoices) -> bool:
     """One work-group per output when each output has much to reduce and outputs alone would not
-    keep the device busy (fewer than ~256 work-items per compute unit)."""
-    return reduction_numel >= 128 and outputs < profile.compute_units * 256
+    keep the device busy (``choices.workgroup_reduction_outputs``: ~256 work-items per compute unit)."""
+    return (reduction_numel >= choices.workgroup_reduction_length
+            and outputs < choices.workgroup_reduction_outputs)
 
 
 class _ReductionWriter:
     """Renders a ReductionKernel: an outer loop, passes over the row, outer stores."""
 
-    def __init__(self, spec: ReductionKernel, params: dict[str, Param], profile: DeviceProfile) -> None:
+    def __init__(self, spec: ReductionKernel, params: dict[str, Param], profile: DeviceProfile,
+                 choices: KernelChoices) -> None:
         self.spec = spec
         self.outputs = math.prod(spec.outer)
         self.rnumel = spec.inner_numel
-        self.workgroup = use_workgroup_reduction(self.outputs, self.rnumel, profile)
+        self.workgroup = use_workgroup_reduction(self.outputs, self.rnumel, choices)
         self.local = (reduction_local_size(self.rnumel, profile) if self.workgroup
                       else linear_local_size(self.outputs, profile))
         self.accs = spec.accumulators()
@@ -490,12 +493,13 @@ class _ReductionWriter:
         return "\n".join(lines), options, global_size, (self.local,)
 
 
-def render_reduction(spec: ReductionKernel, params: dict[str, Param],
-                     profile: DeviceProfile) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+def render_reduction(spec: ReductionKernel, params: dict[str, Param], profile: DeviceProfile,
+                     choices: KernelChoices) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
     """Text, build options, global and local size of one reduction kernel. A tree reduction (one
     work-group per output) takes its group size as the ``-DGROUP_SIZE`` option; the others, like
-    pointwise kernels, return early past their last output, so any local size suits them."""
-    return _ReductionWriter(spec, params, profile).render()
+    pointwise kernels, return early past their last output, so any local size suits them.
+    ``choices``: whether it is a tree reduction (:func:`use_workgroup_reduction`)."""
+    return _ReductionWriter(spec, params, profile, choices).render()
 
 
 def tree_reduction_candidates(outputs: int, default: int, profile: DeviceProfile) -> list[Launch]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 
 from torch_adreno import ir
+from torch_adreno.kernels.choices import KernelChoices
 from torch_adreno.kernels.expressions import HELPER_SOURCES
 from torch_adreno.kernels.params import BOUND_BUFFER_ROLES, KernelParam, Role
 from torch_adreno.memory import MemoryPlan
@@ -196,6 +197,9 @@ class KernelProgram:
     #: The profile the kernels were planned for (the device's, narrowed to a target's limits
     #: where one was given): a tuner varies launches only within it. None: the device's own.
     profile: DeviceProfile | None = None
+    #: The code choices the kernels were rendered with (a tuner's heuristic candidate follows
+    #: them). None: the device's own.
+    choices: KernelChoices | None = None
 
     @property
     def kernels(self) -> list[KernelSource]:

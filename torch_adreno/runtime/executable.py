@@ -84,7 +84,8 @@ class Executable:
         self._steps: list[_Launch | HostStep] = []
         #: Per kernel name, how its launch was tuned (empty unless ``tune``).
         self.tuning: dict[str, TuningResult] = tune_kernels(runtime, self.graph, program.kernels,
-                                                                   profile=program.profile) if tune else {}
+                                                                   profile=program.profile,
+                                                                   choices=program.choices) if tune else {}
         # A tuned launch may carry other build options: the program is built from the chosen ones.
         chosen = {k.name: self.tuning[k.name].chosen if k.name in self.tuning else k for k in program.kernels}
         built = build_kernels(runtime, list(chosen.values()))

@@ -31,7 +31,7 @@ from typing import Any
 
 import pyopencl as cl
 
-from torch_adreno.errors import OptionError
+from torch_adreno.kernels.choices import images_enabled
 from torch_adreno.kernels.program import ImageOperand, KernelSource
 from torch_adreno.runtime.heap import placement
 from torch_adreno.targets import DeviceProfile
@@ -48,18 +48,6 @@ IMAGE_FORMATS: dict[str, tuple[cl.ImageFormat, int]] = {
 
 def texel_bytes(operand: ImageOperand) -> int:
     return IMAGE_FORMATS[operand.channel_type][1]
-
-
-def images_enabled(setting: str | bool, profile: DeviceProfile) -> bool:
-    """Whether kernels read GEMM and convolution operands through images, for the ``images``
-    option's ``setting`` on the device described by ``profile``."""
-    if setting == "auto":
-        return profile.images and profile.prefers_images
-    if setting and not profile.images:
-        raise OptionError(
-            f"option 'images'=True, but the OpenCL device {profile.name!r} ({profile.platform}) has no image "
-            "support (CL_DEVICE_IMAGE_SUPPORT is false); pass images='auto' or False, or pick another device")
-    return bool(setting)
 
 
 @dataclass

@@ -53,7 +53,7 @@ from tqdm import tqdm
 from torch_adreno import ir
 from torch_adreno.config import cache_root
 from torch_adreno.errors import KernelBuildError
-from torch_adreno.kernels import KernelSource, launch_candidates
+from torch_adreno.kernels import KernelChoices, KernelSource, launch_candidates
 from torch_adreno.runtime.build import build_kernels
 from torch_adreno.runtime.device import DeviceRuntime
 from torch_adreno.runtime.images import image_views
@@ -397,11 +397,13 @@ def _verify(runtime: DeviceRuntime, label: str, candidate: KernelSource, obj: cl
 
 
 def tune_kernels(runtime: DeviceRuntime, graph: ir.Graph, kernels: Sequence[KernelSource],
-                 progress: bool = True, profile: DeviceProfile | None = None) -> dict[str, TuningResult]:
+                 progress: bool = True, profile: DeviceProfile | None = None,
+                 choices: KernelChoices | None = None) -> dict[str, TuningResult]:
     """Tuning results of ``kernels`` (of ``graph``, whose buffers give the arguments' shapes and
     types), from the cache or measured now behind a progress bar; kernels that launch nothing are
     left out. ``profile``: the limits the kernels were compiled within (a target's, narrower than
-    the device's); candidates stay inside them. Default: the device's own."""
+    the device's); candidates stay inside them. Default: the device's own. ``choices``: the code
+    choices the kernels were rendered with (default: the device's own)."""
     profile = profile or runtime.profile
     results: dict[str, TuningResult] = {}
     todo: dict[str, list[KernelSource]] = {}
@@ -417,7 +419,7 @@ def tune_kernels(runtime: DeviceRuntime, graph: ir.Graph, kernels: Sequence[Kern
             repeats.append((kernel, first_of[key]))
             continue
         first_of[key] = kernel
-        candidates = launch_candidates(kernel, profile)
+        candidates = launch_candidates(kernel, profile, choices)
         keys[kernel.name] = key
         cached = _load(runtime, key, candidates)
         if cached is not None:
