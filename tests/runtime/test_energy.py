@@ -302,7 +302,7 @@ def test_bad_energy_inputs_are_refused():
 def test_project_adds_each_targets_energy_per_step_to_a_recorded_step(capsys, tmp_path):
     """The H200's recorded GPT-2 LoRA step (kinds' sums of bytes and FLOPs, its copies) projected:
     the energy per step is those sums at each target's figures."""
-    records = Path(__file__).parents[1] / "data" / "workloads_h200.jsonl"
+    records = Path(__file__).parents[1] / "data" / "workloads_reference_gpu.jsonl"
     h200 = next(r for r in map(json.loads, records.read_text().splitlines())
                 if r["workload"] == "gpt2_lora" and r["peer"] == "ours")
     out_file = tmp_path / "projection.jsonl"

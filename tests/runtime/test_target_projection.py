@@ -120,7 +120,7 @@ def test_project_profiles_a_replayed_step_compiled_for_the_target(capsys, tmp_pa
 
 
 def test_project_records_projects_the_h200s_recorded_steps_without_profiling(capsys, tmp_path):
-    records = Path(__file__).parents[1] / "data" / "workloads_h200.jsonl"  # benchmarks/workloads.py on the H200
+    records = Path(__file__).parents[1] / "data" / "workloads_reference_gpu.jsonl"  # benchmarks/workloads.py on the H200
     h200 = next(r for r in map(json.loads, records.read_text().splitlines())
                 if r["workload"] == "gpt2_lora" and r["peer"] == "ours")
     out_file = tmp_path / "projection.jsonl"
