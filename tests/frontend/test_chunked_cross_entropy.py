@@ -1,4 +1,4 @@
-"""A language-model head fused with its cross-entropy, chunked (issue 29 item 3): the loss and the
+"""A language-model head fused with its cross-entropy, chunked: the loss and the
 gradients as eager computes them, held to float64 as tests/frontend/test_graph_accuracy.py holds outputs
 (RMSE from float64 at most twice eager float32's, plus a few ulps), while no kernel writes the
 ``tokens x vocab`` logits and the planned peak drops by about their size.

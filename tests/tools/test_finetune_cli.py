@@ -1,10 +1,10 @@
-"""``python -m torch_adreno finetune`` (issue 29 item 5): LoRA on a causal LM (the text task) and
+"""``python -m torch_adreno finetune``: LoRA on a causal LM (the text task) and
 MobileNetV2 transfer learning (the images task), through a replayed TrainingStep.
 
 The end-to-end text run is a config JSON of a one-layer GPT-2 on PoCL: its loss falls, its steps
 after the second were replays, and the adapter it saved loads in peft with the weights it trained.
 The images task end to end and the text task with a target are slow (a MobileNetV2 compile on PoCL
-is ~30 s of a quiet 2-core machine); unmarked, their models are checked as built."""
+takes tens of seconds); unmarked, their models are checked as built."""
 
 from __future__ import annotations
 
