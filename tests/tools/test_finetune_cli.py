@@ -248,7 +248,7 @@ def test_images_model_freezes_all_but_the_classifier_and_the_last_blocks(tmp_pat
     assert trainable == {"classifier.1.weight", "classifier.1.bias"}
     assert frozen_only.classifier[1].out_features == 10 and frozen_only.classifier.training
     assert not any(m.training for m in frozen_only.features.modules())
-    # A random backbone's statistics, estimated: its features no longer vanish (1e-10 with the initial ones).
+    # A random backbone's statistics, estimated, so that its features do not vanish (1e-10 with the initial ones).
     images = digits_rgb_split(8, seed=0)[0][:16]
     with torch.no_grad():
         vanishing = frozen_only.features(images).std().item()

@@ -167,8 +167,8 @@ def test_bigger_reference_models_train_like_eager(model_name):
     on the other in another, and moves a gradient by a whole element. Over ten initial seeds
     (measured), eager float32's RMSE from float64 over all parameters ranged 2.5e-7..4.0e-6 and
     ours 1.5e-6..4.5e-6 (means 2.8e-6 and 2.9e-6): whichever run avoided a flip looks ten times
-    better. An earlier max-abs rule (ours from eager within twice eager from float64, per tensor)
-    failed 3 of 8 seeds for that reason alone. What is not chaotic, every kernel's output on
+    better. A max-abs rule (ours from eager within twice eager from float64, per tensor) fails
+    3 of 8 seeds for that reason alone. What is not chaotic, every kernel's output on
     identical inputs against float64, tests/frontend/test_graph_accuracy.py holds to twice eager's error.
     Its losses, and everything of the transformer, are held to rtol=1e-4/atol=1e-5 against eager.
     """
