@@ -146,7 +146,7 @@ def _backward_program(bw, donation: Donation):
     return render_program(fused, plan, REFERENCE_PROFILE)
 
 
-def test_the_verifier_rejects_the_old_donation_of_both_views_and_accepts_the_new_rule() -> None:
+def test_the_verifier_rejects_donating_both_views_and_accepts_the_donation_rule() -> None:
     fw, bw, donation = _lora_model_partitioned()
     assert donation.aliases  # saved views of one LayerNorm output, per block
     shared = {name: f"the buffer of {donor}" for donor, aliases in donation.aliases.items()
