@@ -1,4 +1,4 @@
-"""Regenerate the projection's calibration (torch_adreno/tools/bench/calibration_h200.json) from H200 results.
+"""Regenerate the projection's calibration (torch_adreno/tools/bench/calibration_reference_gpu.json) from H200 results.
 
 Reads ``benchmarks/workloads.py`` records of our replayed step profiled on the H200 (``peer`` "ours",
 ``by_kind`` present, the profiled step replayed, full sizes), and for each workload and kernel kind
@@ -28,7 +28,7 @@ from torch_adreno.tools.bench.calibration import CALIBRATION_FILE, calibration_d
 REPOSITORY = RESULTS.parent.parent
 #: The records the stored calibration was made from (profiled steps of the three workloads; also the
 #: projection tests' input, hence kept with the tests).
-DEFAULT_RESULTS = (REPOSITORY / "tests" / "data" / "workloads_h200.jsonl",)
+DEFAULT_RESULTS = (REPOSITORY / "tests" / "data" / "workloads_reference_gpu.jsonl",)
 
 
 def main() -> None:

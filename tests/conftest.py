@@ -87,7 +87,7 @@ def pytest_configure(config):
     # Compiled graphs from earlier runs (PyTorch's AOTAutograd cache) must not decide this run's
     # results: each session starts with an empty cache of its own, unless one is given.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="torch_adreno_tests_"))
-    # Every memory plan a test compiles or captures is proven against what runs (issue 25).
+    # Every memory plan a test compiles or captures is proven against what runs.
     os.environ.setdefault("TORCH_ADRENO_VERIFY_MEMORY", "1")
     _choose_suite_device()
 

@@ -210,8 +210,8 @@ OPTIONS: dict[str, OptionSpec] = {
         OptionSpec(
             "replay_arena_kernels", _auto_bool, "auto", "TORCH_ADRENO_REPLAY_ARENA_KERNELS",
             "a replayed TrainingStep rebuilds its kernels to reach the step's memory and the persistent "
-            "tensors at offsets of a few slabs, each one argument (fewer arguments per enqueue: 3-8% "
-            "faster steps on an H200), at the cost of a second build of every kernel when a batch "
+            "tensors at offsets of a few slabs, each one argument (fewer arguments per enqueue: "
+            "faster steps on a desktop GPU), at the cost of a second build of every kernel when a batch "
             "geometry is captured; False binds them as compiled, to sub-buffers (results are "
             "bit-identical). 'auto', the default: rebuild on GPUs (and for a GPU target), bind as compiled "
             "on CPU devices, whose enqueues cost little per argument and whose compilers take seconds "

@@ -42,7 +42,7 @@ def test_sdpa_forward_and_gradients_match_eager(case):
 @pytest.mark.parametrize(("heads", "kv_heads", "causal"), [(4, 2, True), (6, 1, False), (4, 4, True)])
 def test_grouped_query_attention_matches_eager(heads, kv_heads, causal):
     """``enable_gqa=True`` (Llama 3.2, Qwen2.5, SmolLM): key/value heads shared by groups of query
-    heads; their gradients sum the group's shares (issue 28: it raised a broadcast error)."""
+    heads; their gradients sum the group's shares (no broadcast error)."""
     q = torch.randn(2, heads, 6, 8, generator=g)
     k, v = (torch.randn(2, kv_heads, 6, 8, generator=g) for _ in range(2))
 

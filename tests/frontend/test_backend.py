@@ -82,16 +82,16 @@ def _fake_devices(*names):
 def test_a_device_name_matching_several_devices_is_refused_with_the_matches(monkeypatch):
     import torch_adreno.runtime.device as device
 
-    monkeypatch.setattr(device, "list_devices", lambda: _fake_devices("pthread-Xeon", "cuda-H200", "Other GPU"))
+    monkeypatch.setattr(device, "list_devices", lambda: _fake_devices("pthread-Xeon", "cuda-Hopper", "Other GPU"))
     with pytest.raises(torch_adreno.DeviceNotFoundError,
                        match=r"'Portable' matches 3 OpenCL devices:\n  \[0\] Portable Computing Language: "
-                             r"pthread-Xeon\n  \[1\] .*cuda-H200\n  \[2\] .*Other GPU\nPass the index"):
+                             r"pthread-Xeon\n  \[1\] .*cuda-Hopper\n  \[2\] .*Other GPU\nPass the index"):
         select_device("Portable")
     monkeypatch.setenv(ENV_DEVICE, "Portable")
     with pytest.raises(device.AmbiguousDeviceError, match="matches 3"):
         select_device(None)
     assert select_device("cuda").index == 1
-    assert select_device(" H200 ").index == 1
+    assert select_device(" Hopper ").index == 1
 
 
 def test_a_full_device_name_wins_over_names_containing_it(monkeypatch):

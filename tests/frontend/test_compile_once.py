@@ -1,6 +1,6 @@
-"""Repeated identical blocks compile once (issue 28 item 6): kernels of equal content are one
+"""Repeated identical blocks compile once: kernels of equal content are one
 function of their program, built once and tuned once, while every launch keeps its own name and
-FX nodes (profiles attribute time per FX op as before) and computes what eager does."""
+FX nodes (profiles attribute time per FX op) and computes what eager does."""
 
 from __future__ import annotations
 

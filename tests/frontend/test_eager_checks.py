@@ -1,5 +1,5 @@
 """The backend refuses what eager refuses, with eager's exception type and message, and never
-stops on an internal error where eager computes (issue 13, items 1 and 3)."""
+stops on an internal error where eager computes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Frozen weights under autocast: cast to 16 bits once and kept (not per step), edits seen; and
-``torch_adreno.freeze``, which stores them in 16 bits from the start (issue 29 item 2).
+``torch_adreno.freeze``, which stores them in 16 bits from the start.
 
 The model is a LoRA fine-tuning in miniature: a frozen base (token table, projection, norm, a head
 tied to the table) and a trainable low-rank adapter. Device tests on PoCL; the frozen copies are

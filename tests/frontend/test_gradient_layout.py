@@ -103,7 +103,7 @@ def test_non_overlapping_and_dense(shape, strides, dense):
 @pytest.mark.parametrize("kernel", [2, 3])
 def test_layer_norm_between_permutes_then_strided_convolution_trains_replayed_like_eager(zero_copy, kernel):
     """10 replayed steps follow eager within 1e-5; with copies (a discrete GPU's residency) the
-    gradient is no longer read from a host copy nothing wrote."""
+    gradient is read where the step wrote it, not from a host copy nothing wrote."""
     step = _train_against_eager(_convnext_toy(kernel), _loss, _batches(12), {"zero_copy": zero_copy})
     assert step.replayed_steps == 10, step.unreplayable_reasons
     assert step.unreplayable_reasons == ()

@@ -186,7 +186,7 @@ _THREADS_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_compiling_in_one_thread_while_another_trains_with_changing_batch_sizes():
-    """The issue's case: one thread trains a compiled model over 12 batch sizes (a compile at each
+    """One thread trains a compiled model over 12 batch sizes (a compile at each
     new one's first call) while another compiles 8 models; every result matches eager and the
     process compiles afterwards. Without the compile cache, so that every compile traces."""
     tree = str(Path(backend.__file__).parents[1])  # this tree's torch_adreno, not an installed one

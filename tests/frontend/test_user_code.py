@@ -1,4 +1,4 @@
-"""What users' traced code holds besides tensor ops (issue 28): tensor constants and logger calls.
+"""What users' traced code holds besides tensor ops: tensor constants and logger calls.
 
 Tensor constants (``torch.tensor([...])`` in a loss or a model: class weights, lookup tables, the
 ``torch.tensor([])`` every Hugging Face key-value cache starts from) are data the graph carries:

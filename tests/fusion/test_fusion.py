@@ -77,7 +77,7 @@ def test_long_k_with_few_outputs_is_split_with_reason():
     assert choose_split(stage1) == 32  # 96 work-groups' worth, slices of 1024
     assert choose_split(ir.Gemm("g", "out", 1, 1024, 1024, 4096, ir.index(0), ir.index(0), (), ())) == 1
     assert choose_split(ir.Gemm("g", "out", 1, 16, 144, 500, ir.index(0), ir.index(0), (), ())) == 1  # short k
-    # A device of many compute units gets two tiles per unit: the H200's 132 -> 528 tiles' worth.
+    # A device of many compute units gets two tiles per unit: 132 -> 528 tiles' worth.
     assert choose_split(stage1, target_tiles(132)) == 128  # (slices of 256: no further)
     assert target_tiles(None) == target_tiles(8) == 64
     x = torch.randn(8, 3, 32, 32, requires_grad=True)
@@ -235,7 +235,7 @@ def test_long_reduction_into_few_outputs_is_split_into_partials_with_reason():
     assert "split reduce_sum over 8192 elements into 16 output(s): 128 partial rows of 1024" in reasons(result)
     # The graph's own nodes say so too (the ONNX export rebuilds each kernel from them).
     assert [n for n in result.graph.nodes if isinstance(n, ir.Reduction)] == reductions
-    # Enough outputs already, or rows too short to split: unchanged; the H200 aims at 528 rows.
+    # Enough outputs already, or rows too short to split: unchanged; a GPU of 132 compute units aims at 528 rows.
     assert choose_leading_dims(ir.Reduction("r", "o", (1024,), (8, 1024), "sum", ir.index(0), ()), 64) == 0
     assert choose_leading_dims(ir.Reduction("r", "o", (16,), (8, 512), "sum", ir.index(0), ()), 64) == 0
     assert choose_leading_dims(ir.Reduction("r", "o", (64,), (16, 112, 112), "sum", ir.index(0), ()), 528) == 1

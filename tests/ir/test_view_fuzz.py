@@ -91,7 +91,7 @@ def test_view_chains_then_a_consumer_match_eager(data: st.DataObject) -> None:
 @pytest.mark.parametrize("t, b, h, d", [(2, 3, 2, 2), (4, 3, 4, 2), (3, 2, 3, 4), (8, 2, 8, 8),
                                         (4, 3, 2, 4), (8, 2, 4, 8), (2, 3, 3, 2)])
 def test_the_multihead_attention_chain_on_the_device(t: int, b: int, h: int, d: int) -> None:
-    """The issue's table: forward and gradient equal eager's for every size, ``T == H`` included."""
+    """Forward and gradient equal eager's for every size, ``T == H`` included."""
     chain = Chain((t, b, h * d), (("view", (t, b * h, d)), ("transpose", 0, 1), ("view", (b, h, t, d))))
     assert_matches_eager(_program(chain, "pointwise"), torch.randn(t, b, h * d))
 

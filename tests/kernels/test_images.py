@@ -3,7 +3,7 @@
 PoCL supports images but not cl_khr_image2d_from_buffer: there every image is a copy refreshed
 before each read, which is what the training tests below hold to eager (a stale image after an
 optimizer step would be a wrong loss). Images over buffers themselves are tested where the device
-shares them (NVIDIA's driver: the H200 run).
+shares them (NVIDIA's OpenCL driver on a desktop GPU).
 """
 
 from __future__ import annotations

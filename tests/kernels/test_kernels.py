@@ -112,30 +112,30 @@ def test_gemm_template_choice_follows_the_device():
 def test_gemm_tile_grows_while_every_compute_unit_keeps_a_work_group():
     from torch_adreno.kernels.gemm import choose_tiling, tiling_candidates
 
-    h200 = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
+    desktop_gpu = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
     shape = {size: (t.tile_m, t.tile_n, t.wpt_m, t.wpt_n) for size in (512, 1024, 2048, 4096)
-             for t in [choose_tiling(size, size, 1, h200)]}
+             for t in [choose_tiling(size, size, 1, desktop_gpu)]}
     # 1024^2 in 128 x 128 tiles is 64 work-groups for 132 compute units: 64 x 64 (256 groups) instead.
     assert shape == {512: (64, 64, 4, 4), 1024: (64, 64, 4, 4), 2048: (128, 128, 8, 8), 4096: (128, 128, 8, 8)}
-    assert choose_tiling(1024, 1024, 4, h200).tile_m == 128  # a batch of four fills the device
+    assert choose_tiling(1024, 1024, 4, desktop_gpu).tile_m == 128  # a batch of four fills the device
     # 128 x 128 tiles between one and 1.5 per compute unit leave most units one work-group:
     # GPT-2's c_attn (144 tiles) and c_fc (192) take 128 x 64, its 50,257-word head (3,144) and
     # 2048^2 (256: nearly two per unit) keep 128 x 128.
     for m, n in ((1024, 2304), (1024, 3072)):
-        assert (lambda t: (t.tile_m, t.tile_n, t.tile_k, t.wpt_m, t.wpt_n))(choose_tiling(m, n, 1, h200)) == (128, 64, 8, 8, 4)
+        assert (lambda t: (t.tile_m, t.tile_n, t.tile_k, t.wpt_m, t.wpt_n))(choose_tiling(m, n, 1, desktop_gpu)) == (128, 64, 8, 8, 4)
     # One row of them (a 128-channel convolution over 16 x 28 x 28 positions): 8 x 8 per work-item.
-    assert (lambda t: (t.tile_m, t.tile_n, t.wpt_m, t.wpt_n))(choose_tiling(128, 12544, 1, h200)) == (128, 64, 8, 8)
-    assert (choose_tiling(1024, 50257, 1, h200).tile_n, choose_tiling(2048, 2048, 1, h200).tile_n) == (128, 128)
+    assert (lambda t: (t.tile_m, t.tile_n, t.wpt_m, t.wpt_n))(choose_tiling(128, 12544, 1, desktop_gpu)) == (128, 64, 8, 8)
+    assert (choose_tiling(1024, 50257, 1, desktop_gpu).tile_n, choose_tiling(2048, 2048, 1, desktop_gpu).tile_n) == (128, 128)
     assert choose_tiling(1024, 10, 1, REFERENCE_PROFILE).tile_n == 16
     # A mobile-class GPU (4 compute units) keeps 64 x 64 tiles by default; the tuner may try 128.
     assert (choose_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_m, choose_tiling(2048, 2048, 1, REFERENCE_PROFILE).tile_n) == (64, 64)
     assert any(t.tile_m == 128 for t in tiling_candidates(2048, 2048, 1, REFERENCE_PROFILE))
-    candidates = tiling_candidates(1024, 1024, 1, h200)
-    assert candidates[0] == choose_tiling(1024, 1024, 1, h200)
+    candidates = tiling_candidates(1024, 1024, 1, desktop_gpu)
+    assert candidates[0] == choose_tiling(1024, 1024, 1, desktop_gpu)
     assert any(t.tile_m == t.tile_n == 128 for t in candidates)
-    assert all(t.wpt_m * t.wpt_n <= 64 and t.local_bytes() <= h200.local_mem_bytes for t in candidates)
+    assert all(t.wpt_m * t.wpt_n <= 64 and t.local_bytes() <= desktop_gpu.local_mem_bytes for t in candidates)
     # A 64-channel convolution's 64 x 128 tiles, also with 8 x 8 outputs per work-item (128 of them).
-    conv = tiling_candidates(64, 50176, 1, h200)
+    conv = tiling_candidates(64, 50176, 1, desktop_gpu)
     assert (conv[0].tile_m, conv[0].tile_n, conv[0].tile_k, conv[0].wpt_m, conv[0].wpt_n) == (64, 128, 8, 4, 8)
     assert any((t.tile_m, t.tile_n, t.wpt_m, t.wpt_n) == (64, 128, 8, 8) for t in conv)
 
@@ -179,13 +179,13 @@ def test_k_step_loop_unrolled_for_8_x_8_blocks_of_adjacent_b_columns_whose_opera
     no per-element K index: a plain matrix product and a convolution's forward (its im2col gather
     takes the step); not for x W^T, a weight gradient whose gather divides k per element, nor the
     4 x 8 blocks of 64-row tiles."""
-    h200 = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
+    desktop_gpu = dataclasses.replace(REFERENCE_PROFILE, compute_units=132, max_work_group_size=1024, local_mem_bytes=49152)
 
     def options(kernel):
         return dict(o[2:].split("=") for o in kernel.build_options if o.startswith("-D"))
 
     def gemms(fn, *inputs, index=0):
-        return [options(k) for k in compile_stages(fn, *inputs, index=index, profile=h200)[3].kernels
+        return [options(k) for k in compile_stages(fn, *inputs, index=index, profile=desktop_gpu)[3].kernels
                 if "TILE_M" in options(k)]
 
     (mm,) = gemms(torch.mm, torch.randn(2048, 512), torch.randn(512, 2048))

@@ -94,7 +94,7 @@ def test_refuses_what_eager_refuses(name):
     assert not unexpected, "\n".join(unexpected)
 
 
-#: Entries outside the claimed ops (and the ones issue 13 found stopping on internal errors): every
+#: Entries outside the claimed ops: every
 #: sample must pass or end in a clear error, never an internal error or a wrong result.
 DATABASE_SUBSET = ["masked.sum", "masked.softmax", "masked.cumsum", "masked.median", "gather", "tensor_split",
                    "take", "nonzero", "linalg.det", "nn.functional.pixel_shuffle"]
@@ -124,7 +124,7 @@ def test_database_entries_pass_or_fail_clearly(name):
     assert reached, "no sample reached the backend (every one skipped or without a graph)"
 
 
-# -- the error sweep's classification (issue 26): no internal error passes for eager's --------------
+# -- the error sweep's classification: no internal error passes for eager's ------------------------
 
 
 def _mm_case(monkeypatch, raise_in_compile=None):

@@ -1,11 +1,11 @@
-"""Every allocation within the target's limits (issue 29 item 1).
+"""Every allocation within the target's limits.
 
 A replayed step's arena larger than the largest single allocation is split into several buffers
 (no slot straddling two), the heap's slabs are held to the target's limit, the step's device
 footprint is reported and refused above the target's global memory, and a single tensor above the
 largest allocation is refused naming it. The device tests record every ``cl.Buffer`` (and every
 image of its own) created while a small network trains through ``TrainingStep`` under a copy of the
-adreno740 profile whose largest allocation is 16 KiB. The issue's full sizes (MobileNetV2 at 224x224,
+adreno740 profile whose largest allocation is 16 KiB. The full sizes (MobileNetV2 at 224x224,
 batch 32, adreno740) take far too long on a CPU: ``benchmarks/allocation_limits.py`` runs them.
 """
 

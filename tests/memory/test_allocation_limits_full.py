@@ -1,4 +1,4 @@
-"""Issue 29's done-when at full size: with ``target="adreno740"``, MobileNetV2 at 224x224 batch 32,
+"""The memory limits at full size: with ``target="adreno740"``, MobileNetV2 at 224x224 batch 32,
 GPT-2-124M LoRA at seq 512 batch 4 with a float16 base, and Qwen2.5-0.5B's shapes with LoRA on q
 and v at seq 256 batch 4 (float16 base) train through ``TrainingStep`` with no ``cl.Buffer`` or
 image over the profile's largest allocation (1 GiB) and a device footprint within its global memory.

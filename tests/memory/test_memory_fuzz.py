@@ -1,4 +1,4 @@
-"""Random graphs against the memory plan (issue 25): DAGs of pointwise, reduction, view, GEMM and
+"""Random graphs against the memory plan: DAGs of pointwise, reduction, view, GEMM and
 in-place nodes with random shapes and frozen inputs.
 
 * Without a device, every case's forward and backward plans (with the backend's donation rule)

@@ -1,5 +1,5 @@
-"""Issue 25: saved views of one buffer, the donation rule, and the memory verifier (no device),
-then the LoRA transformer that got wrong gradients from the memory plan (device)."""
+"""Saved views of one buffer, the donation rule, and the memory verifier (no device), then a LoRA
+transformer whose saved views share buffers, trained on the device against float64."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def _lora_inputs():
 def test_two_saved_views_of_one_buffer_donate_once_with_the_other_as_alias() -> None:
     _, bw, donation = _partitioned(_lora_pair, *_lora_inputs())
     saved_views = [n.name for n in bw.graph.nodes if n.op == "placeholder" and n.name.startswith("view")]
-    assert len(saved_views) >= 2, saved_views  # the case the old rule got wrong: both were donated
+    assert len(saved_views) >= 2, saved_views  # the case donating every saved tensor gets wrong
     donor = next(iter(donation.aliases))
     assert set(donation.aliases[donor]) | {donor} >= set(saved_views[:2])
     assert not set(donation.aliases[donor]) & donation.donated
@@ -123,7 +123,7 @@ def test_saved_forward_inputs_and_views_of_them_are_never_donated() -> None:
 
 
 def _lora_model_partitioned(layers: int = 2):
-    """The partitioned graphs of the LoRA transformer below (the issue's repro at d 64), traced by
+    """The partitioned graphs of the LoRA transformer below (at d 64), traced by
     Dynamo and AOTAutograd as the backend traces them, without a device."""
     from torch._dynamo.backends.common import aot_autograd
 
@@ -146,17 +146,17 @@ def _backward_program(bw, donation: Donation):
     return render_program(fused, plan, REFERENCE_PROFILE)
 
 
-def test_the_verifier_rejects_the_old_donation_of_both_views_and_accepts_the_new_rule() -> None:
+def test_the_verifier_rejects_donating_both_views_and_accepts_the_donation_rule() -> None:
     fw, bw, donation = _lora_model_partitioned()
     assert donation.aliases  # saved views of one LayerNorm output, per block
     shared = {name: f"the buffer of {donor}" for donor, aliases in donation.aliases.items()
               for name in (donor, *aliases)}
-    # The rule before the fix: every saved tensor the forward computed was donated.
+    # The naive rule: every saved tensor the forward computed donated.
     computed = {n.name for n in fw.graph.nodes if n.op == "call_function"}
-    old = Donation(frozenset(n.name for n in bw.graph.nodes if n.op == "placeholder" and n.name in computed))
-    old_program = _backward_program(bw, old)
+    naive = Donation(frozenset(n.name for n in bw.graph.nodes if n.op == "placeholder" and n.name in computed))
+    naive_program = _backward_program(bw, naive)
     with pytest.raises(MemoryPlanError, match="read later by"):
-        verify_program(old_program, shared)
+        verify_program(naive_program, shared)
     program = _backward_program(bw, donation)
     verify_program(program, shared)
     verify_program(program)
@@ -175,7 +175,7 @@ def test_a_donor_with_an_alias_is_busy_until_the_alias_is_read() -> None:
                 assert alloc.first_use > last_read or alloc.first_use == last_read == plan.allocations[donor].last_use
 
 
-# -- the LoRA transformer of the issue, on the device ---------------------------------------------
+# -- a LoRA transformer with shared saved views, on the device ------------------------------------
 
 
 class _LoRA(nn.Module):
@@ -210,7 +210,7 @@ class _Block(nn.Module):
 
 
 class LoRAGPT(nn.Module):
-    """The issue's repro at small widths: frozen embeddings, tied head, LoRA on q and v."""
+    """A LoRA GPT at small widths: frozen embeddings, tied head, LoRA on q and v."""
 
     def __init__(self, layers: int, d: int = 32, heads: int = 2, vocab: int = 97) -> None:
         super().__init__()
@@ -248,8 +248,9 @@ def _relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
 @pytest.mark.device
 @pytest.mark.parametrize("layers", [1, 2, 3, 4, 12])
 def test_lora_transformer_gradients_follow_float64_and_reuse_changes_no_bit(layers: int) -> None:
-    """Before the fix: with 2 layers the last block's q.a gradient came back ~0 (relative error 1.0)
-    and block 0's adapters 10-80% off; with memory_reuse=False all were right."""
+    """Donating both saved views of a LayerNorm output would give the last block's q.a gradient
+    ~0 with 2 layers and put block 0's adapters far off, while memory_reuse=False is right: every
+    gradient follows float64, and reuse changes no bit."""
     torch.manual_seed(layers)
     model = LoRAGPT(layers)
     idx = torch.randint(0, model.vocab, (2, 16 if layers == 12 else 32))

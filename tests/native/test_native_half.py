@@ -1,4 +1,4 @@
-"""Issue 26: ``native_half=True`` for real, on a device with ``cl_khr_fp16`` (Intel's CPU runtime,
+"""``native_half=True`` for real, on a device with ``cl_khr_fp16`` (Intel's CPU runtime,
 which the test extra installs on x86-64 Linux): float16 kernels computing in ``half`` registers
 build, run and meet the float16 accuracy rule, on OpInfo float16 samples and in a training loop.
 

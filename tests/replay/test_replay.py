@@ -97,7 +97,7 @@ def test_reference_models_replay_bit_identically(name) -> None:
 
 @pytest.mark.parametrize("name", ["mlp", "lenet", "resnet_mini", "transformer"])
 def test_memory_reuse_changes_no_bit_of_a_replayed_reference_model(name) -> None:
-    """Issue 25: reuse decides where values live, never what is computed: the replayed steps with
+    """Reuse decides where values live, never what is computed: the replayed steps with
     and without it give the same losses and parameters, bit for bit."""
     steps = 5 if name in ("mlp", "lenet") else 3
     reused = _reference_model_losses(name, steps, replay=True)
@@ -407,7 +407,7 @@ def test_plan_step_memory_packs_by_lifetime() -> None:
 
 
 def test_the_step_verifier_accepts_the_planned_layout_and_rejects_one_sharing_live_bytes() -> None:
-    """Issue 25: the whole-step layout is proven against the recorded reads and writes."""
+    """The whole-step layout is proven against the recorded reads and writes."""
     from types import SimpleNamespace
 
     from torch_adreno.memory.verify import MemoryPlanError

@@ -1,4 +1,4 @@
-"""Issue 26: devices are probed, a broken one is listed with its reason and never crashes
+"""Devices are probed, a broken one is listed with its reason and never crashes
 discovery, and pip-installed drivers (Intel's CPU runtime) are registered with the ICD loader.
 
 The broken device is simulated on any machine: the probe's build is made to fail with the error

@@ -164,16 +164,18 @@ class _FakeNvml:
         return self.gpus[handle][3]
 
 
-H200S = [("NVIDIA H200", (0, 0x17, 0), 1_000_000, 300_000), ("NVIDIA H200", (0, 0x2A, 0), 9_000_000, 700_000)]
+#: Two GPUs of one model (same name) at different PCI addresses.
+TWIN_GPUS = [("NVIDIA Data Center GPU", (0, 0x17, 0), 1_000_000, 300_000),
+             ("NVIDIA Data Center GPU", (0, 0x2A, 0), 9_000_000, 700_000)]
 
 
 def test_nvml_reads_the_energy_counter_of_the_gpu_at_the_opencl_devices_pci_address():
-    nvml = _FakeNvml(H200S)
-    meter = open_nvml_meter(nvml, (0, 0x2A, 0), "NVIDIA H200")
+    nvml = _FakeNvml(TWIN_GPUS)
+    meter = open_nvml_meter(nvml, (0, 0x2A, 0), "NVIDIA Data Center GPU")
     assert isinstance(meter, NvmlMeter) and meter.handle == 1  # the second GPU: its PCI bus, not its name
     reading = _window(meter, 0.01)
     assert reading.joules == pytest.approx(3.5) and reading.samples == 0
-    assert reading.source == "NVML total energy counter of NVIDIA H200 at 0000:2a:00"
+    assert reading.source == "NVML total energy counter of NVIDIA Data Center GPU at 0000:2a:00"
     assert nvml.open == 0  # NVML shut down again
 
 
@@ -188,10 +190,10 @@ def test_nvml_samples_and_integrates_power_where_there_is_no_counter():
 @pytest.mark.parametrize(("nvml", "pci", "name", "reason"), [
     (_FakeNvml([], init_error="NVML Shared Library Not Found"), None, "x",
      r"NVML cannot start \(NVML Shared Library Not Found\)"),
-    (_FakeNvml(H200S), (0, 0x99, 0), "NVIDIA H200",
-     r"no NVML GPU match PCI 0000:99:00 \(NVML has: NVIDIA H200 at 0000:17:00; NVIDIA H200 at 0000:2a:00\)"),
-    (_FakeNvml(H200S), None, "NVIDIA H200", r"2 NVML GPUs match name 'NVIDIA H200'"),
-    (_FakeNvml(H200S), None, "pthread-AMD EPYC", r"no NVML GPU match name 'pthread-AMD EPYC'"),
+    (_FakeNvml(TWIN_GPUS), (0, 0x99, 0), "NVIDIA Data Center GPU",
+     r"no NVML GPU match PCI 0000:99:00 \(NVML has: NVIDIA Data Center GPU at 0000:17:00; NVIDIA Data Center GPU at 0000:2a:00\)"),
+    (_FakeNvml(TWIN_GPUS), None, "NVIDIA Data Center GPU", r"2 NVML GPUs match name 'NVIDIA Data Center GPU'"),
+    (_FakeNvml(TWIN_GPUS), None, "pthread-AMD EPYC", r"no NVML GPU match name 'pthread-AMD EPYC'"),
 ])
 def test_an_unmatched_or_unreadable_gpu_is_a_reason_not_a_number(nvml, pci, name, reason):
     meter = open_meter(DeviceIdentity(name, "vendor", pci), nvml=nvml)
@@ -210,9 +212,9 @@ def test_the_real_nvml_bindings_say_why_nvml_cannot_start_here():
     else:
         pynvml.nvmlShutdown()
         pytest.skip("NVML starts on this machine (an NVIDIA driver is installed): nothing refuses here")
-    meter = open_meter(DeviceIdentity("NVIDIA H200", "NVIDIA Corporation", (0, 0x17, 0)), nvml=pynvml)
+    meter = open_meter(DeviceIdentity("NVIDIA Data Center GPU", "NVIDIA Corporation", (0, 0x17, 0)), nvml=pynvml)
     assert isinstance(meter, Unmeasured)
-    assert meter.reason == f"NVIDIA H200: NVML cannot start ({refused}): no NVIDIA driver here, so no GPU energy counter"
+    assert meter.reason == f"NVIDIA Data Center GPU: NVML cannot start ({refused}): no NVIDIA driver here, so no GPU energy counter"
     reading = _window(meter, 0.01)
     assert reading.joules is None and reading.describe() == f"not measured: {meter.reason}"
 
@@ -220,7 +222,7 @@ def test_the_real_nvml_bindings_say_why_nvml_cannot_start_here():
 def test_a_window_with_remote_launches_reads_no_energy_of_this_machine():
     """A TrainingStep on a step server reports its launches with the remote device's times: this
     machine's counter did not see them."""
-    here = EnergyReading(12.0, "NVML total energy counter of NVIDIA H200 at 0000:17:00", None, 1.5)
+    here = EnergyReading(12.0, "NVML total energy counter of NVIDIA Data Center GPU at 0000:17:00", None, 1.5)
     assert window_energy(here, 0) is here
     remote = window_energy(here, 40)
     assert remote.joules is None and remote.seconds == 1.5
@@ -228,8 +230,8 @@ def test_a_window_with_remote_launches_reads_no_energy_of_this_machine():
 
 
 def test_the_energy_line_gives_joules_per_step_or_the_reason():
-    reading = EnergyReading(12.0, "NVML total energy counter of NVIDIA H200 at 0000:17:00", None, 1.5)
-    assert energy_line(reading, 60) == ("energy: 12 J over 1.500 s (NVML total energy counter of NVIDIA H200 at "
+    reading = EnergyReading(12.0, "NVML total energy counter of NVIDIA Data Center GPU at 0000:17:00", None, 1.5)
+    assert energy_line(reading, 60) == ("energy: 12 J over 1.500 s (NVML total energy counter of NVIDIA Data Center GPU at "
                                         "0000:17:00); 0.2 J per step (60 steps)")
     assert energy_line(reading, 0).endswith("per step: no TrainingStep call in the window")
     assert energy_line(EnergyReading(None, "not measured", "no counter"), 3) == "energy: not measured: no counter"
@@ -300,19 +302,19 @@ def test_bad_energy_inputs_are_refused():
 
 
 def test_project_adds_each_targets_energy_per_step_to_a_recorded_step(capsys, tmp_path):
-    """The H200's recorded GPT-2 LoRA step (kinds' sums of bytes and FLOPs, its copies) projected:
+    """The reference GPU's recorded GPT-2 LoRA step (kinds' sums of bytes and FLOPs, its copies) projected:
     the energy per step is those sums at each target's figures."""
-    records = Path(__file__).parents[1] / "data" / "workloads_h200.jsonl"
-    h200 = next(r for r in map(json.loads, records.read_text().splitlines())
+    records = Path(__file__).parents[1] / "data" / "workloads_reference_gpu.jsonl"
+    recorded = next(r for r in map(json.loads, records.read_text().splitlines())
                 if r["workload"] == "gpt2_lora" and r["peer"] == "ours")
     out_file = tmp_path / "projection.jsonl"
     assert main(["project", "--records", str(records), "--model", "gpt2_lora", "--target", "adreno640", "adreno750",
                  "--jsonl", str(out_file)]) == 0
     out = capsys.readouterr().out
     rows = {r["target"]: r for r in map(json.loads, out_file.read_text().splitlines())}
-    kernel_bytes = sum(round(k["mb"] * 1e6 / k["calls"]) * k["calls"] for k in h200["by_kind"].values())
-    flops = sum(round(k["gflop"] * 1e9 / k["calls"]) * k["calls"] for k in h200["by_kind"].values())
-    copied = h200["h2d_bytes"] + h200["d2h_bytes"]
+    kernel_bytes = sum(round(k["mb"] * 1e6 / k["calls"]) * k["calls"] for k in recorded["by_kind"].values())
+    flops = sum(round(k["gflop"] * 1e9 / k["calls"]) * k["calls"] for k in recorded["by_kind"].values())
+    copied = recorded["h2d_bytes"] + recorded["d2h_bytes"]
     for name, row in rows.items():
         costs = energy_costs(get_target(name))
         dram_mj = kernel_bytes * costs.pj_per_byte * 1e-9

@@ -1,4 +1,4 @@
-"""Issue 26: two OpenCL compilers in CI. The suite runs on one CPU implementation (see
+"""Two OpenCL compilers in CI. The suite runs on one CPU implementation (see
 ``conftest.py``: PoCL where its compiler builds, else Intel's runtime); this test runs a bounded,
 named subset on the other one, where it builds, in a subprocess. Different OpenCL compilers
 catch different undefined behaviour in generated kernels (an uninitialised register, a read past

@@ -1,4 +1,4 @@
-"""Adreno target profiles and compiling for a target on the present device (issue 16).
+"""Adreno target profiles and compiling for a target on the present device.
 
 Stage tests need no device; the device tests compile every reference model for a target on
 PoCL (or whatever device is selected) and check each kernel against the target's limits, and
@@ -38,7 +38,7 @@ from torch_adreno.targets.profiles import (
 
 REQUIRED = ("adreno640", "adreno650", "adreno660", "adreno730", "adreno740", "adreno750", "adreno830")
 
-#: A desktop-class device with wider limits than any Adreno (an H200 through OpenCL, roughly).
+#: A desktop-class device with wider limits than any Adreno (a data-center NVIDIA GPU through OpenCL, roughly).
 DESKTOP = dataclasses.replace(
     REFERENCE_PROFILE, name="desktop", compute_units=132, max_work_group_size=1024,
     max_work_item_sizes=(1024, 1024, 64), preferred_work_group_multiple=32, local_mem_bytes=48 * 1024,
@@ -77,7 +77,7 @@ def test_profiles_hold_the_public_adreno_facts():
     (("QUALCOMM Adreno(TM) 740",), "adreno740"),
     (("Adreno (TM) 830",), "adreno830"),
     (("QUALCOMM Adreno(TM) 505", "OpenCL 2.0 Adreno(TM) 505"), None),  # an Adreno without a profile
-    (("NVIDIA H200", "OpenCL 3.0 CUDA"), None),
+    (("NVIDIA GeForce RTX 4090", "OpenCL 3.0 CUDA"), None),
     (("cpu-haswell-Intel(R) Xeon(R)", "OpenCL 3.0 PoCL"), None),
 ])
 def test_a_real_device_is_matched_to_its_profile_by_name_and_version(strings, expected):

@@ -1,5 +1,5 @@
 """Projection of a profiled step onto an Adreno target's roofline, and the `project` and `devices`
-commands (issue 16)."""
+commands."""
 
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ def test_project_profiles_a_replayed_step_compiled_for_the_target(capsys, tmp_pa
     assert math.isclose(row["mflop"], prof.flops / 1e6)
     assert "| seed_mlp | adreno740 |" in out and "Nothing here was measured on an Adreno" in out
     assert "forward_" in out and "memory" in out  # the per-kernel table
-    # Both figures: the roofline's and the one calibrated by the H200's measured fractions (pooled:
-    # the H200 never ran the seed's MLP), each kernel's roofline time over its kind's fraction.
+    # Both figures: the roofline's and the one calibrated by the reference GPU's measured fractions
+    # (pooled: the calibration's records hold no seed MLP step), each kernel's roofline time over its kind's fraction.
     fractions = load_calibration().fractions["pooled"]
     kernels = project_step(prof.kernels, ADRENO740, launch_us=5.0).kernels
     assert row["calibration"] == "pooled" and row["profiled"] == "profiled"
@@ -119,18 +119,18 @@ def test_project_profiles_a_replayed_step_compiled_for_the_target(capsys, tmp_pa
     assert re.search(r"seed_mlp .*: profiled; calibration 'pooled': copies 0\.\d+ \(as pointwise\), gemm", out)
 
 
-def test_project_records_projects_the_h200s_recorded_steps_without_profiling(capsys, tmp_path):
-    records = Path(__file__).parents[1] / "data" / "workloads_h200.jsonl"  # benchmarks/workloads.py on the H200
-    h200 = next(r for r in map(json.loads, records.read_text().splitlines())
+def test_project_records_projects_the_reference_gpus_recorded_steps_without_profiling(capsys, tmp_path):
+    records = Path(__file__).parents[1] / "data" / "workloads_reference_gpu.jsonl"  # benchmarks/workloads.py there
+    recorded = next(r for r in map(json.loads, records.read_text().splitlines())
                 if r["workload"] == "gpt2_lora" and r["peer"] == "ours")
     out_file = tmp_path / "projection.jsonl"
     assert main(["project", "--records", str(records), "--model", "gpt2_lora", "--target", "adreno740",
                  "--jsonl", str(out_file)]) == 0
     out = capsys.readouterr().out
     (row,) = [json.loads(line) for line in out_file.read_text().splitlines()]
-    assert row["launches"] == h200["launches"] and math.isclose(row["mflop"], h200["gflop"] * 1e3)
+    assert row["launches"] == recorded["launches"] and math.isclose(row["mflop"], recorded["gflop"] * 1e3)
     # Each kind's sums on the roofline: GEMMs compute-bound at 3.7 TFLOP/s, the rest bytes at 63 GB/s.
-    kinds = h200["by_kind"]
+    kinds = recorded["by_kind"]
     # (a kind's launches as equal shares of its sums, rounded to whole bytes and FLOPs)
     assert row["roofline_kernel_ms_by_kind"]["gemm"] == pytest.approx(kinds["gemm"]["gflop"] / 3700 * 1e3, rel=1e-6)
     assert row["roofline_kernel_ms_by_kind"]["pointwise"] == pytest.approx(kinds["pointwise"]["mb"] / 63, rel=1e-6)
@@ -140,6 +140,6 @@ def test_project_records_projects_the_h200s_recorded_steps_without_profiling(cap
         assert math.isclose(row["calibrated_kernel_ms_by_kind"][kind], ms / fractions[kind].fraction)
     assert math.isclose(row["tokens_per_s"], 1024 / (row["projected_ms"] * 1e-3))
     assert math.isclose(row["tokens_per_s_calibrated"], 1024 / (row["calibrated_ms"] * 1e-3))
-    assert "recorded on the NVIDIA H200" in row["profiled"] and "| gpt2_lora | adreno740 |" in out
+    assert f"recorded on the {recorded['device']}" in row["profiled"] and "| gpt2_lora | adreno740 |" in out
     assert main(["project", "--records", str(records), "--model", "lenet"]) == 2
     assert "has no profiled full-size step of lenet (it has gpt2_lora, mobilenet_v2, resnet18)" in capsys.readouterr().err

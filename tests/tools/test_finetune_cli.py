@@ -1,10 +1,10 @@
-"""``python -m torch_adreno finetune`` (issue 29 item 5): LoRA on a causal LM (the text task) and
+"""``python -m torch_adreno finetune``: LoRA on a causal LM (the text task) and
 MobileNetV2 transfer learning (the images task), through a replayed TrainingStep.
 
 The end-to-end text run is a config JSON of a one-layer GPT-2 on PoCL: its loss falls, its steps
 after the second were replays, and the adapter it saved loads in peft with the weights it trained.
 The images task end to end and the text task with a target are slow (a MobileNetV2 compile on PoCL
-is ~30 s of a quiet 2-core machine); unmarked, their models are checked as built."""
+takes tens of seconds); unmarked, their models are checked as built."""
 
 from __future__ import annotations
 
@@ -248,7 +248,7 @@ def test_images_model_freezes_all_but_the_classifier_and_the_last_blocks(tmp_pat
     assert trainable == {"classifier.1.weight", "classifier.1.bias"}
     assert frozen_only.classifier[1].out_features == 10 and frozen_only.classifier.training
     assert not any(m.training for m in frozen_only.features.modules())
-    # A random backbone's statistics, estimated: its features no longer vanish (1e-10 with the initial ones).
+    # A random backbone's statistics, estimated, so that its features do not vanish (1e-10 with the initial ones).
     images = digits_rgb_split(8, seed=0)[0][:16]
     with torch.no_grad():
         vanishing = frozen_only.features(images).std().item()

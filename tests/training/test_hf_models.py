@@ -1,13 +1,13 @@
-"""Hugging Face models as users write them (issue 28): GPT-2, Llama and Qwen2 (grouped-query
+"""Hugging Face models as users write them: GPT-2, Llama and Qwen2 (grouped-query
 attention: 4 query heads, 2 key-value heads) causal LMs and BERT sequence classification, with
 LoRA adapters from peft, trained through ``TrainingStep`` and through ``torch.compile``.
 
-What had stopped them: ``model(input_ids=x, labels=y).loss`` calls ``logger.warning_once`` inside
-transformers' loss function, which Dynamo refuses under ``fullgraph=True`` (the backend now makes
-logger calls no-ops in its own traces: ``torch_adreno.torch_patches``); every causal
-LM's key-value cache starts from ``torch.tensor([])``, a tensor constant of the FX graph, which the
-lowering refused (constants are now data the graph carries: ``ir.Graph.constants``); and
-``scaled_dot_product_attention(..., enable_gqa=True)``.
+What they need beyond plain layers: ``model(input_ids=x, labels=y).loss`` calls
+``logger.warning_once`` inside transformers' loss function, which Dynamo refuses under
+``fullgraph=True`` (the backend makes logger calls no-ops in its own traces:
+``torch_adreno.torch_patches``); every causal LM's key-value cache starts from
+``torch.tensor([])``, a tensor constant of the FX graph (constants are data the graph carries:
+``ir.Graph.constants``); and ``scaled_dot_product_attention(..., enable_gqa=True)``.
 
 Judged as ``test_graph_accuracy.py`` judges the reference models: every output of every compiled
 graph (activations saved for the backward, the LoRA gradients) against the same FX graph run

@@ -209,5 +209,5 @@ def test_project_calibrates_by_the_kernels_measured_on_a_remote_device(server, c
     assert f"at {where}" in out and "one replayed step of seed_mlp profiled now" in out
     measured = re.search(r"seed_mlp \(.*?calibration '(\w+)': (.*)", out)
     assert measured is not None and "gemm" in measured.group(2), out
-    # (every kind's fraction measured there, none 0: the H200's stored figures are not these)
+    # (every kind's fraction measured there, none 0: the stored calibration's figures are not these)
     assert all(0 < float(f) <= 1 for f in re.findall(r" (\d\.\d{3})", measured.group(2)))

@@ -39,7 +39,7 @@ from torch_adreno.training.step import TrainingStep
 INSTALL_HINT = "pip install 'transformers>=5.24' 'peft>=0.21'"
 
 #: Built-in shapes, random weights: (model type, config values). tiny-random fits CI on a CPU
-#: OpenCL device; the others are the shapes of GPT-2 124M and Qwen2.5-0.5B (issue 29's targets).
+#: OpenCL device; the others are the shapes of GPT-2 124M and Qwen2.5-0.5B (the language-model workloads).
 BUILTIN_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-random": ("gpt2", {"n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 256, "vocab_size": 256,
                              "bos_token_id": None, "eos_token_id": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0,

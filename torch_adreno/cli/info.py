@@ -63,10 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     project.add_argument("--records", type=Path, default=None,
                          help="project the steps a benchmarks/workloads.py results file recorded on a GPU (each "
                               "kernel kind's launches, bytes and FLOPs of its profiled step; the first record per "
-                              "workload, e.g. benchmarks/results/h200/workloads.jsonl) instead of profiling "
+                              "workload, e.g. a workloads.jsonl under benchmarks/results) instead of profiling "
                               "here: kinds' sums on the roofline, coarser than per launch")
     project.add_argument("--calibration", type=Path, default=CALIBRATION_FILE,
-                         help="the kernel kinds' achieved fractions of a GPU's roofline (default: the H200's, "
+                         help="the kernel kinds' achieved fractions of a GPU's roofline (default: the stored reference GPU's, "
                               "made by benchmarks/calibrate_projection.py)")
     project.add_argument("--remote", type=address, default=None, metavar="HOST:PORT",
                          help="calibrate by our kernels' efficiency measured now on a step server's device "

@@ -1,9 +1,9 @@
 """Compiled graphs kept in PyTorch's AOTAutograd cache, so that a second process skips tracing
 and partitioning the joint graph and every stage of ours.
 
-A warm compile used to cost, per region, Dynamo's trace, AOTAutograd's joint trace and min-cut
-partition, and our lowering, fusion, memory plan and rendering (resnet_mini: ~0.7 + ~1.5 + ~0.9 s on
-a 2-core CI machine). AOTAutograd has a disk cache keyed by Dynamo's graph and its inputs'
+Without a cache a compile costs, per region, Dynamo's trace, AOTAutograd's joint trace and min-cut
+partition, and our lowering, fusion, memory plan and rendering, around a second each for a small
+model on a CPU. AOTAutograd has a disk cache keyed by Dynamo's graph and its inputs'
 metadata; its *bundled* mode stores the compiled forward and backward themselves, for any backend
 whose compilers return an ``OutputCode``. :class:`CompiledGraph` is that object for us: it holds the
 :class:`~torch_adreno.kernels.KernelProgram` (picklable: IR, memory plan, kernel sources) and binds

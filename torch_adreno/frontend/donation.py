@@ -6,7 +6,7 @@ such a buffer's bytes after its last read (*donation*). That is only sound when 
 still to be read lives in those bytes. Several saved tensors can be views of one storage: a
 LayerNorm output read by two LoRA adapters is saved once per reader, as ``view(n, [T, d])`` twice,
 and both arrive as handles on one buffer. Donating the first view's bytes after its last read
-overwrites the second view before the backward reads it: silently wrong gradients (issue 25).
+overwrites the second view before the backward reads it: silently wrong gradients.
 
 The rule, decided on the partitioned FX graphs from the fake tensors' storages (what eager
 aliases), per storage that saved tensors live in:

@@ -57,8 +57,8 @@ _log = logging.getLogger("torch_adreno")
 #: would take at least this many bytes.
 AUTO_THRESHOLD_BYTES = 32 << 20
 #: ... or, on a device (target) of more memory, this fraction of its global memory: the fused path
-#: recomputes the logits in the backward (one more head GEMM: ~2 ms of GPT-2's step on the H200,
-#: whose 141 GB hold 206 MB of logits 680 times over), which pays only where memory is short.
+#: recomputes the logits in the backward (one more head GEMM per step, while a desktop GPU's memory
+#: holds GPT-2's logits hundreds of times over), which pays only where memory is short.
 AUTO_MEMORY_FRACTION = 1 / 256
 
 

@@ -4,9 +4,8 @@ AOTAutograd's partitioner may save a view, such as attention's queries ``q.view(
 .transpose(1, 2)``, rather than the tensor it views: both weigh the same to its cost model. In eager
 the view shares its base's storage. Here a saved tensor is an output of the forward graph, and an
 output whose layout is not its buffer's row-major one is copied into a buffer of its own
-(``lowering._lower_outputs``): GPT-2's forward copied the queries, keys and values of every block
-into the backward's layout, one kernel reading and writing 18.9 MB per block in float32 (an H200
-plan of GPT-2 124M at 1,024 tokens).
+(``lowering._lower_outputs``): GPT-2's forward would copy the queries, keys and values of every
+block into the backward's layout, one kernel reading and writing all three per block.
 
 :func:`recompute_saved_views` marks each view of the joint graph that is not in row-major order
 (a contiguous view is returned as its buffer anyway) and whose base is at most

@@ -2,19 +2,18 @@
 
 A convolution's weight gradient multiplies over batch x height x width (k = 32,768 in resnet_mini's
 first stage) into a few hundred outputs (16 x 144): one or a few output tiles, so one or a few
-work-groups walk all of k while the rest of the GPU idles (measured on the H200: 1.5 ms for
-151 MFLOP). Cut into S slices, S times as many work-groups each multiply k / S into a slice sum,
+work-groups walk all of k while the rest of the GPU idles. Cut into S slices, S times as many work-groups each multiply k / S into a slice sum,
 and a second, small launch adds the S slice sums and runs the fused epilogue. The slice sums
 cost 2 x S x m x n floats of traffic, kept under a quarter of the bytes the operands move.
 
 On a desktop GPU, whose tiled template multiplies in 128 x 128 tiles, a GEMM of fewer such tiles
 than compute units is also split, whatever its k: into as many slices as fill every compute unit
 twice (two work-groups of 128 x 128 tiles run at once on one). One work-group alone on a compute
-unit runs at about half the rate of two (H200: GPT-2's 1,024 x 768 x 3,072 product, 48 tiles, took
-265 us; cut into 5 slices, 240 work-groups, 164 us; ResNet-18's last convolution, 28 tiles of
-k = 4,608, 362 -> 184 us). With a whole wave of tiles or more nothing was gained: the 144 tiles of
-GPT-2's 1,024 x 2,304 product (132 compute units) took 180 us as they are, 196 us with the 12 left
-over cut into 11 slices each (``benchmarks/gemm_shapes.py``; ``benchmarks/results/h200/gemm_shapes.jsonl``).
+unit runs at about half the rate of two (GPT-2's 1,024 x 768 x 3,072 product, 48 tiles, and
+ResNet-18's last convolution, 28 tiles of k = 4,608, run in well under their unsplit time). With a
+whole wave of tiles or more nothing is gained: splitting the few tiles left over after whole waves
+makes such a GEMM slower (``benchmarks/gemm_shapes.py``; its results are listed in
+``benchmarks/results/README.md``).
 
 The rule needs only the device's compute-unit count: enough output tiles (at the template's usual
 64 x 64) to give every compute unit four work-groups' worth is all the parallelism splitting could add
@@ -38,9 +37,9 @@ from torch_adreno.fusion.schedule import FusionGroup
 from torch_adreno.fusion.specs import GemmKernel
 
 #: Output tiles (64 x 64, times the batch) below which a GEMM is split, and the most it is split to,
-#: on a device of at most 16 compute units; larger ones get four tiles per compute unit (the H200's
-#: 132: ResNet-18's first-stage weight gradients, 9 tiles each, were 6.8 TFLOP/s split into 8, and
-#: GPT-2's head backward, 96 work-groups of 128 x 64 split in 2, still 1.45 waves at 19.8 TFLOP/s).
+#: on a device of at most 16 compute units; larger ones get four tiles per compute unit (on a
+#: GPU of a hundred or more: ResNet-18's first-stage weight gradients, 9 tiles each, split into 8,
+#: and GPT-2's head backward, 96 work-groups of 128 x 64, split in 2).
 TARGET_TILES = 64
 TILES_PER_COMPUTE_UNIT = 4
 #: The shortest k slice.
@@ -125,8 +124,8 @@ def choose_small_output_split(gemm: ir.Gemm, compute_units: int) -> int:
     its tiles times the slices give every compute unit two work-groups, slices at least
     :data:`LARGE_TILE_MIN_SLICE` long. The slice sums may then outweigh the operands: on a GPU of
     a hundred compute units the few work-groups of such an output each walking k alone are what
-    takes the time (H200: MobileNetV2's 384 x 64 weight gradients over k = 3,136, 6 tiles in 4
-    slices, 102 us for 0.15 GFLOP), and the sums of a few hundred KB per slice stay in the L2
+    takes the time (MobileNetV2's 384 x 64 weight gradients over k = 3,136: 6 tiles in 4
+    slices), and the sums of a few hundred KB per slice stay in the L2
     cache. 1: no split."""
     tiles = output_tiles(gemm)
     if tiles >= compute_units or (gemm.m >= LARGE_TILE and gemm.n >= LARGE_TILE):

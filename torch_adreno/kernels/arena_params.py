@@ -1,15 +1,12 @@
 """A kernel rewritten to reach some of its buffers through arena arguments and offset arguments.
 
-A replayed training step (``runtime/replay.py``) binds every kernel argument once, but the driver
-still pays for each argument at every enqueue: NVIDIA's OpenCL driver on the H200 host measured
-about 0.45 us per buffer argument with the device busy (7 us for a one-argument kernel, 25 us for
-40 arguments, 60 us for 120; the same whether the buffers are distinct, one, or sub-buffers of
-one). A replay knows where all the memory made during the step lives (one memory plan for the
+A replayed training step (:mod:`torch_adreno.replay.step`) binds every kernel argument once, but
+the driver still pays for each argument at every enqueue, whether the buffers are distinct, one, or
+sub-buffers of one (NVIDIA's OpenCL driver's figure: ``docs/design/replay.md``). A replay knows where all the memory made during the step lives (one memory plan for the
 whole step, at fixed byte offsets of one buffer), and where the persistent tensors live (regions
 of the device heap's slabs, :mod:`torch_adreno.runtime.heap`), so its kernels can take each such
-buffer once and find their operands at offsets from it: resnet_mini's step went from 648 buffer
-arguments to 300 with the step's own memory in one arena, and to about one per launch with its
-parameters and optimizer state in the same slab.
+buffer once and find their operands at offsets from it: with the step's own memory in one arena and
+its parameters and optimizer state in one slab, a launch takes about one buffer argument.
 
 :func:`place_in_arena` replaces parameter records and keeps the kernel's text: the moved buffers'
 records become operands located in an arena (they leave ``KERNEL_PARAMS``; the arenas take the

@@ -39,7 +39,7 @@ TEMPLATES = tuple(_PASSES)
 #: Blockings tried, first that fits: (rows a group owns, streamed rows per step, micro-tile rows,
 #: micro-tile columns). For head dim 64 in float32 every pass takes 32 x 32 in 128 work-items of
 #: 4 x 2 scores (forward 30.5 KB, dQ 39.2 KB, dK/dV 43.3 KB: within a GPU's 48 KB); 32 rows
-#: rather than 64 give GPT-2's seq 256 (48 heads) 384 groups for an H200's 132 compute units and
+#: rather than 64 give GPT-2's seq 256 (48 heads) 384 groups for a desktop GPU's 100+ compute units and
 #: causal blocks of less uneven length (64 x 32, 43.5 KB, is the forward's next: a tuning
 #: candidate for long sequences). The later ones serve larger head dims, an Adreno's 32 KB, short
 #: sequences and head dims the column groups do not divide.

@@ -23,8 +23,8 @@
 // is multiplied out of local memory, so that load latency hides behind the arithmetic. They are
 // held as fetched (A_RAW_T, B_RAW_T: a 16-bit operand's bits) and finished into floats
 // (FINISH_A, FINISH_B) only as they are stored into the tiles: arithmetic on a loaded value where
-// it is loaded waits for the load, before the multiplications it should overlap (measured on the
-// H200: 16-bit GEMMs 1.5x slower than float32 when widened at the load). The prefetch is not
+// it is loaded waits for the load, before the multiplications it should overlap (16-bit GEMMs
+// widened at the load run well behind float32 ones on a desktop GPU). The prefetch is not
 // skipped at the last K step (its loads are all out of range there, so none is made): a branch
 // around it ends the code the loads can hide in at the branch. Rows of
 // the tiles are padded by 4 floats: keeps float4 alignment and spreads the stores of a

@@ -112,7 +112,7 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile,
     # Larger tiles re-read each operand fewer times (a 128 x 128 tile loads 1/64 of an element per
     # multiply-add, a 64 x 64 one 1/32) but make fewer work-groups: take them only while every
     # compute unit still gets a work-group. 8 x 8 accumulators per work-item were measured on a
-    # desktop GPU (H200: 1.2x CLBlast); a phone GPU's smaller register file may lose more occupancy
+    # desktop GPU (faster than CLBlast there); a phone GPU's smaller register file may lose more occupancy
     # than the tile saves, so mobile-class devices (few compute units) keep 64 x 64 until measured
     # there (``tune=True`` tries the larger tiles on any device).
     for big_m, big_n in ((128, 128), (128, 64), (64, 128)) if choices.large_tiles else ():
@@ -121,34 +121,33 @@ def choose_tiling(m: int, n: int, batch: int, profile: DeviceProfile,
             tile_m, tile_n = big_m, big_n
             break
     # A K step of 8 halves the 128 x 128 tile's local memory and prefetch registers: more
-    # work-groups per compute unit (measured on the H200: 2048^2 and 4096^2 SGEMM 1.25x faster
-    # than with 16, while 64 x 64 tiles do best with 16).
+    # work-groups per compute unit (measured on a desktop GPU: large square SGEMMs faster than with
+    # 16, while 64 x 64 tiles do best with 16).
     tile_k = 8 if tile_m * tile_n >= 128 * 128 else 16
     if (tile_m, tile_n) == (64, 128) and threads == 16:
-        # 64-row tiles (a 64-channel convolution) too, H200 (benchmarks/results/
-        # gemm_shapes_k_steps_h200.jsonl "narrow_k_step"): ResNet-18's layer1 forward, input and
-        # weight gradients 202 -> 148, 223 -> 150 and 278 -> 242 us, its stem's forward 273 -> 189.
+        # 64-row tiles (a 64-channel convolution) too (benchmarks/gemm_shapes.py on a desktop
+        # GPU): ResNet-18's layer1 forward, input and weight gradients and its stem's forward
+        # all run faster with the K step of 8.
         tile_k = 8
     if (tile_m, tile_n) == (128, 128) and n >= 128 and threads == 16 \
             and _groups(m, n, batch, 128, 128) < choices.half_filled_units * units:
         # Between one and 1.5 work-groups of 128 x 128 per compute unit, most units run a lone
         # work-group, at half the rate of two; 128 x 64 tiles, twice as many, did better at every
-        # such shape the tuner was given (H200, benchmarks/gemm_shapes.py --variants tuned:
-        # GPT-2's c_attn forward, 144 tiles, 180 -> 158 us; c_fc forward, 192, 179 -> 160; the MLP
-        # projection's input gradient, 192, 185 -> 152), with the K step of 8. 16-bit operands as
-        # well, now that the template holds them as loaded and widens them only as they are stored
-        # into the tiles (bf16: c_attn forward 174 -> 148 us, c_fc forward 172 -> 147, the MLP
-        # projection's input gradient 180 -> 151). Inside the replayed bf16 GPT-2 step that last one takes 203 us,
-        # bound without the arena 152 (README, "Half precision"): likely the registers its rebuilt
-        # form keeps for operand pointers in the arena, which cost ResNet-18's layer1 weight
-        # gradient a resident work-group per SM (measured there with ptxas; not checked for this one).
+        # such shape the tuner was given on a desktop GPU (benchmarks/gemm_shapes.py --variants
+        # tuned: GPT-2's c_attn forward, 144 tiles; c_fc forward, 192; the MLP projection's input
+        # gradient, 192), with the K step of 8. 16-bit operands as well: the template holds them
+        # as loaded and widens them only as they are stored into the tiles. Inside a replayed
+        # 16-bit GPT-2 step the MLP projection's input gradient is slower than bound without the
+        # arena: likely the registers its rebuilt form keeps for operand pointers in the arena,
+        # which cost ResNet-18's layer1 weight gradient a resident work-group per SM (seen with
+        # ptxas; not checked for this one).
         tile_n = 64
     wpt_m, wpt_n = tile_m // threads, tile_n // threads
     if (tile_m, tile_n) == (128, 64) and m <= 128 and threads == 16:
         # One row of 128 x 64 tiles (a 128-channel convolution): 8 x 8 outputs per work-item, 128
-        # work-items. H200 (benchmarks/gemm_shapes.py --variants items_8x8):
-        # ResNet-18's layer2 forward and input gradient 188 -> 150 and 202 -> 151 us, its strided
-        # forward 111 -> 86; GPT-2's 1024-row products were slower so (c_attn 143 -> 168 us).
+        # work-items (benchmarks/gemm_shapes.py --variants items_8x8 on a desktop GPU):
+        # ResNet-18's layer2 forward, input gradient and strided forward run faster so;
+        # GPT-2's 1024-row products slower (hence only one row of tiles).
         wpt_n = 8
     return _fit_local_memory(GemmTiling(tile_m, tile_n, tile_k, wpt_m, wpt_n), profile)
 
@@ -355,14 +354,13 @@ def k_step_unroll(tiling: GemmTiling, divides_per_element: bool, b_n_fastest: bo
     """How many times ``gemm.cl`` unrolls its loop over one K step (0: the compiler's choice).
 
     NVIDIA's compiler keeps that loop rolled, so each offset's multiply-adds wait for its own
-    local-memory reads. Unrolled in full, 8 x 8 outputs per work-item were faster on the H200 where
-    B's columns are adjacent in memory and no operand's helper divides its per-element K index
-    (``benchmarks/gemm_shapes.py`` on the H200, unrolled against rolled): 4096^2 SGEMM's input gradient 3238 -> 3071 us,
-    ResNet-18's 3 x 3 forward and input gradients 3-10% (layer4 159 -> 143 us). Where B is read
-    along k (a linear layer's forward, x W^T) it was slower so (the 4096^2 forward 3333 -> 3467 us,
-    GPT-2's head forward 1938 -> 2167); with an im2col operand dividing k per element (a weight
-    gradient) 11% slower (layer2 158 -> 175 us), and
-    with the 4 x 8 blocks of 64-row tiles 10% (layer1's forward 150 -> 165 us)."""
+    local-memory reads. Unrolled in full, 8 x 8 outputs per work-item are faster on a desktop GPU
+    where B's columns are adjacent in memory and no operand's helper divides its per-element K index
+    (``benchmarks/gemm_shapes.py``, unrolled against rolled: a large SGEMM's input gradient,
+    ResNet-18's 3 x 3 forward and input gradients). Where B is read along k (a linear layer's
+    forward, x W^T) it is slower so (a large SGEMM's forward, GPT-2's head forward); so it is with
+    an im2col operand dividing k per element (a weight gradient), and
+    with the 4 x 8 blocks of 64-row tiles."""
     eight_by_eight = (tiling.wpt_m, tiling.wpt_n) == (8, 8)
     return tiling.tile_k if eight_by_eight and b_n_fastest and not divides_per_element else 0
 

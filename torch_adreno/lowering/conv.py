@@ -120,7 +120,7 @@ def is_depthwise(geo: ConvGeometry) -> bool:
     """One input channel per group (depthwise, with any channel multiplier): as a GEMM its forward
     has k = taps (9) and its weight gradient m = n = 1 per group, so the GEMM template's tiles hold
     almost nothing and its weight gradient walks batch x positions serially in one work-group per
-    channel (2.96 ms at 39 GFLOP/s for MobileNetV2's first one on the H200). As reductions
+    channel (a small fraction of a GPU's peak for MobileNetV2's first one). As reductions
     (over the taps, or over batch and positions with one work-group per weight) the three products
     are bandwidth-bound kernels that read each operand once per tap."""
     return geo.groups > 1 and geo.cg == 1
@@ -173,7 +173,7 @@ def folds_batch(geo: ConvGeometry) -> bool:
     positions, one GEMM) instead of one GEMM per image: without groups there is nothing else to
     batch, and per image the late stages' few positions (ResNet-18's last: 7 x 7 = 49) fill
     under 80% of a 64-column tile and leave most compute units idle (16 images x 4 tiles = 64
-    work-groups on the H200's 132)."""
+    work-groups on a desktop GPU of over a hundred compute units)."""
     return geo.groups == 1 and geo.n > 1
 
 
@@ -280,7 +280,7 @@ def strided_grad_input(ctx: LoweringContext, gy: ir.View, w: ir.View, geo: ConvG
     As one GEMM over every input position and every tap, ``stride**dims - 1`` of every
     ``stride**dims`` products would be masked zeros: a 3x3 stride-2 convolution's input gradient
     would do 36 taps' work for 9 (ResNet-18's stride-2 input gradients: 7.4 GFLOP each in place of
-    1.85, 350 us each on the H200). The interleave rereads the gradient once, a few MB.
+    1.85). The interleave rereads the gradient once, a few MB.
     """
     per_dim = [[InputPhase(ph, s, p, d, k, size) for ph in range(s)]
                for s, p, d, k, size in zip(geo.stride, geo.padding, geo.dilation, geo.kernel, geo.size, strict=True)]

@@ -1,5 +1,5 @@
 """GPT-2 (124M shapes) with LoRA adapters on the query and value projections, in plain torch: the
-language-model workload of ``benchmarks/workloads.py`` (issue 28) and ``python -m torch_adreno project``.
+language-model workload of ``benchmarks/workloads.py`` and ``python -m torch_adreno project``.
 
 What ``transformers.GPT2LMHeadModel`` + ``peft.get_peft_model(..., LoraConfig(r=8, lora_alpha=16,
 target_modules=["c_attn"]))`` trains, written without either (neither is on the GPU machine):

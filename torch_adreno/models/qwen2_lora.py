@@ -1,5 +1,5 @@
 """Qwen2 (Qwen2.5-0.5B's shapes) with LoRA adapters on the query and value projections, in plain
-torch: the second language-model workload of issue 29 (``benchmarks/allocation_limits.py
+torch: the second language-model workload (``benchmarks/allocation_limits.py
 --workload qwen2_lora``, ``tests/memory/test_allocation_limits_full.py``).
 
 What ``transformers.Qwen2ForCausalLM`` + ``peft.get_peft_model(..., LoraConfig(r=8, lora_alpha=16,
@@ -62,7 +62,7 @@ class Qwen2Config:
         return self.d // self.heads
 
 
-#: Qwen2.5-0.5B's shapes, at issue 29's sequence length.
+#: Qwen2.5-0.5B's shapes, at the memory-limit workloads' sequence length (256).
 FULL = Qwen2Config()
 #: A few layers of the same structure (grouped queries: 4 heads over 2 key/value heads) a 2-core
 #: CPU compiles and trains in seconds.

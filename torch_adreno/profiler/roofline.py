@@ -105,7 +105,7 @@ def device_peaks(runtime: DeviceRuntime) -> DevicePeaks:
 #: Not measured (no Adreno here): an assumption in the range public Adreno OpenCL traces suggest
 #: (a few to tens of microseconds per dispatch); ``--launch-us`` changes it.
 ASSUMED_LAUNCH_US = 10.0
-#: The seed's reported figures the projection is set against (issue 16).
+#: The figures the projection is set against, as the study behind ``seed_mlp`` reports them.
 SEED_GEMM_GFLOPS = (40.0, 70.0)  # GPU GEMM on Snapdragon 8-series, GFLOP/s
 SEED_DATA_MOVEMENT_SHARE = 0.91  # data movement's share of a training step in MNN's OpenCL backend
 

@@ -2,7 +2,7 @@
 few slabs (the arena, the heap's slabs of the persistent tensors), and runs of copies between heap
 regions merged into one kernel each.
 
-A driver's enqueue costs time per argument (NVIDIA's ~0.45 us each with the device busy); a
+A driver's enqueue costs time per argument (``docs/design/replay.md`` has NVIDIA's figure); a
 kernel rebuilt by :func:`~torch_adreno.kernels.arena_params.place_in_arena` takes each slab once,
 and each operand's offset in it as an ``int`` argument. The offsets are arguments so that the
 rebuilt kernels of a model's repeated blocks, alike but for where their operands are, are one

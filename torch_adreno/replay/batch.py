@@ -44,17 +44,14 @@ from torch_adreno.runtime.residency import host_array, shared_buffer
 REPLAY_GRAPH = "replayed_step"
 #: Staged batches of at least this many bytes are copied into the staging memory by worker threads
 #: while the step's guard runs on the caller's thread (:meth:`BatchInput.prestage`): the device
-#: idles until the batch is there. H200 host, ResNet-18's 9.6 MB batch: 0.74 ms copied by one
-#: thread, 0.49 by two; its guard takes ~0.6 ms.
-#: Inside ResNet-18's step, the batch phase is 1.06-1.17 ms with two threads, 0.66-0.68 with four
-#: and 0.97-0.98 with eight (the batch phase of ``ReplayedStep.last_phases``): four, where the
-#: host has them, leaving the caller's
-#: thread a core of its own for the guard.
+#: idles until the batch is there. A batch of several MB takes about as long to copy on one thread
+#: as the guard takes to run, and less on two or more; the workers (:data:`COPY_THREADS`) stop at
+#: four, where the host has them, leaving the caller's thread a core of its own for the guard (more
+#: threads make the batch phase of ``ReplayedStep.last_phases`` longer again).
 #: A worker copies without Python's lock (``np.copyto`` releases it) but needs the lock to start,
-#: and the guard, pure Python, holds it until it ends: workers that had not started by then copied
-#: after the guard, not beside it (measured on this project's 2-core CI host: a 9.6 MB copy
-#: submitted before 0.5 ms of Python began 0.6 ms later). :meth:`BatchInput.prestage` returns only
-#: once every worker has started its copy.
+#: and the guard, pure Python, holds it until it ends: a worker that has not started by then copies
+#: after the guard, not beside it. :meth:`BatchInput.prestage` returns only once every worker has
+#: started its copy.
 PRESTAGE_BYTES = 1 << 20
 COPY_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
 

@@ -8,8 +8,8 @@ persistent tensors are device copies (heap regions), the arena is a region of th
 so that the kernels reach it and them in one slab through one argument. Otherwise it is buffers of
 its own: with zero-copy the parameters are host memory, and a slab would only reserve memory (a
 phone's). A replay binding kernels as compiled (images, or arena kernels off) binds sub-buffers of
-its arena: then too the arena is a buffer of its own, their parent (on the H200, NVIDIA's driver
-crashed releasing such sub-buffers made over a slab; over a buffer of their own it does not).
+its arena: then too the arena is a buffer of its own, their parent (NVIDIA's OpenCL driver
+crashes releasing such sub-buffers made over a slab; over a buffer of their own it does not).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A replayed step enqueues the same operations every step. Where the driver can record them, the
 replay records each run of them once and enqueues the recording instead of one call per operation
-(NVIDIA's driver, which offers neither way below, takes ~14 us to enqueue a launch):
+(NVIDIA's OpenCL driver offers neither way below, and enqueues each launch of the list itself):
 
 - ``cl_khr_command_buffer`` (Khronos): launches, copies and fills recorded into a command buffer
   (``clCommandNDRangeKernelKHR``, ``clCommandCopyBufferKHR``, ``clCommandFillBufferKHR``), run by

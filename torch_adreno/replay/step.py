@@ -11,8 +11,8 @@ several buffers where one would exceed the largest allocation of the device or t
 an argument of its own), and the kernels are rebuilt to take it as one argument and find those
 operands at offsets passed as ``int`` arguments, bound once (:mod:`torch_adreno.kernels.arena_params`:
 the kernels of repeated blocks are then one function, built once): a driver's enqueue costs time
-per buffer argument (NVIDIA's ~0.45 us each with the device busy), and resnet_mini's step passes
-300 buffer arguments instead of 648. A replay then:
+per buffer argument (``docs/design/replay.md`` has NVIDIA's figure), and a step passes far fewer
+buffer arguments so. A replay then:
 
 1. puts the batch in place: on a unified-memory device with zero-copy, binds each new batch's host
    memory to the kernels that read it (a host-pointer buffer made over it, nothing copied; not
@@ -142,7 +142,7 @@ class ReplayedStep:
         #: The recorded step without its internal buffers (what an export translates).
         self.recording = recording_of(recorder, loss_identity)
         # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue
-        # on a profiling queue (NVIDIA's: ~14 vs ~7 us). Under profile() the runtime's queue is used.
+        # on a profiling queue (NVIDIA's does). Under profile() the runtime's queue is used.
         self._queue = cl.CommandQueue(self.runtime.context)
         images = any(isinstance(op, RecordedLaunch) and op.source.images for op in recorder.operations)
         #: How the batch is put in place: in place, staged or uploaded (see :mod:`.batch`).

@@ -13,8 +13,8 @@ Lookup order for a program: this process's programs, then the disk cache, then t
   everything) or ``auto`` (the default): on, except on PoCL. PoCL caches source builds itself (in
   ``POCL_CACHE_DIR``; a repeated build costs a fraction of a cold one), and fetching a program's
   binary makes it compile every kernel once more, for any work-group size: on the reference
-  models (busy 2-core host) +2.5 s (mlp) to +50 s (resnet_mini) per cold compile, for 0.1-0.3 s
-  saved per warm one. Other drivers get the cache: most do not cache source builds, and where
+  models seconds to tens of seconds more per cold compile, for a fraction of a second saved per
+  warm one. Other drivers get the cache: most do not cache source builds, and where
   the build's product is the device binary, fetching it is a copy.
 * **File**: ``<key>.bin`` holding :data:`MAGIC`, the sha256 of the binary, then the binary. The
   checksum is verified before the driver sees a byte: drivers do not all reject a damaged binary

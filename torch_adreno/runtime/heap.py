@@ -1,11 +1,10 @@
 """Long-lived device memory as regions of a few large buffers (slabs).
 
 A replayed step binds every kernel argument once, yet a driver still pays per argument at each
-enqueue (NVIDIA's OpenCL driver on the H200 host: ~0.45 us per buffer argument with the device
-busy). After the replay's own memory moved into one arena, the persistent tensors (parameters,
-buffers, optimizer state) were most of what remained: 213 of resnet_mini's 300 arguments, 117 of
-them in the SGD update alone. Their device copies (copy mode), and the replays' arenas there,
-are therefore regions of shared slabs: a replay's kernels address everything that lives in one
+enqueue (``docs/design/replay.md`` has NVIDIA's OpenCL driver's figure). With the replay's own
+memory in one arena, the persistent tensors (parameters, buffers, optimizer state) are most of a
+step's remaining arguments, most of all in the optimizer update. Their device copies (copy mode),
+and the replays' arenas there, are therefore regions of shared slabs: a replay's kernels address everything that lives in one
 slab through that one argument at constant offsets (:func:`torch_adreno.kernels.arena_params.place_in_arena`).
 
 A region is an OpenCL sub-buffer, so the rest of the runtime (graph calls, copies, images) uses it
@@ -20,10 +19,9 @@ as any buffer. Invariants:
   bytes; a replay's own queue is drained by its blocking loss read, and a replay holds its regions;
 - a slab whose regions are all free is released;
 - slabs belong to one group (a :class:`~torch_adreno.TrainingStep`'s tensors and replays, say):
-  a region is taken from its group's slabs only. NVIDIA's driver charges every enqueue binding a
-  buffer about 12 ns per live sub-buffer of that buffer's parent (H200: 6.2 us with none, 7.2 with
-  100, 9.8 with 300, measured with sub-buffers made for the purpose), so a replay's slab
-  must hold its own step's tensors, not every model's and every batch's of the process;
+  a region is taken from its group's slabs only. NVIDIA's OpenCL driver makes every enqueue binding
+  a buffer dearer with each live sub-buffer of that buffer's parent, so a replay's slab must hold
+  its own step's tensors, not every model's and every batch's of the process;
 - no slab is larger than the largest single allocation allowed: the device's
   (``CL_DEVICE_MAX_MEM_ALLOC_SIZE``), or a :class:`HeapGroup`'s own limit (a TrainingStep compiled
   for a target takes the target's, so that its slabs would allocate on the target too); a region

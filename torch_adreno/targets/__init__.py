@@ -37,7 +37,7 @@ class DeviceProfile:
     address_bits: int = 64
     #: Queue recording/replay in the driver: ``cl_qcom_recordable_queues`` (Qualcomm, which MNN uses)
     #: and ``cl_khr_command_buffer``. Reported only: a replayed TrainingStep enqueues its recorded
-    #: launch list itself (runtime/replay.py), the one loop such a queue would replace.
+    #: launch list itself (:mod:`torch_adreno.replay.launch_list`), the one loop such a queue would replace.
     recordable_queues: bool = False
     command_buffers: bool = False
     #: 2D image limits in texels (CL_DEVICE_IMAGE2D_MAX_WIDTH/HEIGHT; 8192 is OpenCL 1.2's minimum

@@ -38,7 +38,7 @@ SOURCES = {
     "clpeak-x1": "https://github.com/krrishnarraj/clpeak/issues/202 (Adreno X1-45: max work-group 1024, SIMD 128)",
     "primua-740": "https://primua.com/adreno-740/ (Adreno 740: 3.7 TFLOP/s fp32, 7.4 fp16, LPDDR5X 64 GB/s)",
     "wikipedia": "https://en.wikipedia.org/wiki/Adreno (ALU counts and clocks per model)",
-    "issue-16": "this project's issue #16 (figures gathered from public benchmarks, no URL given)",
+    "public-benchmarks": "figures gathered from public benchmarks of these GPUs (no single URL)",
 }
 
 
@@ -108,8 +108,8 @@ _COMMON_SOURCES = {
     "unified_memory": "clinfo-750 ('Unified memory for Host and Device Yes'); every Snapdragon shares DRAM",
     "extensions": "clinfo-740 (cl_qcom_reqd_sub_group_size, cl_qcom_subgroup_shuffle, cl_qcom_large_buffer, "
                   "cl_khr_fp16); cl_qcom_recordable_queues: Qualcomm's SDK, used by MNN; "
-                  "cl_khr_command_buffer absent (issue-16)",
-    "prefers_images": "issue-16 (MNN picks images by default on Adreno, buffers on Mali; TVM and tinygrad's "
+                  "cl_khr_command_buffer absent (public-benchmarks)",
+    "prefers_images": "public-benchmarks (MNN picks images by default on Adreno, buffers on Mali; TVM and tinygrad's "
                       "QCOM backend read weights through image2d); qcom-guide recommends images for read-only data",
     "wave_sizes": "qcom-guide (64 or 128 fibers per wave on A6x/A7x; fp16 reaches full rate at 128)",
     "opencl_version": "clinfo-750 ('OpenCL 3.0 Adreno(TM) 750'); clinfo-6xx (OpenCL 2.0 on 6xx drivers)",
@@ -142,9 +142,9 @@ TARGETS: dict[str, AdrenoTarget] = {t.name: t for t in (
     _target("adreno640", "Adreno 640", "Snapdragon 855", 6, compute_units=2, fp32=899.0, bandwidth=30.0,
             opencl="OpenCL 2.0", extensions=_EXT_COMMON, max_alloc_mib=1024, global_gib=3.7, sources={
                 "peak_fp32_gflops": "wikipedia (384 ALUs x 2 x 585 MHz = 899 GFLOP/s)",
-                "bandwidth_gbs": "issue-16 (~30 GB/s measured); theoretical 34.1 GB/s (LPDDR4X-4266, 64-bit)",
+                "bandwidth_gbs": "public-benchmarks (~30 GB/s measured); theoretical 34.1 GB/s (LPDDR4X-4266, 64-bit)",
                 "max_alloc_bytes": "estimate: 1 GiB as on 7xx drivers; some older 6xx drivers report 256 MiB "
-                                   "(issue-16)",
+                                   "(public-benchmarks)",
                 "extensions": "estimate: the 7xx list without cl_qcom_large_buffer (large-buffer: A7x/A8x only)",
                 "global_mem_bytes": "estimate: share of a 6 GB phone"}),
     _target("adreno650", "Adreno 650", "Snapdragon 865", 6, compute_units=3, fp32=1202.0, bandwidth=40.0,
@@ -168,21 +168,21 @@ TARGETS: dict[str, AdrenoTarget] = {t.name: t for t in (
             sources={
                 "peak_fp32_gflops": "primua-740 (3.7 TFLOP/s fp32)",
                 "peak_fp16_gflops": "primua-740 (7.4 TFLOP/s fp16)",
-                "bandwidth_gbs": "issue-16 (~63 GB/s); primua-740: 64 GB/s theoretical (LPDDR5X-4200, 128-bit "
+                "bandwidth_gbs": "public-benchmarks (~63 GB/s); primua-740: 64 GB/s theoretical (LPDDR5X-4200, 128-bit "
                                  "bus as stated there)",
                 "max_alloc_bytes": "clinfo-740 (QCS8550 driver); large-buffer",
                 "compute_units": "estimate: 6 shader processor slices (wikipedia lists 1536 ALUs)"}),
     _target("adreno750", "Adreno 750", "Snapdragon 8 Gen 3", 7, compute_units=6, fp32=3100.0, bandwidth=77.0,
             sources={
-                "peak_fp32_gflops": "issue-16 (~3.1 TFLOP/s fp32)",
-                "bandwidth_gbs": "issue-16 (~77 GB/s); theoretical 76.8 GB/s (LPDDR5X-4800, 64-bit)",
+                "peak_fp32_gflops": "public-benchmarks (~3.1 TFLOP/s fp32)",
+                "bandwidth_gbs": "public-benchmarks (~77 GB/s); theoretical 76.8 GB/s (LPDDR5X-4800, 64-bit)",
                 "max_alloc_bytes": "clinfo-750 ('Max memory allocation 1073741824 (1024MiB)')",
                 "global_mem_bytes": "clinfo-750 ('Global memory size 5814714368 (5.415GiB)')",
                 "opencl_version": "clinfo-750 and clinfo-750b ('OpenCL 3.0 Adreno(TM) 750')",
                 "compute_units": "estimate: 6 shader processor slices (wikipedia)"}),
     _target("adreno830", "Adreno 830", "Snapdragon 8 Elite", 8, compute_units=6, fp32=3400.0, bandwidth=80.0,
             waves=(64,), sources={
-                "wave_sizes": "issue-16 (64 on 8xx); estimate: not confirmed by a public Qualcomm document",
+                "wave_sizes": "public-benchmarks (64 on 8xx); estimate: not confirmed by a public Qualcomm document",
                 "peak_fp32_gflops": "estimate: ~10% above the Adreno 750 (wikipedia lists up to 4.6 TFLOP/s for "
                                     "the newest Adreno; no figure for the 830 found)",
                 "bandwidth_gbs": "estimate: ~95% of 84.8 GB/s theoretical (LPDDR5X-5300, 64-bit)",

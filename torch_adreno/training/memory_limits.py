@@ -1,4 +1,4 @@
-"""The memory limits a :class:`~torch_adreno.TrainingStep` is held to (issue 29 item 1).
+"""The memory limits a :class:`~torch_adreno.TrainingStep` is held to.
 
 A step compiled for a target (``options={"target": "adreno740"}``) is held to the target's largest
 single allocation and global memory, narrowed to the present device's where those are smaller

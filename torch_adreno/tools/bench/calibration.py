@@ -15,8 +15,9 @@ A kind whose launches are too small to show a throughput (their mean roofline ti
 :data:`LATENCY_BOUND_US` on the measuring GPU: its fixed per-kernel latency is all that was
 measured) takes a stand-in kind's fraction (:data:`STAND_INS`), said in its entry.
 
-The stored calibration (``calibration_h200.json`` beside this module) is made by
-``benchmarks/calibrate_projection.py`` from H200 result files, each number with where it came from.
+The stored calibration (``calibration_reference_gpu.json`` beside this module) is made by
+``benchmarks/calibrate_projection.py`` from the result files of the reference GPU (a data-center NVIDIA
+GPU, :data:`REFERENCE_GPU_MODEL`), each number with where it came from.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-#: The stored calibration: our kernels on an NVIDIA H200 (the profiled steps of benchmarks/workloads.py there).
-CALIBRATION_FILE = Path(__file__).with_name("calibration_h200.json")
+#: The stored calibration: our kernels on the reference GPU (the profiled steps of benchmarks/workloads.py there).
+CALIBRATION_FILE = Path(__file__).with_name("calibration_reference_gpu.json")
 #: A kind whose mean roofline time per launch on the measuring GPU is under this many microseconds
 #: measured the GPU's fixed per-kernel latency (a few microseconds), not a throughput.
 LATENCY_BOUND_US = 1.0
@@ -132,44 +133,46 @@ def calibrate(records: Iterable[Mapping[str, Any]], peak_gflops: float,
             for workload, kinds in sorted(rows.items())}
 
 
-#: The H200's fp32 peak the fractions are of, and where it comes from.
-H200_FP32_GFLOPS = 67_000.0
-H200_FP32_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: FP32 67 TFLOPS), "
-                    "https://www.nvidia.com/en-us/data-center/h200/")
-H200_HBM_NOMINAL_GBS = 4_800.0
+#: The reference GPU the stored calibration was measured on: the model its records' device names.
+REFERENCE_GPU_MODEL = "H200"
+#: The reference GPU's fp32 peak the fractions are of, and where it comes from (NVIDIA's datasheet).
+REFERENCE_GPU_FP32_GFLOPS = 67_000.0
+REFERENCE_GPU_FP32_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: FP32 67 TFLOPS), "
+                             "https://www.nvidia.com/en-us/data-center/h200/")
+REFERENCE_GPU_HBM_NOMINAL_GBS = 4_800.0
 
 
 def usable_record(record: Mapping[str, Any]) -> bool:
-    """A ``benchmarks/workloads.py`` record of our replayed step profiled in full size on an H200."""
+    """A ``benchmarks/workloads.py`` record of our replayed step profiled in full size on the reference GPU."""
     return (record.get("benchmark") == "workloads" and record.get("peer") == "ours"
-            and "H200" in record.get("device", "") and not record.get("small")
+            and REFERENCE_GPU_MODEL in record.get("device", "") and not record.get("small")
             and record.get("profiled_step_replayed") is True and isinstance(record.get("by_kind"), dict))
 
 
 def calibration_data(records: Sequence[Mapping[str, Any]], files: str) -> dict[str, Any]:
-    """The stored calibration's content (``calibration_h200.json``) from the usable records of
+    """The stored calibration's content (``calibration_reference_gpu.json``) from the usable records of
     ``benchmarks/workloads.py`` result files (named in ``files``), every number with its source: the
     fp32 peak NVIDIA's datasheet figure, the bandwidth the best copy bandwidth the records measured."""
     records = [r for r in records if usable_record(r)]
     measured = [r["device_peaks"] for r in records if isinstance(r.get("device_peaks"), dict)]
     if not records or not measured:
         raise CalibrationError(f"{files}: no usable records with measured device_peaks (benchmarks/workloads.py, "
-                               "peer 'ours', full size, profiled step replayed, on an H200)")
+                               "peer 'ours', full size, profiled step replayed, on the reference GPU)")
     bandwidth = max(p["bandwidth_gbs"] for p in measured)
-    tables = calibrate(records, H200_FP32_GFLOPS, bandwidth)
+    tables = calibrate(records, REFERENCE_GPU_FP32_GFLOPS, bandwidth)
     return {
-        "device": records[0]["device"], "peak_gflops": H200_FP32_GFLOPS, "bandwidth_gbs": bandwidth,
+        "device": records[0]["device"], "peak_gflops": REFERENCE_GPU_FP32_GFLOPS, "bandwidth_gbs": bandwidth,
         "sources": {
             "records": f"{files}: {len(records)} profiled replayed steps of our kernels "
                        f"({', '.join(sorted({r['workload'] for r in records}))}), dated "
                        f"{', '.join(sorted({r['date'] for r in records}))}, driver {records[0]['driver']}",
-            "peak_gflops": f"{H200_FP32_SOURCE}; our FMA-chain micro-benchmark reached "
+            "peak_gflops": f"{REFERENCE_GPU_FP32_SOURCE}; our FMA-chain micro-benchmark reached "
                            f"{min(p['gflops'] for p in measured) / 1e3:.1f}-{max(p['gflops'] for p in measured) / 1e3:.1f}"
                            " TFLOP/s (device_peaks of the records)",
             "bandwidth_gbs": f"the best of the records' measured copy bandwidths (device_peaks.bandwidth_gbs, "
                              f"{min(p['bandwidth_gbs'] for p in measured):.0f}-{bandwidth:.0f} GB/s: "
                              "torch_adreno.profiler.roofline's float4 stream kernel, read + write); HBM3e nominal "
-                             f"{H200_HBM_NOMINAL_GBS:.0f} GB/s",
+                             f"{REFERENCE_GPU_HBM_NOMINAL_GBS:.0f} GB/s",
             "fraction": "the kind's roofline time (the larger of its summed GFLOP over peak_gflops and summed MB over "
                         "bandwidth_gbs) over its summed measured device time: a lower bound of the per-launch "
                         "fraction; fraction_upper adds the two times instead (an upper bound, capped at 1)",

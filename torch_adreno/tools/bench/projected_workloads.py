@@ -1,12 +1,12 @@
 """The training steps ``python -m torch_adreno project`` projects: the reference models with their
-suite batches, the seed's MLP, and the real workloads of issues 28 and 29 at the sizes a phone would
+suite batches, the seed's MLP, and the real workloads (vision models and a LoRA language model) at the sizes a phone would
 train them (the models of ``benchmarks/workloads.py``, from :mod:`torch_adreno.models`):
 
 - ``resnet18`` / ``resnet18_b32``: ResNet-18, 224x224, 1,000 classes, batch 16 / 32;
 - ``mobilenet_v2`` / ``mobilenet_v2_b32``: MobileNetV2 (dropout off), 224x224, 1,000 classes, batch 16 / 32;
 - ``gpt2_lora`` / ``gpt2_lora_s512``: GPT-2 124M shapes, LoRA r=8 on q and v, seq 256 / 512, batch 4.
 
-The real workloads train as ``benchmarks/workloads.py`` trains them on the H200 (SGD, lr 0.01,
+The real workloads train as ``benchmarks/workloads.py`` trains them on the reference GPU (SGD, lr 0.01,
 momentum 0.9, only trainable parameters in the optimizer), so that their kernels are the ones the
 calibration (:mod:`.calibration`) measured, and name the calibration table of their architecture.
 GPT-2 has ``layers``: a step with fewer blocks is the same step less whole blocks, which is what
@@ -72,7 +72,7 @@ class StepWorkload:
 
 def _vision_workload(name: str, architecture: str, batch: int) -> StepWorkload:
     factory: Callable[..., nn.Module] = resnet18 if architecture == "resnet18" else mobilenet_v2
-    kwargs: dict[str, Any] = {} if architecture == "resnet18" else {"dropout": 0.0}  # as the H200's run
+    kwargs: dict[str, Any] = {} if architecture == "resnet18" else {"dropout": 0.0}  # as the calibration's run
 
     def make() -> nn.Module:
         torch.manual_seed(0)

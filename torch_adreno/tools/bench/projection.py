@@ -9,10 +9,11 @@ target's bandwidth, its FLOPs over the target's fp32 peak, the larger of the two
 per-launch cost; the copies the step makes (the batch in, the loss out) move DRAM bytes too.
 
 Two figures per step: the *roofline* one (every kernel at its roofline: a lower bound) and the
-*calibrated* one, where each kernel's roofline time is divided by the fraction of the H200's roofline
-that kernels of its kind reached there (:mod:`.calibration`: the workload's own measured fractions
-where the H200 ran it, else pooled ones). The calibrated figure assumes our kernels reach the same
-share of an Adreno's peaks as of the H200's; launch and copy costs are not calibrated.
+*calibrated* one, where each kernel's roofline time is divided by the fraction of the reference GPU's
+roofline that kernels of its kind reached there (:mod:`.calibration`: the workload's own measured
+fractions where the reference GPU ran it, else pooled ones). The calibrated figure assumes our kernels
+reach the same share of an Adreno's peaks as of the reference GPU's; launch and copy costs are not
+calibrated.
 
 A GPT-2 step profiled with fewer blocks (``profile_layers``) is extrapolated per block: every
 quantity projected here is a sum over launches, a step of ``n`` blocks launches the kernels of the
@@ -150,7 +151,7 @@ class ModelProjection:
     profiled: str
     #: The deepest profile's launches on the target's roofline (for the per-kernel table).
     projection: StepProjection
-    #: The H200 fractions by kind the calibrated times used.
+    #: The calibration's fractions by kind the calibrated times used.
     fractions: Mapping[str, KindFraction]
     #: Wall seconds each profile took here (compile, capture, one replayed step), and the device.
     profile_s: tuple[float, ...]

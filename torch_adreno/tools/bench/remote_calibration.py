@@ -1,7 +1,7 @@
 """A projection's calibration measured on a remote device (``python -m torch_adreno project
 --remote HOST:PORT``): each projected workload's step runs there as a replayed TrainingStep under
 ``torch_adreno.profile()``, and each kernel kind's achieved fraction of that device's roofline
-(:func:`torch_adreno.tools.bench.calibration.calibrate`) replaces the stored H200 fractions.
+(:func:`torch_adreno.tools.bench.calibration.calibrate`) replaces the stored reference GPU's fractions.
 
 The roofline's peaks are the remote device's Adreno profile's (its fp32 peak and bandwidth, each with
 its source in :mod:`torch_adreno.targets.profiles`) when its name matches one, else the ones the user

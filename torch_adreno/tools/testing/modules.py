@@ -47,7 +47,7 @@ from torch_adreno.tools.testing.opinfo import (
 SHARED, INVALID = "shared with aot_eager", "invalid in eager"
 KINDS = (PASS, CLEAR_ERROR, NOT_TRACEABLE, WRONG_RESULT, INTERNAL_ERROR, NO_GRAPH, SHARED, INVALID)
 
-#: Summary counts, as the issue tracker and the report speak of them.
+#: Summary counts, as the report speaks of them.
 COUNTED_AS = {PASS: "pass", CLEAR_ERROR: "refused", NOT_TRACEABLE: "refused", WRONG_RESULT: "wrong",
               INTERNAL_ERROR: "crash", NO_GRAPH: "crash", SHARED: "shared", INVALID: "invalid"}
 
