@@ -1,5 +1,6 @@
-/* The memory plan: the JSON of metadata torch_adreno.step (written by torch_adreno/export,
- * step_model): memory identities, slots, batch inputs, the loss and the prediction. */
+/* The memory plan: the JSON of metadata torch_adreno.step (written by step_model of
+ * torch_adreno/export/onnx_writer.py; laid out in torch_adreno/runner/format.py): memory identities,
+ * slots, batch inputs, the loss and the prediction. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -3,6 +3,8 @@ as function calls), and onnxruntime following our losses for 20 steps under the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -154,6 +156,36 @@ def test_export_before_a_capture_says_what_to_do(tmp_path) -> None:
     step(*_batches("mlp", 1)[0])
     with pytest.raises(ExportError, match="at least twice"):
         step.export(tmp_path / "step.onnx")
+
+
+def test_a_capture_is_frozen_and_export_step_takes_only_a_capture(tmp_path) -> None:
+    """A CapturedStep keeps the state's values of when it was taken: trained on after, the step's
+    parameters move, the capture's export does not; a TrainingStep passed to export_step is refused,
+    naming the method that gives its capture."""
+    from torch_adreno.export import CapturedStep, export_step
+
+    step, batches = captured_step("mlp")
+    captured = step.captured_step()
+    assert isinstance(captured, CapturedStep) and captured.forward is None
+    assert captured.loss_shape == () and captured.loss_dtype == torch.float32
+    names = set(captured.state_names.values())
+    assert {"fc1.weight", "lr"} <= names
+    scalars = {captured.state_names[i] for i in captured.scalar_inputs}
+    assert "lr" in scalars and not any(n.startswith("fc") for n in scalars)
+    at_capture = {k: v.detach().clone() for k, v in step.model.state_dict().items()}
+    for batch in batches[:3]:
+        step(*batch)
+    assert step.replayed_steps == 3
+    step.synchronize()
+    assert not torch.equal(step.model.fc1.weight, at_capture["fc1.weight"])
+    model = export_step(captured, tmp_path / "frozen.onnx")
+    written = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for name, value in at_capture.items():
+        np.testing.assert_array_equal(written[name], value.numpy())
+    with pytest.raises(TypeError, match=r"CapturedStep, not a TrainingStep: .*step\.captured_step\(predict=None\)"):
+        export_step(step, tmp_path / "step.onnx")  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        captured.loss_shape = (1,)  # type: ignore[misc]
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ def test_overlapped_steps_are_bit_identical_to_whole_steps_and_the_compiled_grap
     assert whole[2].replay.overlap_refused == "off: replay_overlap=False"
     # Every replayed step's batch (and seeds) went up through the second buffer; none of the whole steps'.
     assert replay.batch_input.landed_steps == 6 and whole[2].replay.batch_input.landed_steps == 0
-    assert replay.staging_buffers == (1 if staged else 0) and replay.staged_seeds == (1 if staged and dropout else 0)
+    assert replay.batch_input.staging_buffers == (1 if staged else 0) and replay.batch_input.staged_seeds == (1 if staged and dropout else 0)
     _assert_bit_identical(full, whole)
     _assert_bit_identical(full, overlapped)
 

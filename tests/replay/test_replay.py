@@ -499,8 +499,8 @@ def test_staged_batch_upload_is_bit_identical(monkeypatch, dropout) -> None:
     full = _train(lambda: _mlp(dropout), opt, batches, replay=False, options=COPY, seed=3)
     staged = _train(lambda: _mlp(dropout), opt, batches, replay=True, options=COPY, seed=3)
     replay = staged[3].replay
-    assert replay.batch_mode is replay_module.BatchMode.STAGED and replay.staging_buffers == 1
-    assert replay.staged_seeds == (1 if dropout else 0)
+    assert replay.batch_mode is replay_module.BatchMode.STAGED and replay.batch_input.staging_buffers == 1
+    assert replay.batch_input.staged_seeds == (1 if dropout else 0)
     assert staged[3].replayed_steps == 6
     _assert_bit_identical(full, staged)
 

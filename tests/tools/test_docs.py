@@ -25,6 +25,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 API_OBJECTS = ("torch_adreno.training.step.TrainingStep", "torch_adreno.training.buckets.Buckets",
                "torch_adreno.profiler.profile", "torch_adreno.runtime.host_writes.mark_changed",
                "torch_adreno.frontend.adreno_backend", "torch_adreno.config.Config", "torch_adreno.config.OPTIONS",
+               "torch_adreno.export.export_step", "torch_adreno.replay.captured.CapturedStep",
                "torch_adreno.export.load_state", "torch_adreno.runner.StepRunner")
 
 

@@ -211,4 +211,4 @@ def export_reference_model(name: str, path: str | Path, batch: tuple[torch.Tenso
                               + "; ".join(sorted(set(step.unreplayable_reasons))))
         step.synchronize()
         reset_state(model, opt, initial)
-        return export_step(step, path, predict=batch[0])
+        return export_step(step.captured_step(predict=batch[0]), path)

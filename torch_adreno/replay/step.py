@@ -48,7 +48,7 @@ enqueue launch by launch, each with its event). The parts: :mod:`.batch` (the ba
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,7 @@ from torch_adreno.replay.capture import (
     StepRecorder,
     recording_of,
 )
+from torch_adreno.replay.captured import CapturedForward, CapturedStep, captured_step
 from torch_adreno.replay.driver_recording import DriverRecording
 from torch_adreno.replay.inputs import ScalarInputs
 from torch_adreno.replay.launch_list import LaunchList
@@ -234,15 +235,13 @@ class ReplayedStep:
     def kernel_launches(self) -> int:
         return len(self._launches)
 
-    @property
-    def staging_buffers(self) -> int:
-        """Pinned staging buffers the replay mapped (staged batch mode: one for batch and seeds)."""
-        return self.batch_input.staging_buffers
-
-    @property
-    def staged_seeds(self) -> int:
-        """Seeds sent in the staged write with the batch (not staged: 0)."""
-        return self.batch_input.staged_seeds
+    def captured(self, state_names: Mapping[int, str] | None = None,
+                 forward: CapturedForward | None = None) -> CapturedStep:
+        """This step frozen for export, with a copy of the state's values (host copies current:
+        synchronize first); ``state_names``: export names by ``id`` of the persistent tensors;
+        ``forward``: a model's forward to export with it (:mod:`torch_adreno.replay.captured`)."""
+        return captured_step(self.recording, self.memory, (self._loss_shape, self._loss_torch_dtype),
+                             self.scalar_inputs, self.residency, state_names, forward)
 
     def _enqueue_all(self, profiled: bool) -> None:
         if not profiled:

@@ -1,5 +1,11 @@
-"""The layout of a training step exported as ONNX (:mod:`torch_adreno.export` writes it, the runner
-reads it). Torch-free: the runner imports this module where PyTorch is not installed.
+"""The layout of a training step exported as ONNX: the step format's one home.
+
+:mod:`torch_adreno.export` writes it (:mod:`torch_adreno.export.onnx_writer`); its readers are
+the Python runner (:mod:`torch_adreno.runner`), the native runtime (``native/src/onnx_reader.c``,
+``native/src/plan_memory.c``: ``torch-adreno-step``), and a remote device, whose step server is
+the native runtime's (:mod:`torch_adreno.remote` sends it the file). Torch-free: the runner
+imports this module where PyTorch is not installed. A change of the layout changes
+:data:`FORMAT_VERSION`, and every reader with it.
 
 A file holds one ONNX model of one whole training step:
 
@@ -20,6 +26,16 @@ A file holds one ONNX model of one whole training step:
   file's kernel and copy nodes), in operation order: every identity before its first use, and an
   identity's bytes again where a graph's slot begins holding another buffer (see
   :mod:`torch_adreno.kernels.fills`). Ignored unless filling is asked for;
+- the plan's JSON, key by key: ``identities``, one entry per memory identity, ``{index, kind,
+  nbytes, label}`` with, by ``kind``: ``persistent`` ``input`` (the graph input), ``shape``,
+  ``output`` (``<input>.new``, or null where the step does not update it); ``batch``
+  ``position`` (the batch argument) and ``view`` (null: the whole argument; else ``[shape,
+  strides, offset]`` in elements of the argument); ``internal`` ``slot`` (index into ``slots``,
+  null: no memory of the plan); the prediction's own identities add ``"program": "predict"``.
+  ``slots``: bytes of each slot. ``batch``: ``{input, position, shape, dtype}`` per batch input.
+  ``loss``: ``{identity, dtype, shape}``. :data:`FILLS_KEY`: as above. ``predict`` (only with a
+  prediction): ``{operations, output}``, ``operations`` the number of the file's last operations
+  that compute it, ``output`` ``{identity, dtype, shape}`` of ``logits``;
 - model metadata ``torch_adreno.integrity``: SHA-256 digests of every initializer's values, of
   the kernel sources and of the operations and plan (:mod:`torch_adreno.runner.integrity`), which
   every runner checks before it uses the file.

@@ -40,6 +40,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable, Hashable, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -49,6 +50,7 @@ from torch_adreno.config import Config
 from torch_adreno.memory.footprint import DeviceFootprint, MemoryLimits
 from torch_adreno.replay import guards
 from torch_adreno.replay.capture import StepRecorder
+from torch_adreno.replay.captured import CapturedStep
 from torch_adreno.replay.driver_recording import driver_recording
 from torch_adreno.replay.step import ReplayedStep, ReplayOptions
 from torch_adreno.runtime import get_residency, get_runtime
@@ -289,15 +291,34 @@ class TrainingStep:
         self._replays.accept_own_writes(versions)
         return loss
 
-    def export(self, path: str, predict: torch.Tensor | None = None) -> Any:
+    def captured_step(self, predict: torch.Tensor | None = None) -> CapturedStep:
+        """The step captured last, frozen for :func:`torch_adreno.export.export_step`: synchronized
+        first, with a copy of the state's current values, named as an export names them
+        (``state_dict`` names, ``optimizer.<parameter>.<key>``, ``lr``); with ``predict`` (an input
+        of the model), also the model's eval-mode forward on it (as batch argument 0). An
+        :class:`~torch_adreno.export.ExportError` before a capture."""
+        from torch_adreno.export import ExportError, state_names
+        from torch_adreno.training.forward_capture import record_forward
+
+        replay = self._replays.latest
+        if replay is None:
+            reasons = "; ".join(sorted(set(self.unreplayable_reasons)))
+            raise ExportError("no step captured: call the TrainingStep at least twice with batches of one geometry "
+                              "first (the second call captures it)" + (f"; not captured: {reasons}" if reasons else ""))
+        with self._hyperparameters:  # (hyperparameter inputs named as a call's groups hold them)
+            self.synchronize()
+            forward = None if predict is None else record_forward(self.model, self.options, self._residency.runtime,
+                                                                  predict)
+            return replay.captured(state_names(self.model, self.optimizer), forward)
+
+    def export(self, path: str | Path, predict: torch.Tensor | None = None) -> Any:
         """Write the captured step (call the step twice with one batch geometry first) to ``path`` as
         one ONNX model: batch and state in, loss and updated state out; with ``predict`` (an input of
         the model), also the model's eval-mode output on batch argument 0 (see :mod:`torch_adreno.export`).
-        Returns the ``onnx.ModelProto``."""
+        Returns the ``onnx.ModelProto``. The same as ``export_step(step.captured_step(predict), path)``."""
         from torch_adreno.export import export_step
 
-        with self._hyperparameters:  # (hyperparameter inputs named as a call's groups hold them)
-            return export_step(self, path, predict)
+        return export_step(self.captured_step(predict), path)
 
     def synchronize(self) -> int:
         """Bring the host copies of parameters and optimizer state up to date; returns the bytes copied."""
