@@ -28,6 +28,7 @@ from torch.fx import GraphModule
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._python_dispatch import _disable_current_modes
 
+from torch_adreno import torch_patches
 from torch_adreno.config import Config
 from torch_adreno.errors import OptionError, ShapeLimitError, SymbolicShapeError
 from torch_adreno.frontend import compile_cache, debug
@@ -531,3 +532,9 @@ def trace_and_compile(config: Config, gm: GraphModule, example_inputs: list[Any]
         with (torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget, cse=False),
               _tracing_context(example_inputs), compile_cache.caching(gm, config, region)):
             return make_backend(config, region)(gm, example_inputs)
+
+
+# What this package changes in PyTorch (each change, its torch versions and why: torch_patches),
+# installed before Dynamo can call the backend: this module is imported by the registry's first
+# lookup of backend="adreno", at a torch.compile that names it, or by the public surface.
+torch_patches.install(adreno_backend, backend_config)
