@@ -77,7 +77,8 @@ _fx_traces_in_this_thread = threading.local()
 def _make_fx_tracing_flag_per_thread() -> None:
     """The "FX is tracing" check additionally requires a trace in the calling thread, counted per
     thread around ``Tracer.trace`` (upstream made the flag thread-local later). Installed before
-    any ``torch.compile`` wrapper captures the check; a no-op where the flag is not a module global."""
+    a ``torch.compile`` wrapper for this backend captures the check (the backend's lookup installs
+    it, before Dynamo wraps the model); a no-op where the flag is not a module global."""
     fx_trace = torch.fx._symbolic_trace
     if not isinstance(getattr(fx_trace, "_is_fx_tracing_flag", None), bool):
         return
