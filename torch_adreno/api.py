@@ -1,9 +1,14 @@
-"""What ``import torch_adreno`` provides where PyTorch is installed (re-exported by the package)."""
+"""The public surface where PyTorch is installed, re-exported by the package at first use (see
+``torch_adreno/__init__.py``: its ``__all__`` is this module's).
+
+Importing it imports the backend's module, :mod:`torch_adreno.frontend`, which installs
+:mod:`torch_adreno.torch_patches`; the backend's name is registered with Dynamo by
+:mod:`torch_adreno.dynamo_registry` at ``import torch_adreno``, without this module.
+"""
 
 from __future__ import annotations
 
-from torch_adreno import torch_patches
-from torch_adreno.config import BACKEND_NAME, OPTIONS, Config
+from torch_adreno.config import OPTIONS, Config
 from torch_adreno.errors import (
     AdrenoError,
     DeviceNotFoundError,
@@ -13,7 +18,7 @@ from torch_adreno.errors import (
     ShapeLimitError,
     UnsupportedOpError,
 )
-from torch_adreno.frontend import adreno_backend, backend_config
+from torch_adreno.frontend import adreno_backend
 from torch_adreno.profiler import profile
 from torch_adreno.runtime import DeviceTensor, list_devices
 from torch_adreno.runtime.host_writes import mark_changed
@@ -27,23 +32,3 @@ __all__ = [
     "mark_changed", "profile",
 ]
 
-
-def _register() -> None:
-    """Register ``backend="adreno"`` with Dynamo unless the installed entry point already does.
-
-    When the package is installed, Dynamo finds the backend through the ``torch_dynamo_backends``
-    entry point and registers it itself on first lookup; registering here as well would make
-    that lookup fail as a duplicate. Without an install (a source checkout on PYTHONPATH), this
-    registration is what makes the name work.
-    """
-    from torch._dynamo.backends import registry
-
-    registry._lazy_import()  # discovers entry points, filling registry._BACKENDS
-    if BACKEND_NAME not in registry._BACKENDS:
-        registry.register_backend(adreno_backend, name=BACKEND_NAME)
-
-
-_register()
-
-# What this package changes in PyTorch (each change, its torch versions and why: torch_patches).
-torch_patches.install(adreno_backend, backend_config)

@@ -4,6 +4,13 @@ TorchDynamo wraps a backend's exceptions in ``BackendCompilerFailed``; it lets i
 ``ShortenTraceback`` family through. Our errors join that family where this torch has it, so the
 user sees the ValueError or UnsupportedOpError itself, with its message on how to proceed.
 
+Importing Dynamo takes seconds, so this module does not: :class:`AdrenoError` derives from a
+stand-in of ``ShortenTraceback`` with the same instance layout, which :func:`join_dynamo_family`
+replaces by the real class once Dynamo is loaded (``torch_patches.install`` calls it when the
+backend is first imported; no error of ours is raised under Dynamo before then). Every error
+class, and every instance already made, is then a ``ShortenTraceback``: Dynamo's ``except`` and
+``isinstance`` checks see it, and ``except OptionError`` etc. keep working unchanged.
+
 Dynamo re-raises such an error at the compiled function's call after asking it to drop Dynamo's
 frames (``remove_dynamo_frames``), and appends a note on ``TORCHDYNAMO_VERBOSE`` to its message.
 Ours keep their own message, and an error the user causes keeps only the frame that raised it
@@ -15,14 +22,7 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
-
-try:
-    from torch._dynamo.exc import ShortenTraceback as _Passthrough
-
-    _PASSTHROUGH = True
-except ImportError:  # pragma: no cover - older torch
-    _Passthrough = RuntimeError  # type: ignore[assignment,misc]
-    _PASSTHROUGH = False
+from typing import TYPE_CHECKING, Any
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 
@@ -42,7 +42,35 @@ def _ours(frame: types.FrameType) -> bool:
     return frame.f_code.co_filename.startswith(_PACKAGE)
 
 
-class AdrenoError(_Passthrough):
+class _ShortenTracebackStandIn(RuntimeError):
+    """Dynamo's ``ShortenTraceback`` until Dynamo is loaded: a Python subclass of RuntimeError
+    like it (so that :func:`join_dynamo_family` may swap them), taking the same arguments."""
+
+    def __init__(self, *args: Any, first_useful_frame: types.FrameType | None) -> None:
+        super().__init__(*args)
+        self.first_useful_frame = first_useful_frame
+
+
+if TYPE_CHECKING:
+    from torch._dynamo.exc import ShortenTraceback as _DynamoPassthrough
+else:
+    class _DynamoPassthrough(_ShortenTracebackStandIn):
+        """The base :func:`join_dynamo_family` rebases from the stand-in onto ``ShortenTraceback``."""
+
+
+def join_dynamo_family() -> bool:
+    """Make every torch_adreno error a Dynamo ``ShortenTraceback`` (see the module docstring);
+    imports Dynamo. Returns whether they are one (False on a torch without that class)."""
+    try:
+        from torch._dynamo.exc import ShortenTraceback
+    except ImportError:  # pragma: no cover - older torch: Dynamo wraps our errors
+        return False
+    if _DynamoPassthrough.__bases__ != (ShortenTraceback,):
+        _DynamoPassthrough.__bases__ = (ShortenTraceback,)
+    return True
+
+
+class AdrenoError(_DynamoPassthrough):
     """Base of torch_adreno's errors."""
 
     #: Whether the error is the user's to fix (bad input, options, an op without a lowering), so
@@ -51,10 +79,7 @@ class AdrenoError(_Passthrough):
 
     def __init__(self, message: str) -> None:
         self.message = message
-        if _PASSTHROUGH:
-            super().__init__(message, first_useful_frame=None)
-        else:
-            super().__init__(message)  # type: ignore[call-arg]
+        super().__init__(message, first_useful_frame=None)
 
     def __str__(self) -> str:
         # Dynamo appends its TORCHDYNAMO_VERBOSE note to args[0]: the note is about PyTorch's bugs.

@@ -1,6 +1,10 @@
-"""Every change ``import torch_adreno`` makes to PyTorch, in one place, each with the torch versions
-it was written for and why. :func:`install` applies them once (``torch_adreno.api`` calls
-it at import); each is a no-op on a torch where its target is not there.
+"""Every change torch_adreno makes to PyTorch, in one place, each with the torch versions it was
+written for and why. :func:`install` applies them once, when the backend's module
+(:mod:`torch_adreno.frontend`) is imported: by Dynamo's first lookup of ``backend="adreno"`` (at
+the first ``torch.compile`` naming it, before Dynamo compiles anything or checks its options), or
+by the first use of the package's public surface (``torch_adreno.TrainingStep`` etc.). ``import
+torch_adreno`` alone changes nothing: it must not import Dynamo, which most of these patch. Each
+is a no-op on a torch where its target is not there.
 
 1. **GradScaler's unscale bumps versions** (torch 2.11, 2.13): ``torch._amp_foreach_non_finite_
    check_and_unscale_`` divides gradients in place without bumping their version counters, which
@@ -23,6 +27,10 @@ it at import); each is a no-op on a torch where its target is not there.
    traceback there. Dynamo's ``get_compiler_fn``, which ``torch.compile`` calls with the backend
    and its arguments, checks ours first (:func:`torch_adreno.frontend.backend_config`)
    and raises the :class:`~torch_adreno.errors.OptionError` from there.
+8. **Our errors are Dynamo's ``ShortenTraceback``s** (2.6-2.13): Dynamo lets that family through
+   a backend uncaught, where it wraps others in ``BackendCompilerFailed``; the error classes are
+   defined before Dynamo is imported, and join the family here
+   (:func:`torch_adreno.errors.join_dynamo_family`).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from typing import Any
 
 import torch
 
-from torch_adreno.errors import AdrenoError
+from torch_adreno.errors import AdrenoError, join_dynamo_family
 from torch_adreno.runtime import host_writes
 
 _log = logging.getLogger("torch_adreno")
@@ -58,6 +66,7 @@ def install(backend: Callable[..., Any], check_arguments: Callable[..., Any]) ->
     logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(_ProfilerNoteFilter(tracing_for_us))
     torch._dynamo.config.allow_rnn = True
     _check_arguments_at_compile(backend, check_arguments)
+    join_dynamo_family()
 
 
 # -- 3. FX's tracing flag ------------------------------------------------------------------------
@@ -68,7 +77,8 @@ _fx_traces_in_this_thread = threading.local()
 def _make_fx_tracing_flag_per_thread() -> None:
     """The "FX is tracing" check additionally requires a trace in the calling thread, counted per
     thread around ``Tracer.trace`` (upstream made the flag thread-local later). Installed before
-    any ``torch.compile`` wrapper captures the check; a no-op where the flag is not a module global."""
+    a ``torch.compile`` wrapper for this backend captures the check (the backend's lookup installs
+    it, before Dynamo wraps the model); a no-op where the flag is not a module global."""
     fx_trace = torch.fx._symbolic_trace
     if not isinstance(getattr(fx_trace, "_is_fx_tracing_flag", None), bool):
         return

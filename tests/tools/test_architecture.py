@@ -23,10 +23,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "torch_adreno"
 #: lower ones. The compiler's stages in pipeline order (a stage reads the data types of the ones
 #: before it: ir, lowering, fusion, memory, kernels); the runtime; the replayed step recorded on it;
 #: the ONNX export of a recorded step; training (TrainingStep, which exports); the frontend, which
-#: drives all of them for Dynamo; the public surface; the tools above everything they drive.
+#: drives all of them for Dynamo, with the changes to PyTorch it installs on import; the public
+#: surface; the tools above everything they drive.
 LAYERS: dict[str, int] = {
     "errors": 0, "targets": 0, "data": 0, "models": 0, "runner": 0, "remote": 0,
-    "opencl_drivers": 1, "config": 1,
+    "opencl_drivers": 1, "config": 1, "dynamo_registry": 1,
     "ir": 2,
     "lowering": 3, "fusion": 3,
     "memory": 4,
@@ -35,8 +36,8 @@ LAYERS: dict[str, int] = {
     "profiler": 7, "replay": 7,
     "export": 8,
     "training": 9,
-    "frontend": 10,
-    "torch_patches": 11, "api": 11,
+    "frontend": 10, "torch_patches": 10,
+    "api": 11,
     "": 12,
     "tools": 13, "tools.testing": 13, "tools.bench": 14, "federated": 14,
     "cli": 15,

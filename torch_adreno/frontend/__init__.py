@@ -23,6 +23,7 @@ The modules, in the order a compile runs through them:
 
 from __future__ import annotations
 
+from torch_adreno import torch_patches
 from torch_adreno.frontend.backend import adreno_backend, backend_config
 from torch_adreno.frontend.decomposition_table import EXTRA_DECOMPOSITIONS, decomposition_table
 from torch_adreno.frontend.partition import PARTITION_KEY, PartitionedGraph
@@ -43,3 +44,9 @@ __all__ = [
     "decomposition_table",
     "trace_and_compile",
 ]
+
+
+# What this package changes in PyTorch (each change, its torch versions and why: torch_patches),
+# installed before Dynamo can call the backend: this module is imported by the registry's first
+# lookup of backend="adreno", at a torch.compile that names it, or by the public surface.
+torch_patches.install(adreno_backend, backend_config)

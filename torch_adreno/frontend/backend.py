@@ -17,9 +17,9 @@ from torch_adreno.frontend.tracing import ChoicesOverride
 
 def backend_config(options: dict[str, Any] | None = None, **kwargs: Any) -> Config:
     """The backend's arguments from ``torch.compile`` (``options=``; ``mode=`` is refused) as a
-    Config; an :class:`OptionError` naming what is wrong otherwise. ``import torch_adreno``
-    checks them at ``torch.compile`` itself (:mod:`torch_adreno.torch_patches`), not at the
-    first call."""
+    Config; an :class:`OptionError` naming what is wrong otherwise. Installed with
+    :mod:`torch_adreno.frontend`, :mod:`torch_adreno.torch_patches` checks them at
+    ``torch.compile`` itself, not at the first call."""
     if kwargs:
         raise OptionError(
             f"the adreno backend takes no {', '.join(map(repr, kwargs))} argument; pass settings as "
