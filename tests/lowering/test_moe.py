@@ -34,8 +34,8 @@ ROUTING_OPS = {"aten.topk.default", "aten.sort.default", "aten.histc.default",
                "transformers.grouped_mm_fallback.default", "transformers.grouped_mm_fallback_backward.default"}
 
 
-def _mixtral() -> torch.nn.Module:
-    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+def _mixtral(layers: int = 2) -> torch.nn.Module:
+    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
                                         num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=4,
                                         num_experts_per_tok=2, max_position_embeddings=16)
     return transformers.MixtralForCausalLM(config)
@@ -165,7 +165,8 @@ def test_the_eager_experts_loop_trains_in_pieces_and_says_how_to_replay(caplog):
     in pieces, as torch.compile does, and its one warning names the line and the implementation
     that is one graph."""
     torch.manual_seed(0)
-    model = _mixtral()
+    # One layer: each layer's experts loop breaks the graph alike, and every piece compiles anew.
+    model = _mixtral(layers=1)
     model.set_experts_implementation("eager")
     eager = copy.deepcopy(model)
     eager_opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)

@@ -6,7 +6,8 @@ in-place nodes with random shapes and frozen inputs.
 * On the device, memory reuse on and off give bit-identical outputs and gradients: reuse changes
   where values live, never the arithmetic.
 
-The seed is fixed (``derandomize``); ``TORCH_ADRENO_FUZZ_EXAMPLES=N`` runs N cases of each.
+The seed is fixed (``derandomize``). Each property has a bounded test (CI's) and a ``slow`` variant
+with the full sweep (deselected under ``CI=true``); ``TORCH_ADRENO_FUZZ_EXAMPLES=N`` runs N cases of each.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ from torch_adreno.memory.plan import StorageKind
 from torch_adreno.memory.verify import MemoryPlanError
 from torch_adreno.targets import REFERENCE_PROFILE
 
-PLAN_EXAMPLES = int(os.environ.get("TORCH_ADRENO_FUZZ_EXAMPLES", "300"))
-DEVICE_EXAMPLES = int(os.environ.get("TORCH_ADRENO_FUZZ_EXAMPLES", "30"))
+_EXAMPLES = os.environ.get("TORCH_ADRENO_FUZZ_EXAMPLES")
+#: Cases of the plan property: the bounded test's (about 0.4 s each on two cores), the full sweep's.
+PLAN_EXAMPLES, PLAN_SWEEP = (int(_EXAMPLES),) * 2 if _EXAMPLES else (80, 300)
+#: Cases of the device property (two compiled runs each): the bounded test's, the full sweep's.
+DEVICE_EXAMPLES, DEVICE_SWEEP = (int(_EXAMPLES),) * 2 if _EXAMPLES else (10, 30)
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 #: (name, arity): what one node of a random graph computes from earlier values.
 OPS = (
@@ -206,10 +211,7 @@ def _plans(case: RandomGraph, donation_rule: Callable = donatable_saved_tensors
     return programs
 
 
-@settings(max_examples=PLAN_EXAMPLES, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(random_graphs())
-def test_random_graph_plans_pass_the_verifier(case: RandomGraph) -> None:
+def _plans_pass_the_verifier(case: RandomGraph) -> None:
     """Every plan passes; every plan corrupted so that two buffers alive at once share bytes fails."""
     programs = _plans(case)
     assert [kind for kind, _, _ in programs][:1] == ["forward"]
@@ -220,6 +222,19 @@ def test_random_graph_plans_pass_the_verifier(case: RandomGraph) -> None:
         if corrupted is not None:
             with pytest.raises(MemoryPlanError):
                 verify_program(corrupted)
+
+
+@settings(max_examples=PLAN_EXAMPLES, derandomize=True, deadline=None, suppress_health_check=_HEALTH)
+@given(random_graphs())
+def test_random_graph_plans_pass_the_verifier(case: RandomGraph) -> None:
+    _plans_pass_the_verifier(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=PLAN_SWEEP, derandomize=True, deadline=None, suppress_health_check=_HEALTH)
+@given(random_graphs())
+def test_random_graph_plans_pass_the_verifier_full_sweep(case: RandomGraph) -> None:
+    _plans_pass_the_verifier(case)
 
 
 def _overlapping(program):
@@ -257,12 +272,7 @@ def _compiled_run(case: RandomGraph, reuse: bool) -> tuple[list[torch.Tensor], l
     return [o.detach().clone() for o in outputs], [None if x.grad is None else x.grad.clone() for x in inputs]
 
 
-@pytest.mark.device
-@settings(max_examples=DEVICE_EXAMPLES, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
-@given(random_graphs())
-def test_random_graphs_give_the_same_bits_with_and_without_memory_reuse(case: RandomGraph) -> None:
+def _reuse_changes_no_bit(case: RandomGraph) -> None:
     reused_outputs, reused_grads = _compiled_run(case, True)
     alone_outputs, alone_grads = _compiled_run(case, False)
     for ours, theirs in zip(reused_outputs, alone_outputs, strict=True):
@@ -278,3 +288,21 @@ def test_random_graphs_give_the_same_bits_with_and_without_memory_reuse(case: Ra
     for ours, x in zip(reused_grads, inputs, strict=True):
         if x.grad is not None:
             torch.testing.assert_close(ours, x.grad, rtol=1e-3, atol=1e-3, equal_nan=True)
+
+
+_DEVICE_HEALTH = [*_HEALTH, HealthCheck.function_scoped_fixture]
+
+
+@pytest.mark.device
+@settings(max_examples=DEVICE_EXAMPLES, derandomize=True, deadline=None, suppress_health_check=_DEVICE_HEALTH)
+@given(random_graphs())
+def test_random_graphs_give_the_same_bits_with_and_without_memory_reuse(case: RandomGraph) -> None:
+    _reuse_changes_no_bit(case)
+
+
+@pytest.mark.slow
+@pytest.mark.device
+@settings(max_examples=DEVICE_SWEEP, derandomize=True, deadline=None, suppress_health_check=_DEVICE_HEALTH)
+@given(random_graphs())
+def test_random_graphs_give_the_same_bits_with_and_without_memory_reuse_full_sweep(case: RandomGraph) -> None:
+    _reuse_changes_no_bit(case)
