@@ -23,7 +23,7 @@ import pytest
 
 from torch_adreno.runtime.device import list_devices
 
-#: The subset's tests (about a minute and a half on two cores).
+#: The subset's tests: each kernel family once on the second compiler.
 SUBSET = (
     "tests/training/test_training.py::test_trains_like_eager[sgd-lenet]",
     "tests/training/test_training.py::test_trains_like_eager[adam-lenet]",
