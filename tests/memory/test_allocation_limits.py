@@ -142,7 +142,7 @@ def test_no_allocation_exceeds_the_targets_limit_and_the_split_arena_changes_no_
     replay = step.replay
     assert allocations["buffers"] and max(allocations["buffers"]) <= SMALL_LIMIT
     assert max(allocations["images"], default=0) <= SMALL_LIMIT
-    copied_images = {id(image.image) for image in replay._images if not image.shared}
+    copied_images = {id(image.image) for image in replay._bound.operations.images if not image.shared}
     assert len(allocations["images"]) >= len(copied_images)  # each image of its own was recorded
     assert len(replay.arena.parts) > 1 and max(replay.arena.parts) <= SMALL_LIMIT
     assert len(replay._buffers.arenas) == len(replay.arena.parts)
