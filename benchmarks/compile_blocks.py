@@ -86,8 +86,8 @@ STAGES = (
     ("tuning", "torch_adreno.runtime.executable", "tune_kernels"),
     ("graph_calls", "torch_adreno.runtime.executable", "Executable.__call__"),
     ("replay_setup", "torch_adreno.training.step", "build_replay"),
-    ("arena_kernels", "torch_adreno.replay.step", "arena_kernels"),
-    ("arena_kernels", "torch_adreno.replay.step", "merged_copies"),
+    ("arena_kernels", "torch_adreno.replay.bound_step", "arena_kernels"),
+    ("arena_kernels", "torch_adreno.replay.bound_step", "merged_copies"),
     ("replays", "torch_adreno.replay.step", "ReplayedStep.__call__"),
 )
 

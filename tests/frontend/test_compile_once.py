@@ -239,7 +239,7 @@ def _replayed_arena_functions(blocks: int, monkeypatch) -> tuple[int, int, int]:
         x, y = torch.randn(6, 12, generator=generator), torch.randint(0, 5, (6,), generator=generator)
         torch.testing.assert_close(step(x, y), eager_training_step(reference, eager, x, y), rtol=1e-4, atol=1e-5)
     replay = step.replay
-    assert step.replayed_steps == 2 and replay is not None and all(replay._rewritten)
+    assert step.replayed_steps == 2 and replay is not None and all(replay._bound.rewritten)
     compiled = {source.content() for _, source, _ in replay._launches}
     functions = {(kernel.program.int_ptr, kernel.function_name) for _, _, kernel in replay._launches}
     assert len(functions) == sum(built), (len(functions), built)  # each function built once

@@ -167,22 +167,23 @@ def test_replay_addressing_its_arena_is_bit_identical_to_the_kernels_as_compiled
     assert arena_replay.offset_arguments > 0 and plain_replay.offset_arguments == 0
     # Every launch of the arena replay was rewritten (one argument fewer per operand it holds), none
     # of the other's.
-    assert all(arena_replay._rewritten) and not any(plain_replay._rewritten)
+    assert all(arena_replay._bound.rewritten) and not any(plain_replay._bound.rewritten)
     assert [k.num_args for _, _, k in plain_replay._launches] == [
         len(s.params) + 2 * s.checks_indices for _, s, _ in plain_replay._launches]
     # A heap region where the parameters are device copies in the heap; with zero-copy (host memory
     # shared in place) a buffer of its own: a slab would only reserve memory.
-    assert (placement(arena_replay._arena) is None) == arena_replay.residency.zero_copy
+    assert (placement(arena_replay._buffers.arenas[0]) is None) == arena_replay.residency.zero_copy
     if zero_copy is False:
         # Parameters and Adam's state are device heap regions in the arena's slab: each launch takes
         # that slab and nothing else (but the index check's record and token), except the one
         # reading the loss's tangent (an input of the backward graph, a buffer of its own) and the
         # two update kernels reading the step's scalar inputs (Adam's learning rate, betas and eps:
         # 0-dim tensors of their own, :mod:`torch_adreno.training.hyperparameters`).
+        offset_arguments = arena_replay._bound.operations.offset_arguments
         extra = [k.num_args - offsets - 1 - 2 * s.checks_indices
-                 for (_, s, k), offsets in zip(arena_replay._launches, arena_replay._offset_arguments, strict=True)]
+                 for (_, s, k), offsets in zip(arena_replay._launches, offset_arguments, strict=True)]
         assert sorted(e for e in extra if e) == [1, 2, 3], sorted(extra)
-        assert len(arena_replay._bases) == 1
+        assert len(arena_replay._bound.slabs) == 1
 
 
 @pytest.mark.device

@@ -142,7 +142,7 @@ def test_no_allocation_exceeds_the_targets_limit_and_the_split_arena_changes_no_
     replay = step.replay
     assert allocations["buffers"] and max(allocations["buffers"]) <= SMALL_LIMIT
     assert max(allocations["images"], default=0) <= SMALL_LIMIT
-    copied_images = {id(image.image) for image in replay._images if not image.shared}
+    copied_images = {id(image.image) for image in replay._bound.operations.images if not image.shared}
     assert len(allocations["images"]) >= len(copied_images)  # each image of its own was recorded
     assert len(replay.arena.parts) > 1 and max(replay.arena.parts) <= SMALL_LIMIT
     assert len(replay._buffers.arenas) == len(replay.arena.parts)
@@ -168,12 +168,12 @@ def test_no_allocation_exceeds_the_targets_limit_and_the_split_arena_changes_no_
 @pytest.mark.device
 def test_a_footprint_above_the_targets_global_memory_is_refused_before_the_replay_allocates(
         derived_target, monkeypatch):
-    from torch_adreno.replay import step as replay_step
+    from torch_adreno.replay import bound_step
 
     state_bytes = 2 * sum(p.numel() * 4 for p in _model().parameters())  # parameters and momentum
     tight = derived_target("adreno740_tight", global_mem_bytes=state_bytes + (8 << 10))
     arenas_made = []
-    monkeypatch.setattr(replay_step, "StepBuffers", lambda *args: arenas_made.append(args))
+    monkeypatch.setattr(bound_step, "StepBuffers", lambda *args: arenas_made.append(args))
     model = _model()
     step = torch_adreno.TrainingStep(model, _loss, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                      options={"target": tight})

@@ -57,7 +57,7 @@ def _staged(monkeypatch) -> None:
     test_replay.py's staged tests do)."""
     from torch_adreno.replay import step as replay_module
 
-    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    monkeypatch.setattr(replay_module, "step_batch_mode", lambda *_: replay_module.BatchMode.STAGED)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-seeds", "dropout-seeds"])

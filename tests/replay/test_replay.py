@@ -493,7 +493,7 @@ def test_staged_batch_upload_is_bit_identical(monkeypatch, dropout) -> None:
     and the dropout seeds go up in one write from one pinned buffer."""
     from torch_adreno.replay import step as replay_module
 
-    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    monkeypatch.setattr(replay_module, "step_batch_mode", lambda *_: replay_module.BatchMode.STAGED)
     batches = _batches(8)
     opt = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
     full = _train(lambda: _mlp(dropout), opt, batches, replay=False, options=COPY, seed=3)
@@ -530,7 +530,7 @@ def _counting_copies(monkeypatch) -> list[int]:
 def test_a_staged_batch_is_copied_while_the_guard_runs_and_stays_bit_identical(monkeypatch, dropout) -> None:
     from torch_adreno.replay import step as replay_module
 
-    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    monkeypatch.setattr(replay_module, "step_batch_mode", lambda *_: replay_module.BatchMode.STAGED)
     copies = _counting_copies(monkeypatch)
     batches = _batches(8)
     opt = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
@@ -553,7 +553,7 @@ def test_a_prestaged_batch_is_being_copied_before_the_guard_starts(monkeypatch) 
     from torch_adreno.replay import guards
     from torch_adreno.replay import step as replay_module
 
-    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    monkeypatch.setattr(replay_module, "step_batch_mode", lambda *_: replay_module.BatchMode.STAGED)
     _counting_copies(monkeypatch)
     copy_started: list[float] = []
     guard_started: list[float] = []
@@ -582,7 +582,7 @@ def test_a_prestaged_batch_is_being_copied_before_the_guard_starts(monkeypatch) 
 def test_a_prestaged_batch_whose_guard_fails_runs_the_full_step(monkeypatch) -> None:
     from torch_adreno.replay import step as replay_module
 
-    monkeypatch.setattr(replay_module, "batch_mode", lambda zero_copy, unified: replay_module.BatchMode.STAGED)
+    monkeypatch.setattr(replay_module, "step_batch_mode", lambda *_: replay_module.BatchMode.STAGED)
     copies = _counting_copies(monkeypatch)
     run = _Lockstep(COPY)
     assert run.run(4).replayed_steps == 2

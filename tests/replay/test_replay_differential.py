@@ -133,7 +133,7 @@ def test_a_replay_whose_memory_plan_overlaps_two_live_values_is_named(monkeypatc
     """A planted fault: the replay (not its reference) puts two values that live at the same time in
     one slot. verify_replay raises, naming the first kernel whose output differs."""
     import torch_adreno.replay.memory as memory
-    import torch_adreno.replay.step as replay_step
+    import torch_adreno.replay.step_memory as step_memory
 
     planned = memory.plan_step_memory
 
@@ -154,7 +154,7 @@ def test_a_replay_whose_memory_plan_overlaps_two_live_values_is_named(monkeypatc
                                              plan.full_path_bytes)
         raise AssertionError("no two overlapping values to plant the fault on")
 
-    monkeypatch.setattr(replay_step, "plan_step_memory", overlapping)
+    monkeypatch.setattr(step_memory, "plan_step_memory", overlapping)
     with pytest.raises(ReplayMismatchError, match=r"the first kernel whose output differs from its reference: "
                                                   r"operation \d+ \(forward_\d+ kernel .*\) wrote "):
         _train(random_model(3), 4, True, {"verify_replay": 2, "verify_memory": False})

@@ -72,10 +72,14 @@ class BatchMode(enum.Enum):
     UPLOADED = "uploaded"
 
 
-def batch_mode(zero_copy: bool, unified_memory: bool) -> BatchMode:
-    """How a replay puts the batch in place on a device (see the module docstring)."""
+def batch_mode(zero_copy: bool, unified_memory: bool, arguments_fixed: bool = False) -> BatchMode:
+    """How a replay puts the batch in place on a device (see the module docstring).
+    ``arguments_fixed``: the kernels' arguments stay as first bound (an image is made over a buffer
+    once, at binding, and a recording in the driver keeps the arguments it was recorded with): a
+    batch bound anew each step would need new images, or a new recording, each step, so it goes
+    into the replay's own memory instead."""
     if unified_memory:
-        return BatchMode.IN_PLACE if zero_copy else BatchMode.UPLOADED
+        return BatchMode.IN_PLACE if zero_copy and not arguments_fixed else BatchMode.UPLOADED
     return BatchMode.STAGED
 
 

@@ -1,17 +1,19 @@
-"""A replay's scalar inputs: host tensors (a learning rate, Adam's betas) the step reads and does not
-update, uploaded before a replay whenever the host changed them since the device got them (a
-schedule's new value), instead of the step being captured again."""
+"""A replay's host tensors: its scalar inputs (:class:`ScalarInputs`: a learning rate, Adam's
+betas), which the step reads and does not update, uploaded before a replay whenever the host changed
+them since the device got them (a schedule's new value), instead of the step being captured again;
+and the tensors it updates (:class:`UpdatedTensors`), whose values stay on the device until a sync
+point."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyopencl as cl
 import torch
 
-from torch_adreno.replay.capture import PERSISTENT, MemoryIdentity
+from torch_adreno.replay.capture import PERSISTENT, StepRecorder
 from torch_adreno.runtime.residency import Residency
 
 
@@ -24,12 +26,14 @@ class _ScalarInput:
 
 
 class ScalarInputs:
-    """The identities of ``identities`` whose tensor is one of ``inputs`` and not updated by the step."""
+    """The persistent identities of ``recorder``'s step whose tensor is one of ``inputs`` and not
+    updated by the step (uploaded as ``graph``'s transfers)."""
 
-    def __init__(self, identities: Iterable[MemoryIdentity], updated: set[int], inputs: Sequence[torch.Tensor],
-                 residency: Residency, graph: str) -> None:
+    def __init__(self, recorder: StepRecorder, inputs: Sequence[torch.Tensor], residency: Residency,
+                 graph: str) -> None:
         wanted = {id(t) for t in inputs}
-        self._entries = [_ScalarInput(i.tensor, i.buffer, int(i.tensor._version)) for i in identities
+        updated = {index for _, index in recorder.updated}
+        self._entries = [_ScalarInput(i.tensor, i.buffer, int(i.tensor._version)) for i in recorder.identities
                          if i.kind is PERSISTENT and i.tensor is not None and id(i.tensor) in wanted
                          and i.index not in updated]
         self._residency = residency
@@ -48,3 +52,22 @@ class ScalarInputs:
                 kept = self._residency.refresh(entry.tensor, entry.buffer, queue, self._graph)
                 if kept is not None:
                     keep.append(kept)
+
+
+class UpdatedTensors:
+    """The tensors ``recorder``'s step updates (parameters, optimizer state), with the device
+    buffers that hold their current values after a replay."""
+
+    def __init__(self, recorder: StepRecorder, residency: Residency) -> None:
+        self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
+        self._residency = residency
+        self._synchronizations_seen = -1
+
+    def defer(self) -> None:
+        """The updated tensors' current values are on the device: keep the residency's deferral
+        records (made at capture, cleared by a synchronize) in place for the next sync point."""
+        synchronizations = self._residency.synchronizations
+        if synchronizations != self._synchronizations_seen:
+            for tensor, buffer in self._updated:
+                self._residency.defer(tensor, buffer)
+            self._synchronizations_seen = synchronizations

@@ -40,9 +40,14 @@ No Dynamo, AOTAutograd wrapper or autograd engine runs. What a replay assumes (t
 geometry, the same tensors, hyperparameters, modes) is checked by its owner before each call
 (:mod:`torch_adreno.replay.guards`). The enqueue is :meth:`ReplayedStep._enqueue_all`, over a
 :class:`~torch_adreno.replay.launch_list.LaunchList` (recorded in the driver or not; profiled calls
-enqueue launch by launch, each with its event). The parts: :mod:`.batch` (the batch and seeds),
-:mod:`.buffers` (where identities live), :mod:`.arena_kernels` (the kernels rebuilt for the arena),
-:mod:`.operations` (the operations, arguments bound), :mod:`.overlap` (the early return).
+enqueue launch by launch, each with its event). A replay is built in three stages, each a value
+the next reads: :mod:`.step_memory` (the memory planned, laid out in the arena and held to the
+limits, before anything is allocated), :mod:`.bound_step` (the arena allocated, the batch input
+made, the kernels rebuilt, every argument bound) and :mod:`.step_launches` (the launch lists, with
+the overlap). Their parts: :mod:`.batch` (the batch and seeds), :mod:`.buffers` (where identities
+live), :mod:`.arena_kernels` (the kernels rebuilt for the arena), :mod:`.operations` (the
+operations, arguments bound), :mod:`.overlap` (the early return). :class:`ReplayOptions`
+(:mod:`.options`) says how.
 """
 
 from __future__ import annotations
@@ -55,69 +60,33 @@ import numpy as np
 import pyopencl as cl
 import torch
 
-from torch_adreno.memory.footprint import MemoryLimits
-from torch_adreno.replay.arena_kernels import (
-    MergedCopies,
-    arena_kernels,
-    merged_copies,
-)
-from torch_adreno.replay.batch import REPLAY_GRAPH, BatchInput, BatchMode, batch_mode
-from torch_adreno.replay.buffers import StepBuffers
-from torch_adreno.replay.capture import (
-    INTERNAL,
-    PERSISTENT,
-    RecordedLaunch,
-    StepRecorder,
-    recording_of,
-)
+from torch_adreno.replay.batch import REPLAY_GRAPH, BatchMode
+from torch_adreno.replay.bound_step import bind_step, step_batch_mode
+from torch_adreno.replay.capture import INTERNAL, StepRecorder, recording_of
 from torch_adreno.replay.captured import CapturedForward, CapturedStep, captured_step
-from torch_adreno.replay.driver_recording import DriverRecording
-from torch_adreno.replay.inputs import ScalarInputs
-from torch_adreno.replay.launch_list import LaunchList
-from torch_adreno.replay.memory import (
-    arena_layout,
-    plan_step_memory,
-    step_fills,
-    step_footprint,
-    verify_step_memory,
-)
-from torch_adreno.replay.operations import CaptureError, bind_operations
-from torch_adreno.replay.overlap import StepOverlap, finished, overlap_refusal, wait_for_other_replays
+from torch_adreno.replay.inputs import ScalarInputs, UpdatedTensors
+from torch_adreno.replay.operations import CaptureError
+from torch_adreno.replay.options import ReplayOptions
+from torch_adreno.replay.overlap import finished, wait_for_other_replays
+from torch_adreno.replay.step_launches import step_launches
+from torch_adreno.replay.step_memory import step_memory
 from torch_adreno.runtime.enqueue import read_buffer
-from torch_adreno.runtime.events import BUS, LaunchRecord
+from torch_adreno.runtime.events import BUS
 from torch_adreno.runtime.residency import Residency, host_array
 
 __all__ = ["REPLAY_GRAPH", "BatchMode", "CaptureError", "ReplayOptions", "ReplayedStep"]
 
-class ReplayOptions:
-    """How a replay is built (from :class:`~torch_adreno.config.Config`): ``arena_kernels``
-    rebuilds the kernels to take the arena as one argument (False binds them as compiled, to
-    sub-buffers of the arena: benchmarks/replay.py measures both, tests check they agree bit for
-    bit); ``merge_copies`` does runs of copies between heap regions with one kernel each;
-    ``verify_memory`` proves the arena layout against the recorded operations first
-    (:func:`verify_step_memory`); ``share_memory`` False gives every identity made during the step
-    memory of its own; ``limits``: the largest allocation and global memory the replay
-    is held to (a target's; None: the present device's); ``fill_uninitialized_memory``: the launch
-    list fills each internal identity's bytes where the recording's fills say (before its first
-    use, and a graph's slot again before each buffer it holds in turn), so that a read of memory
-    nothing wrote in this step shows as NaN or an index error; ``recording``: how the driver records
-    the launch list (:func:`~torch_adreno.replay.driver_recording.driver_recording`; None, or one
-    of kind None: the C loop enqueues it operation by operation); ``overlap``: return once the loss
-    is read where that applies (:mod:`torch_adreno.replay.overlap`)."""
 
-    def __init__(self, arena_kernels: bool = True, merge_copies: bool = True, verify_memory: bool = False,
-                 limits: MemoryLimits | None = None, share_memory: bool = True,
-                 fill_uninitialized_memory: bool = False, recording: DriverRecording | None = None,
-                 overlap: bool = False) -> None:
-        self.arena_kernels = arena_kernels
-        self.merge_copies = merge_copies
-        self.verify_memory = verify_memory
-        self.limits = limits
-        #: False: every identity made during the step gets memory of its own (a reference replay).
-        self.share_memory = share_memory
-        self.fill_uninitialized_memory = fill_uninitialized_memory
-        self.recording = recording if recording is not None and recording.kind else None
-        self.overlap = overlap
+def _replayable_loss(recorder: StepRecorder, loss: torch.Tensor) -> int:
+    """The identity of ``loss`` in ``recorder``'s step; a :class:`CaptureError` where the step
+    cannot be replayed (the recorder met something it cannot replay, or the loss is not memory a
+    graph of the step wrote on the device)."""
+    if recorder.unsupported is not None:
+        raise CaptureError(recorder.unsupported)
+    loss_identity = recorder.output_identity(loss)
+    if loss_identity is None or recorder.identities[loss_identity].kind is not INTERNAL:
+        raise CaptureError("the loss is not an output a graph of the step wrote on the device")
+    return loss_identity
 
 
 class ReplayedStep:
@@ -131,105 +100,43 @@ class ReplayedStep:
         the step's scalar inputs (tensor hyperparameters): those the step reads and does not update
         are uploaded by a replay whenever their version moved (:attr:`scalar_inputs`)."""
         options = options or ReplayOptions()
-        if recorder.unsupported is not None:
-            raise CaptureError(recorder.unsupported)
-        loss_identity = recorder.output_identity(loss)
-        if loss_identity is None or recorder.identities[loss_identity].kind is not INTERNAL:
-            raise CaptureError("the loss is not an output a graph of the step wrote on the device")
-        self.runtime = recorder.runtime
-        self.residency = residency
-        self.graphs = tuple(recorder.graphs)
-        self.memory = plan_step_memory(recorder, {loss_identity}, options.share_memory)
+        loss_identity = _replayable_loss(recorder, loss)
+        self.runtime, self.residency, self.graphs = recorder.runtime, residency, tuple(recorder.graphs)
         #: The recorded step without its internal buffers (what an export translates).
         self.recording = recording_of(recorder, loss_identity)
         # A queue of the replay's own, without profiling: some drivers take twice as long to enqueue
         # on a profiling queue (NVIDIA's does). Under profile() the runtime's queue is used.
         self._queue = cl.CommandQueue(self.runtime.context)
-        images = any(isinstance(op, RecordedLaunch) and op.source.images for op in recorder.operations)
         #: How the batch is put in place: in place, staged or uploaded (see :mod:`.batch`).
-        self.batch_mode = batch_mode(residency.zero_copy, self.runtime.profile.unified_memory)
-        if self.batch_mode is BatchMode.IN_PLACE and (images or options.recording is not None):
-            # An image is made over a buffer once, at binding, and a recording in the driver keeps
-            # the kernel arguments it was recorded with: a batch bound anew each step would need new
-            # images, or a new recording, each step, so it goes into the replay's own memory instead.
-            self.batch_mode = BatchMode.UPLOADED
-        limits = options.limits or MemoryLimits.of(self.runtime.profile)
-        # The memory made during the step, the seeds and the batch's own copy live in the arena, each at
-        # a fixed offset (internal identities at their slot's) of one of its buffers, each within the limit.
-        self.arena = arena_layout(recorder, self.memory, self.batch_mode is not BatchMode.IN_PLACE,
-                                  self.runtime.device.mem_base_addr_align // 8, limits)
-        if options.verify_memory:
-            verify_step_memory(recorder, self.arena, {loss_identity})
-        #: The device memory the step holds, held to ``limits`` before the arena is (images: once bound).
-        self.footprint = step_footprint(recorder, self.arena, [], limits, residency.name_of)
-        self._buffers = StepBuffers(self.runtime, recorder, self.arena,
-                                    options.arena_kernels and not residency.zero_copy and not images, heap_group)
-        self._arena = self._buffers.arenas[0]
-        bindings = self._buffers.batch_bindings(recorder, self.batch_mode is BatchMode.IN_PLACE)
-        # Seeds and batch share one arena buffer and one write; valid_for prestages through it.
-        self.batch_input = BatchInput(self.runtime, self._queue, self.batch_mode, list(bindings.values()),
-                                      self._buffers.arenas[self.arena.inputs_part], [self.arena.offset_of[i] for i in recorder.seeds])
-        # A kernel argument holds no reference to its buffer: the residency may drop its entry for
-        # a persistent tensor (evicted, replaced) while this replay's kernels still point at the
-        # buffer, which must then stay alive (a released one faults at the next enqueue), with the
-        # host memory under it (zero-copy).
-        self._persistent = [(i.buffer, i.tensor) for i in recorder.identities if i.kind is PERSISTENT]
-        self._scalar_inputs = ScalarInputs(recorder.identities, {index for _, index in recorder.updated}, inputs,
-                                           residency, REPLAY_GRAPH)
-        kernels = arena_kernels(self.runtime, recorder, self._buffers.located, self._buffers.slabs,
-                                options.arena_kernels)
-        #: Per launch, whether its kernel was rewritten to take the arenas (else bound as compiled).
-        self._rewritten = [k.slabs is not None for k in kernels]
-        copies = (merged_copies(self.runtime, recorder, self._buffers.located, self._buffers.slabs)
-                  if options.arena_kernels and options.merge_copies else MergedCopies({}, []))
-        #: The slabs the kernels take (a kernel argument holds no reference).
-        self._bases = list({id(b): b for k in kernels for b in k.slabs or ()}.values())
-        self._bases += [slab for slab in copies.slabs if all(slab is not b for b in self._bases)]
-        fills = step_fills(recorder, self.memory) if options.fill_uninitialized_memory else {}
-        bound = bind_operations(self.runtime, recorder, self._buffers, kernels, copies, bindings, fills)
-        listed, described, covered = bound.listed, bound.described, bound.covered
-        #: Per launch: its graph, source and kernel object; and its offset arguments (ints).
-        self._launches, self._offset_arguments = bound.launches, bound.offset_arguments
-        #: The images the kernels read (a kernel argument holds no reference).
-        self._images = bound.images
-        #: Per operation of the launch list, the positions of the recorded operations it does.
-        self.covered = covered
-        own_images = {id(image.image): image.nbytes for image in self._images if not image.shared}
-        self.footprint = step_footprint(recorder, self.arena, list(own_images.values()), limits, residency.name_of)
-        self._checking_launches = sum(1 for _, source, _ in self._launches if source.checks_indices)
+        self.batch_mode = step_batch_mode(recorder, residency.zero_copy, options)
+        planned = step_memory(recorder, loss_identity, self.batch_mode, residency.name_of, options)
+        #: The step's memory plan and where its memory lies in the arena (:mod:`.step_memory`).
+        self.memory, self.arena = planned.plan, planned.arena
+        bound = self._bound = bind_step(recorder, planned, residency, heap_group, self.batch_mode, self._queue, options)
+        #: The device memory the step holds (held to the limits before the arena was made, images included).
+        self.footprint, self.batch_input, self._buffers = bound.footprint, bound.batch_input, bound.buffers
+        #: Per launch: graph, source, kernel object; per listed operation: the recorded ones it does.
+        self._launches, self.covered = bound.operations.launches, bound.operations.covered
+        self._scalar_inputs = ScalarInputs(recorder, inputs, residency, REPLAY_GRAPH)
         self._loss_buffer, self._loss_offset = self._buffers.place(loss_identity)
-        self._loss_shape = tuple(loss.shape)
+        self._loss_shape, self._loss_torch_dtype = tuple(loss.shape), loss.dtype
         self._loss_dtype = host_array(torch.empty(0, dtype=loss.dtype)).dtype
-        refused = overlap_refusal(options.overlap, self.batch_mode, residency.zero_copy, options.recording)
-        self._overlap = None if refused else StepOverlap.of(self.runtime, self.batch_input, recorder, loss_identity, bound,
-                                                            (self._loss_buffer, self._loss_offset), self._loss_shape,
-                                                            self._loss_dtype)
-        #: Why a call waits for all of its step before returning (None: it returns once the loss
-        #: is read, the device finishing the step: :mod:`.overlap`).
-        self.overlap_refused = refused or (None if self._overlap else "no operation of the step uses the loss")
-        #: The step's device operations on the replay's own queue (recorded in the driver, or the C
-        #: loop, where available).
-        self._operations = LaunchList(self._queue, self._overlap.operations(listed) if self._overlap else listed,
-                                      recording=options.recording)
-        # Under profile(): on the runtime's queue, from Python, each call returning its event.
-        self._profiled_operations = LaunchList(self.runtime.queue, listed, native=False).calls
-        #: Per operation, the (graph, kernel source) a profile reports for it (None: a copy, a flush).
-        self._described = described
-        #: A replay's enqueues' arguments but the arena offsets (an ``int`` each): the buffers, mostly.
-        self.offset_arguments = sum(self._offset_arguments)
-        self.kernel_arguments = sum(kernel.num_args for _, _, kernel in self._launches) - self.offset_arguments
-        self._loss_torch_dtype = loss.dtype
-        self._updated = [(tensor, recorder.identities[index].buffer) for tensor, index in recorder.updated]
-        self._synchronizations_seen = -1
-        self._graph_calls_seen = -1
+        launches = self._launch_lists = step_launches(recorder, self._queue, bound, self.batch_mode, residency.zero_copy,
+                                                      loss_identity, self._loss_shape, self._loss_dtype, options)
+        #: Why a call waits for all of its step before returning (:attr:`StepLaunches.overlap_refused`).
+        self._overlap, self.overlap_refused = launches.overlap, launches.overlap_refused
+        self._operations, self._profiled_operations = launches.operations, launches.profiled
+        #: A replay's enqueues' arena offsets (an ``int`` each), and its other arguments (the buffers, mostly).
+        self.offset_arguments, self.kernel_arguments = bound.offset_arguments, bound.kernel_arguments
+        self._checking_launches, self._graph_calls_seen = bound.checking_launches, -1
+        self._updates = UpdatedTensors(recorder, residency)
         #: Host seconds of the last replay's own work (the caller's checks, batch, seeds, enqueue
         #: loop), before it waits for the loss.
-        self.last_host_seconds = 0.0
+        self.last_host_seconds = self.loss_read_at = 0.0
         #: Seconds of the last replay by phase: "guard" (the caller's checks), "batch" (batch and
         #: seeds in place), "enqueue" (the launch loop), "loss_read" (waits for the device: not host
         #: work), and "after" (the caller's bookkeeping once the loss is read; set by the caller).
         self.last_phases: dict[str, float] = dict.fromkeys(("guard", "batch", "enqueue", "loss_read", "after"), 0.0)
-        self.loss_read_at = 0.0
 
     @property
     def kernel_launches(self) -> int:
@@ -244,13 +151,10 @@ class ReplayedStep:
                              self.scalar_inputs, self.residency, state_names, forward)
 
     def _enqueue_all(self, profiled: bool) -> None:
-        if not profiled:
+        if profiled:
+            self._launch_lists.enqueue_profiled(self.runtime.entry.label)
+        else:
             self._operations()
-            return
-        for operation, described in zip(self._profiled_operations, self._described, strict=True):
-            event = operation()
-            if described is not None:
-                BUS.launch(LaunchRecord(described[0], described[1], event, self.runtime.entry.label))
 
     @property
     def enqueue_path(self) -> str:
@@ -360,10 +264,5 @@ class ReplayedStep:
         return self._scalar_inputs.tensors
 
     def _defer_updates(self) -> None:
-        """The updated tensors' current values are on the device: keep the residency's deferral
-        records (made at capture, cleared by a synchronize) in place for the next sync point."""
-        synchronizations = self.residency.synchronizations
-        if synchronizations != self._synchronizations_seen:
-            for tensor, buffer in self._updated:
-                self.residency.defer(tensor, buffer)
-            self._synchronizations_seen = synchronizations
+        """The updated tensors' current values are on the device (:meth:`UpdatedTensors.defer`)."""
+        self._updates.defer()
