@@ -16,6 +16,7 @@ from torch_adreno.kernels.arena_params import (
     arena_buffer,
     place_in_arena,
 )
+from torch_adreno.kernels.choices import KernelChoices
 from torch_adreno.kernels.params import ArenaLocation, Role
 from torch_adreno.kernels.program import RECORD_MACROS, assemble
 from torch_adreno.runtime.tuning import kernel_key
@@ -112,7 +113,8 @@ def test_the_tuning_key_ignores_name_symbol_and_header_not_the_records():
 
 def test_an_image_operand_is_a_record_after_the_buffers():
     _, fused, plan, _ = compile_stages(torch.mm, torch.randn(32, 16), torch.randn(16, 24))
-    (kernel,) = render_program(fused, plan, REFERENCE_PROFILE, images=True).kernels
+    (kernel,) = render_program(fused, plan, REFERENCE_PROFILE,
+                                 dataclasses.replace(KernelChoices.for_device(REFERENCE_PROFILE), images=True)).kernels
     assert kernel.images, "the operands fit images"
     images = [r for r in kernel.arguments if r.role is Role.IMAGE]
     assert [r.key for r in images] == [i.buffer for i in kernel.images]

@@ -7,6 +7,7 @@ by the float64 rule elsewhere (ours at most 2x as far from a float64 run as eage
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -20,6 +21,7 @@ from torch_adreno import ir
 from torch_adreno.config import Config
 from torch_adreno.fusion import fuse
 from torch_adreno.kernels import render_program
+from torch_adreno.kernels.choices import KernelChoices
 from torch_adreno.kernels.expressions import load_text, store_text
 from torch_adreno.kernels.writer import Param
 from torch_adreno.lowering import lower_graph
@@ -318,7 +320,8 @@ def test_native_half_kernels_compute_in_half_registers():
     graph = lower_graph(gm, Config(), "g", None)
     fused = fuse(graph, Config())
     plan = plan_memory(fused, REFERENCE_PROFILE)
-    (native,) = render_program(fused, plan, REFERENCE_PROFILE, native_half=True).kernels
+    (native,) = render_program(fused, plan, REFERENCE_PROFILE,
+                                 dataclasses.replace(KernelChoices.for_device(REFERENCE_PROFILE), native_half=True)).kernels
     (default,) = render_program(fused, plan, REFERENCE_PROFILE).kernels
     assert "#pragma OPENCL EXTENSION cl_khr_fp16 : enable" in native.source
     assert "#pragma" not in default.source
