@@ -175,6 +175,18 @@ def training_step_against_eager(compiled: Callable[..., Any], model: torch.nn.Mo
     return prof
 
 
+def small_classifier() -> torch.nn.Module:
+    """The loop tests' model: 16 features, 4 classes, seeded."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def small_classifier_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """64 examples for :func:`small_classifier`, the same every call."""
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+
+
 def cross_entropy_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The loss function the TrainingStep tests train with: ``loss_fn(model, *batch)``."""
     return torch.nn.functional.cross_entropy(model(x), y)

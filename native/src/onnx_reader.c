@@ -420,24 +420,14 @@ tas_status onnx_read_memory(const uint8_t *data, size_t size, const char *origin
 
 tas_status onnx_read_file(const char *path, onnx_model *model, error_record *error) {
     memset(model, 0, sizeof *model);
-    int descriptor = open(path, O_RDONLY);
-    if (descriptor < 0) return fail(error, TAS_ERROR_FILE, "cannot open %s: %s", path, strerror(errno));
-    struct stat status;
-    if (fstat(descriptor, &status) != 0 || !S_ISREG(status.st_mode)) {
-        close(descriptor);
-        return fail(error, TAS_ERROR_FILE, "%s is not a regular file", path);
-    }
-    if (status.st_size == 0) {
-        close(descriptor);
-        return fail(error, TAS_ERROR_FORMAT, "%s is empty: not a step file; export it again", path);
-    }
-    size_t size = (size_t)status.st_size;
-    void *mapping = mmap(NULL, size, PROT_READ, MAP_PRIVATE, descriptor, 0);
-    close(descriptor); /* the mapping keeps the file */
-    if (mapping == MAP_FAILED) return fail(error, TAS_ERROR_FILE, "cannot map %s: %s", path, strerror(errno));
-    tas_status status_code = onnx_read_memory(mapping, size, path, model, error);
+    const uint8_t *data = NULL;
+    size_t size = 0;
+    tas_status status = map_file(path, &data, &size, error);
+    if (status != TAS_OK) return status;
+    if (size == 0) return fail(error, TAS_ERROR_FORMAT, "%s is empty: not a step file; export it again", path);
+    status = onnx_read_memory(data, size, path, model, error);
     model->mapped = 1;
-    return status_code;
+    return status;
 }
 
 void onnx_free(onnx_model *model) {

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import cross_entropy_loss, small_classifier, small_classifier_batch
 from torch import nn
 from torch.optim import lr_scheduler
 
@@ -30,18 +30,7 @@ pytestmark = pytest.mark.device
 STEPS = 30
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(1)
-    return torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator)
-
-
-def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x), y)
+_model, _batch, _loss = small_classifier, small_classifier_batch, cross_entropy_loss
 
 
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {

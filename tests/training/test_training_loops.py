@@ -15,6 +15,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import cross_entropy_loss, small_classifier, small_classifier_batch
 from torch import nn
 
 import torch_adreno
@@ -27,18 +28,7 @@ IMPLEMENTATIONS = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused
 STEPS = 5
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(1)
-    return torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator)
-
-
-def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x), y)
+_model, _batch, _loss = small_classifier, small_classifier_batch, cross_entropy_loss
 
 
 def _eager_run(optimizer: str, implementation: str, steps: int = STEPS) -> tuple[list[float], nn.Module]:

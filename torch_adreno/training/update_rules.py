@@ -90,18 +90,25 @@ def _sgd(group: Group, p: torch.Tensor, g: torch.Tensor, state: State, started: 
     return new
 
 
-def _adam(group: Group, p: torch.Tensor, g: torch.Tensor, state: State, started: torch.Tensor | None) -> State:
+def _adam_moments(group: Group, p: torch.Tensor, g: torch.Tensor,
+                  state: State) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor, Any, Any]:
+    """Adam's and RAdam's shared first part, as PyTorch orders it: the (coupled or decoupled)
+    weight decay, the next step, both moments and both bias corrections."""
     decoupled = bool(group.get("decoupled_weight_decay", False))
     g = _gradient(group, p, g, coupled_decay=not decoupled)
-    lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+    lr, wd = group["lr"], group["weight_decay"]
     beta1, beta2 = group["betas"]
     step = state["step"] + 1
     if decoupled and nonzero(wd):
         p = p * (1 - lr * wd)
     exp_avg = torch.lerp(state["exp_avg"], g, 1 - beta1)
     exp_avg_sq = state["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
+    return p, step, exp_avg, exp_avg_sq, 1 - beta1 ** step, 1 - beta2 ** step
+
+
+def _adam(group: Group, p: torch.Tensor, g: torch.Tensor, state: State, started: torch.Tensor | None) -> State:
+    p, step, exp_avg, exp_avg_sq, bias_correction1, bias_correction2 = _adam_moments(group, p, g, state)
+    lr, eps = group["lr"], group["eps"]
     step_size = lr / bias_correction1
     new: State = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if group["amsgrad"]:
@@ -223,17 +230,9 @@ def _nadam_state(group: Group, p: torch.Tensor) -> State:
 
 
 def _radam(group: Group, p: torch.Tensor, g: torch.Tensor, state: State, started: torch.Tensor | None) -> State:
-    decoupled = bool(group.get("decoupled_weight_decay", False))
-    g = _gradient(group, p, g, coupled_decay=not decoupled)
-    lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-    beta1, beta2 = group["betas"]
-    step = state["step"] + 1
-    if decoupled and nonzero(wd):
-        p = p * (1 - lr * wd)
-    exp_avg = torch.lerp(state["exp_avg"], g, 1 - beta1)
-    exp_avg_sq = state["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
+    p, step, exp_avg, exp_avg_sq, bias_correction1, bias_correction2 = _adam_moments(group, p, g, state)
+    lr, eps = group["lr"], group["eps"]
+    beta2 = group["betas"][1]
     bias_corrected_exp_avg = exp_avg / bias_correction1
     rho_inf = 2 / (1 - beta2) - 1
     rho_t = rho_inf - 2 * step * (beta2 ** step) / bias_correction2
