@@ -227,7 +227,7 @@ OPTIONS: dict[str, OptionSpec] = {
             "replay_command_buffers", _auto_bool, "auto", "TORCH_ADRENO_REPLAY_COMMAND_BUFFERS",
             "a replayed TrainingStep records its launch list once into the OpenCL driver and enqueues "
             "the recording with one call per step instead of one per launch ('auto', the default: where "
-            "the device offers cl_khr_command_buffer; True: that, else Qualcomm's cl_qcom_recordable_queues, "
+            "a GPU offers cl_khr_command_buffer; True: that on any device, that, else Qualcomm's cl_qcom_recordable_queues, "
             "written from Qualcomm's header and not run on a device yet, and an error where the device "
             "offers neither; False: launch by launch). A recording keeps kernel arguments as recorded, so "
             "a recorded step copies its batch into its own memory instead of binding it in place; results "

@@ -32,7 +32,7 @@ _SOURCE = "__kernel void affine(__global float* x) { size_t i = get_global_id(0)
 def _recording_device():
     """The device that records command buffers, and its entry (a skip where none does)."""
     for entry in list_devices():
-        if entry.unusable is None and driver_recording(entry.device, "auto").kind == COMMAND_BUFFER:
+        if entry.unusable is None and "cl_khr_command_buffer" in entry.device.extensions.split():
             return entry
     pytest.skip("no device here offers cl_khr_command_buffer (Intel's CPU runtime does)")
 
@@ -41,13 +41,17 @@ def test_each_device_says_how_it_records_and_true_is_refused_where_none_can() ->
     for entry in list_devices():
         if entry.unusable is not None:
             continue
-        recording = driver_recording(entry.device, "auto", entry.label)
         offered = "cl_khr_command_buffer" in entry.device.extensions.split()
-        assert (recording.kind == COMMAND_BUFFER) == offered, recording
+        gpu = bool(entry.device.type & cl.device_type.GPU)
+        automatic = driver_recording(entry.device, "auto", entry.label)
+        assert (automatic.kind == COMMAND_BUFFER) == (offered and gpu), automatic
+        if not gpu:
+            assert automatic.detail.startswith("auto: launch by launch on a CPU device"), automatic
+        recording = driver_recording(entry.device, True, entry.label) if offered else automatic
         if offered:
             assert recording.detail.startswith("cl_khr_command_buffer ") and recording.api is not None
         else:
-            assert recording.detail == "the device offers no cl_khr_command_buffer"
+            assert not gpu or recording.detail == "the device offers no cl_khr_command_buffer", recording
             with pytest.raises(OptionError, match=r"replay_command_buffers=True, but .* cannot record"):
                 driver_recording(entry.device, True, entry.label)
         assert driver_recording(entry.device, False).kind is None
@@ -75,7 +79,7 @@ def _list_run(context: cl.Context, recording) -> tuple[np.ndarray, np.ndarray, l
 def test_a_recorded_list_does_what_the_c_loop_does_in_two_calls() -> None:
     entry = _recording_device()
     context = cl.Context([entry.device])
-    recording = driver_recording(entry.device, "auto")
+    recording = driver_recording(entry.device, True)
     recorded, looped = _list_run(context, recording), _list_run(context, None)
     # (bit patterns: the fills write NaN)
     assert np.array_equal(recorded[0].view(np.uint32), looped[0].view(np.uint32))
@@ -92,7 +96,7 @@ def test_a_launch_the_driver_refuses_to_record_runs_through_the_c_loop_with_a_wa
     queue = cl.CommandQueue(context)
     kernel = cl.Kernel(cl.Program(context, _SOURCE).build(), "affine")  # its argument never bound
     with pytest.warns(RuntimeWarning, match=r"refused to record kernel affine into a command buffer: error -52"):
-        listed = LaunchList(queue, [Launch(kernel, (64,), None)], recording=driver_recording(entry.device, "auto"))
+        listed = LaunchList(queue, [Launch(kernel, (64,), None)], recording=driver_recording(entry.device, True))
     assert listed.recorded is None and "refused to record" in listed.describe()
 
 
@@ -116,7 +120,7 @@ def _train(name: str, device: str, options: dict, steps: int):
 def test_reference_models_replay_recorded_bit_identically_to_the_c_loop(name, mode) -> None:
     entry = _recording_device()
     looped = _train(name, entry.label, {**mode, "replay_command_buffers": False}, 5)
-    recorded = _train(name, entry.label, mode, 5)
+    recorded = _train(name, entry.label, {**mode, "replay_command_buffers": True}, 5)
     assert looped[2].replayed_steps == recorded[2].replayed_steps == 3
     assert recorded[2].replay.enqueue_path.startswith("command buffer (cl_khr_command_buffer")
     assert looped[2].replay.enqueue_path.startswith("C loop")
@@ -133,7 +137,7 @@ def test_profiled_replays_enqueue_launch_by_launch_and_say_so() -> None:
     entry = _recording_device()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # (no recording refused)
-        *_, step = _train("mlp", entry.label, {}, 3)
+        *_, step = _train("mlp", entry.label, {"replay_command_buffers": True}, 3)
     with torch_adreno.profile() as prof:
         step(*MODELS["mlp"].batch(torch.Generator().manual_seed(2)))
     assert prof.replayed_steps == 1 and prof.kernel_launches == step.replay.kernel_launches

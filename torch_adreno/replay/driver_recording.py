@@ -204,11 +204,19 @@ def _offered(device: cl.Device) -> tuple[DriverRecording, DriverRecording]:
 
 def driver_recording(device: cl.Device, wanted: str | bool, label: str = "") -> DriverRecording:
     """How replays on ``device`` enqueue their launch lists (the ``replay_command_buffers``
-    option): ``"auto"``, a command buffer where the device offers ``cl_khr_command_buffer``;
-    True, that, else Qualcomm's recordable queues (not run on a device yet), else an
-    :class:`~torch_adreno.errors.OptionError`; False, one call per operation."""
+    option): ``"auto"``, a command buffer where a GPU offers ``cl_khr_command_buffer``; True,
+    that on any device, else Qualcomm's recordable queues (not run on a device yet), else an
+    :class:`~torch_adreno.errors.OptionError`; False, one call per operation.
+
+    A CPU device is left launch by launch under ``"auto"``: there the host's enqueue costs
+    little beside the kernels, and Intel's CPU runtime runs a recorded step at about half the
+    speed of the same launches enqueued one by one (benchmarks/results/intel-cpu/host_enqueue.jsonl
+    holds the enqueue side; ``python ../shared/peers/adreno_peer.py --model lenet --mode trainstep``
+    shows the step)."""
     if wanted is False:
         return DriverRecording(None, "off: replay_command_buffers=False")
+    if wanted == "auto" and not device.type & cl.device_type.GPU:
+        return DriverRecording(None, "auto: launch by launch on a CPU device (replay_command_buffers=True records)")
     command_buffer, recordable_queue = _offered(device)
     if command_buffer.kind:
         return command_buffer
